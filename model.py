@@ -1,0 +1,308 @@
+"""A GPT in nanoGPT's shape, with a pluggable pre-norm and a KV cache for decoding.
+
+Every block is pre-norm over activations of shape [B, T, C]:
+
+    x = x + attn(ln_1(x))
+    x = x + mlp(ln_2(x))
+
+and a final ln_f sits before the LM head. Which normalization those three kinds of layer compute is the one choice
+this file leaves open: it asks `layernorm.make_norm(config.norm, ...)` and knows nothing else about norms. The
+LayerNorms in layernorm.py share one parameter layout, so a checkpoint trained with one loads into any other.
+
+Decoding with a KV cache (`GPT.generate(..., use_kv_cache=True)`, the default): the prompt runs through the model
+once (prefill), each layer keeps its keys and values, and every later token runs through the model alone, as
+activations of shape [B, 1, C]. That is only the same computation as re-running the whole context because every
+norm here takes its statistics from each token's own features; batch_independence.py shows it, and shows
+BatchNorm breaking it.
+
+Context longer than block_size. The model learned absolute positions 0..block_size-1, so a context longer than
+that must be cut, and a cut shifts every remaining token to a new position: keys cached under the old positions
+are then stale. The two decoding paths cut differently, and each is an exact computation of the model on the
+context it keeps:
+  - without the cache (nanoGPT's way) every step sees the last block_size tokens: a window sliding by one;
+  - with the cache, when it is full, the last block_size // 2 tokens are prefilled afresh at positions
+    0..block_size//2-1 and decoding goes on from there: a window that jumps by half a block, so a step sees
+    between block_size // 2 and block_size tokens. Sliding by one with a cache would mean recomputing the
+    whole window every step, which is what the uncached path already does.
+Up to block_size tokens in all (prompt plus new ones) the two paths compute the same thing; tests check both the
+agreement there and, past it, that each cached step equals a full forward pass over the window it keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from layernorm import make_norm
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 256
+    vocab_size: int = 65
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = True  # bias in the Linear layers and the norms, as in GPT-2; False is a little faster and smaller
+    norm: str = "builtin"  # any name in layernorm.NORMS
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets "
+                f"n_embd // n_head features"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens decoded so far.
+
+    One preallocated tensor per layer for keys and one for values, each [B, n_head, block_size, head_size];
+    `length` says how many positions are filled. Writing in place avoids a torch.cat per token.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
+        self.keys = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.length = 0  # positions filled
+        self.start = 0  # index, in the decoded sequence, of the token cached at position 0
+
+    def reset(self, start: int) -> None:
+        """Forget everything; the next tokens written are those from `start` in the sequence."""
+        self.length = 0
+        self.start = start
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
+        start, end = self.length, self.length + k.size(2)
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, n_tokens: int) -> None:
+        self.length += n_tokens
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        # query, key and value projections for all heads, in one matrix
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # [B, T, C] -> [B, n_head, T, head_size]
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        mask = None
+        is_causal = True
+        if kv_cache is not None:
+            past = kv_cache.length
+            k, v = kv_cache.append(layer, k, v)
+            if past > 0:
+                # Query i sits at position past + i and may see keys 0..past + i. A single new token sees every
+                # key, so it needs no mask at all.
+                is_causal = False
+                if T > 1:
+                    mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = make_norm(config.norm, config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config.norm, config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, layer)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=make_norm(config.norm, config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Weight tying: the output projection is the token embedding (Press & Wolf, 2017).
+        self.transformer.wte.weight = self.lm_head.weight
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the projections that write into the residual stream.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # Norms keep their own init (weight 1, bias 0), whichever implementation they are.
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; the position embedding is left out by default (the token one is tied to the head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it."""
+        B, T = idx.size()
+        start = kv_cache.length if kv_cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}: "
+                f"crop the context to the last {self.config.block_size} tokens"
+            )
+        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, kv_cache, layer)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        return self.transformer.ln_f(x)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits for every position, [B, T, vocab_size], and the mean cross-entropy when targets are given."""
+        logits = self.lm_head(self.hidden_states(idx, kv_cache))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def crop_block_size(self, block_size: int) -> None:
+        """Shrink the model's context (e.g. to fine-tune a checkpoint at a smaller block size)."""
+        if not 0 < block_size <= self.config.block_size:
+            raise ValueError(f"block_size must be in 1..{self.config.block_size}, got {block_size}")
+        self.config.block_size = block_size
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+
+    def configure_optimizers(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
+    ) -> torch.optim.AdamW:
+        """AdamW with weight decay on the Linear layers' weights only: never on norms, biases or embeddings."""
+        decay_ids = {
+            id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head
+        }
+        params = list(self.parameters())  # tied weights appear once
+        decay = [p for p in params if id(p) in decay_ids]
+        no_decay = [p for p in params if id(p) not in decay_ids]
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        fused = device_type == "cuda"  # the fused CUDA kernel is faster; CPU keeps the default (foreach)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_kv_cache: bool = True,
+        generator: torch.Generator | None = None,
+        return_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Continue each row of idx [B, T] by max_new_tokens tokens; temperature 0 decodes greedily.
+
+        Returns the tokens [B, T + max_new_tokens], and with return_logits=True also the logits each step
+        sampled from, [B, max_new_tokens, vocab_size]. See the module docstring for contexts longer than
+        block_size.
+        """
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be token ids of shape [B, T] with T >= 1, got shape {list(idx.shape)}")
+        cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype) if use_kv_cache else None
+        all_logits = []
+        for _ in range(max_new_tokens):
+            logits = self._next_token_logits(idx, cache)
+            if return_logits:
+                all_logits.append(logits)
+            idx = torch.cat((idx, self._pick(logits, temperature, top_k, generator)), dim=1)
+        if return_logits:
+            empty = torch.zeros(idx.size(0), 0, self.config.vocab_size, device=idx.device)
+            return idx, torch.stack(all_logits, dim=1) if all_logits else empty
+        return idx
+
+    def _next_token_logits(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """Logits [B, V] for the token after idx [B, T]: from a window of the context (module docstring)."""
+        block = self.config.block_size
+        if cache is None:  # recompute the last block_size tokens
+            return self.lm_head(self.hidden_states(idx[:, -block:])[:, -1, :])
+        if idx.size(1) - cache.start > block:
+            # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
+            # the start (as much of the prompt as fits), half a block when a full cache overflows.
+            keep = block if cache.length == 0 else max(1, block // 2)
+            cache.reset(start=idx.size(1) - keep)
+        new_tokens = idx[:, cache.start + cache.length :]
+        return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
+
+    @staticmethod
+    def _pick(
+        logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """Choose the next token of each row from its logits [B, V] -> [B, 1]."""
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits.float() / temperature
+        if top_k is not None:
+            v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+            logits[logits < v[:, [-1]]] = -float("inf")
+        probs = F.softmax(logits, dim=-1)
+        return torch.multinomial(probs, num_samples=1, generator=generator)
