@@ -1,0 +1,219 @@
+"""Shared logic of the ``data/*/prepare.py`` scripts: find the text, check it, split 90/10, tokenize, write.
+
+Each dataset folder ends up with ``train.bin`` and ``val.bin`` (flat ``np.uint16`` token ids, read by train.py
+with ``np.memmap``) and ``meta.json``::
+
+    {"vocab_size": int, "tokenizer": {...tokenizer.py meta...}, "train_tokens": int, "val_tokens": int}
+
+Bad input stops with ``SystemExit("error: ...")``: a one-line message, exit status 1, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TRAIN_FRACTION = 0.9
+MIN_SPLIT_TOKENS = 2  # the least a split can hold and still give one (input, target) pair
+UINT16_IDS = 2**16  # np.uint16 holds token ids 0..65535, so at most 65,536 distinct tokens
+DOWNLOAD_TIMEOUT_S = 30.0
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the script with a one-line error (exit status 1, no traceback)."""
+    raise SystemExit(f"error: {message}")
+
+
+def parse_args(
+    argv: Sequence[str] | None, description: str | None, default_out_dir: Path
+) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--input", type=Path, default=None,
+                        help="a UTF-8 text file to use (default: <out_dir>/input.txt, downloaded if missing)")
+    parser.add_argument("--out_dir", type=Path, default=default_out_dir,
+                        help="where train.bin, val.bin and meta.json go "
+                             f"(default: {_display(default_out_dir)})")
+    parser.add_argument("--url", default=TINY_SHAKESPEARE_URL,
+                        help="where to download input.txt from when there is no --input and no input.txt "
+                             "(default: the canonical Tiny Shakespeare)")
+    return parser.parse_args(argv)
+
+
+def _display(path: Path) -> str:
+    """``path`` relative to the repository root when it is inside it (shorter messages), else as given."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """UTF-8 bytes -> text, refusing empty and binary input. Newlines are kept exactly as they are (no
+    universal-newline translation), so the same file gives the same tokens on every platform."""
+    if not data:
+        fail(f"{name} is empty (0 bytes); give a UTF-8 text file with some text in it")
+    nul = data.find(b"\x00")
+    if nul != -1:
+        fail(f"{name} looks binary (NUL byte at byte offset {nul}); prepare.py needs a UTF-8 text file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"{name} is not UTF-8 text (byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid); "
+             f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or give a text file")
+    # A byte-order mark (added by some Windows editors) is not part of the text.
+    text = text.removeprefix("\ufeff")
+    if not text:
+        fail(f"{name} holds no text (only a byte-order mark); give a UTF-8 text file with some text in it")
+    return text
+
+
+def read_text_file(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        fail(f"{path} does not exist")
+    except IsADirectoryError:
+        fail(f"{path} is a directory, not a text file")
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror or e}")
+    return decode_text(data, str(path))
+
+
+def download(url: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> bytes:
+    """The bytes at ``url``; raises OSError (or ValueError for a malformed URL) on failure."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+    except http.client.HTTPException as e:  # not an OSError: a broken or truncated response
+        raise OSError(f"bad HTTP response: {e!r}") from e
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: str) -> tuple[str, str]:
+    """The text to prepare and a name for it: ``--input`` if given, else ``<out_dir>/input.txt`` if present,
+    else downloaded from ``url`` and saved as ``<out_dir>/input.txt``. Fails with how to supply the file if none
+    works."""
+    if input_path is not None:
+        return read_text_file(input_path), str(input_path)
+    local = out_dir / "input.txt"
+    if local.exists():
+        return read_text_file(local), str(local)
+    print(f"{local} not found; downloading {url}")
+    try:
+        data = download(url)
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        fail(f"no input text: no --input, no {local}, and downloading {url} failed ({reason}). "
+             f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})")
+    text = decode_text(data, url)
+    _write_bytes_atomic(local, data)
+    print(f"saved {len(data):,} bytes to {local}")
+    return text, str(local)
+
+
+def split_text(text: str, train_fraction: float = TRAIN_FRACTION) -> tuple[str, str]:
+    """Split by characters, as nanoGPT does: the first ``int(n * train_fraction)`` characters are train."""
+    n = int(len(text) * train_fraction)
+    return text[:n], text[n:]
+
+
+def check_vocab_size(vocab_size: int, source: str) -> None:
+    if vocab_size > UINT16_IDS:
+        fail(f"{source} has {vocab_size:,} distinct characters, more than the {UINT16_IDS:,} token ids "
+             f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
+             f"(data/shakespeare/prepare.py) for this text")
+
+
+def check_split_sizes(train_tokens: int, val_tokens: int, source: str) -> None:
+    if min(train_tokens, val_tokens) < MIN_SPLIT_TOKENS:
+        fail(f"{source} is too short: {train_tokens + val_tokens:,} tokens give {train_tokens:,} train and "
+             f"{val_tokens:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
+             f"(train.py further needs more than block_size tokens in each); give a longer text")
+
+
+def write_split(ids: Sequence[int] | np.ndarray, path: Path) -> int:
+    """Write token ids as flat np.uint16, atomically (a temporary file, then rename); returns the count."""
+    arr = np.asarray(ids, dtype=np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() >= UINT16_IDS):
+        raise ValueError(f"token ids must be in 0..{UINT16_IDS - 1} to be stored as uint16, got "
+                         f"{arr.min()}..{arr.max()}")
+    tmp = path.with_name(path.name + ".tmp")
+    arr.astype(np.uint16).tofile(tmp)
+    os.replace(tmp, path)
+    return int(arr.size)
+
+
+def write_meta(out_dir: Path, tokenizer_meta: dict[str, Any], vocab_size: int, train_tokens: int,
+               val_tokens: int) -> Path:
+    meta = {"vocab_size": vocab_size, "tokenizer": tokenizer_meta, "train_tokens": train_tokens,
+            "val_tokens": val_tokens}
+    path = out_dir / "meta.json"
+    # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
+    _write_bytes_atomic(path, (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8"))
+    return path
+
+
+def read_meta(out_dir: Path) -> dict[str, Any]:
+    """The meta.json that write_meta wrote (UTF-8 on every platform)."""
+    return json.loads((Path(out_dir) / "meta.json").read_text(encoding="utf-8"))
+
+
+def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_file: str,
+                make_tokenizer: Callable[[str], Any]) -> dict[str, Any]:
+    """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``), 90/10 split, files.
+
+    ``make_tokenizer`` returns an object with ``encode``, ``vocab_size`` and ``to_meta`` (see tokenizer.py);
+    it may raise ValueError/RuntimeError with a message (e.g. tiktoken's ranks file missing offline)."""
+    script_dir = Path(script_file).resolve().parent
+    script = _display(Path(script_file))
+    args = parse_args(argv, description, script_dir)
+    out_dir: Path = args.out_dir
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create --out_dir {out_dir}: {e.strerror or e}")
+
+    text, source = read_text_source(args.input, out_dir, args.url, script)
+    try:
+        tok = make_tokenizer(text)
+    except (ValueError, RuntimeError) as e:
+        fail(str(e))
+    check_vocab_size(tok.vocab_size, source)  # a char vocabulary grows with the text's distinct characters
+
+    train_text, val_text = split_text(text)
+    train_ids, val_ids = tok.encode(train_text), tok.encode(val_text)
+    check_split_sizes(len(train_ids), len(val_ids), source)
+
+    try:
+        n_train = write_split(train_ids, out_dir / "train.bin")
+        n_val = write_split(val_ids, out_dir / "val.bin")
+        meta_path = write_meta(out_dir, tok.to_meta(), tok.vocab_size, n_train, n_val)
+    except OSError as e:
+        fail(f"cannot write to {out_dir}: {e.strerror or e}")
+
+    kind = tok.to_meta()["kind"]
+    print(f"source: {source} ({len(text):,} characters)")
+    print(f"tokenizer: {kind}, vocab size {tok.vocab_size:,}")
+    print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
+    print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {meta_path}")
+    sys.stdout.flush()
+    return {"out_dir": str(out_dir), "source": source, "vocab_size": tok.vocab_size, "train_tokens": n_train,
+            "val_tokens": n_val}
