@@ -1,0 +1,248 @@
+"""Data preparation and tokenizers: exact Tiny Shakespeare token counts, round trips, and every bad-input error.
+
+The prepare scripts run as subprocesses from a temporary working directory (as a user would run them, from
+anywhere), always with --out_dir in a temporary folder: the tests never write into the repository's data folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.common import UINT16_IDS, split_text
+from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
+BPE = ROOT / "data" / "shakespeare" / "prepare.py"
+BAD_URL = "file:///nonexistent-dir-for-tests/input.txt"  # a download that fails at once, offline or not
+
+
+def prepare(script: Path, *args: str | Path, cwd: Path, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
+        encoding="utf-8", timeout=120,
+    )
+
+
+def load_bin(path: Path) -> np.ndarray:
+    return np.fromfile(path, dtype=np.uint16)
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """A failed run: non-zero exit, a one-line 'error: ...' message on stderr holding each fragment, no traceback."""
+    assert proc.returncode != 0, proc.stdout
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert err.startswith("error: ") and "\n" not in err, err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+    return err
+
+
+def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+# --- the real Tiny Shakespeare -------------------------------------------------------------------------------------
+
+
+def test_char_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = prepare(CHAR, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "1,003,854" in proc.stdout and "111,540" in proc.stdout
+
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    assert meta["vocab_size"] == 65
+    assert (meta["train_tokens"], meta["val_tokens"]) == (1_003_854, 111_540)
+    itos = meta["tokenizer"]["itos"]
+    assert meta["tokenizer"]["kind"] == "char" and itos == sorted(itos) and len(itos) == 65
+
+    train, val = load_bin(out / "train.bin"), load_bin(out / "val.bin")
+    assert (train.size, val.size) == (1_003_854, 111_540)
+    tok = tokenizer_from_meta(meta["tokenizer"])
+    text = shakespeare_path.read_bytes().decode("utf-8")
+    assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text
+
+
+def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = prepare(BPE, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    assert meta == {"vocab_size": 50257, "tokenizer": {"kind": "tiktoken", "encoding": "r50k_base"},
+                    "train_tokens": 301_966, "val_tokens": 36_059}
+    train, val = load_bin(out / "train.bin"), load_bin(out / "val.bin")
+    assert (train.size, val.size) == (301_966, 36_059)
+    # Split by characters first (as nanoGPT does), so each part decodes back to its own characters.
+    text = shakespeare_path.read_bytes().decode("utf-8")
+    train_text, val_text = split_text(text)
+    tok = tokenizer_from_meta(meta["tokenizer"])
+    assert tok.decode(train.tolist()) == train_text
+    assert tok.decode(val.tolist()) == val_text
+
+
+# --- where the text comes from -------------------------------------------------------------------------------------
+
+
+def test_input_txt_in_out_dir_is_used(tmp_path: Path) -> None:
+    text = "To be, or not to be: that is the question.\r\nWhether 'tis nobler — in the mind — to suffer.\n"
+    write_bytes(tmp_path, "input.txt", text.encode("utf-8"))
+    proc = prepare(CHAR, "--out_dir", tmp_path, "--url", BAD_URL, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((tmp_path / "meta.json").read_text(encoding="utf-8"))
+    tok = tokenizer_from_meta(meta["tokenizer"])
+    # \r\n is kept as is (no newline translation) and non-ASCII characters survive the JSON vocabulary.
+    assert "\r" in meta["tokenizer"]["itos"] and "—" in meta["tokenizer"]["itos"]
+    decoded = tok.decode(load_bin(tmp_path / "train.bin").tolist() + load_bin(tmp_path / "val.bin").tolist())
+    assert decoded == text
+
+
+def test_download_is_saved_as_input_txt(tmp_path: Path) -> None:
+    source = write_bytes(tmp_path, "remote.txt", ("First Citizen:\nBefore we proceed any further.\n" * 5).encode())
+    out = tmp_path / "out"
+    proc = prepare(CHAR, "--out_dir", out, "--url", source.as_uri(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "input.txt").read_bytes() == source.read_bytes()
+    assert (out / "meta.json").exists()
+
+
+@pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
+def test_missing_input_and_failed_download_says_how_to_supply_it(script: Path, tmp_path: Path) -> None:
+    out = tmp_path / "empty"
+    proc = prepare(script, "--out_dir", out, "--url", BAD_URL, cwd=tmp_path)
+    assert_clean_error(proc, "no input text", BAD_URL, "--input path/to/tinyshakespeare.txt", "input.txt")
+    assert not (out / "train.bin").exists()
+
+
+def test_missing_input_file(tmp_path: Path) -> None:
+    proc = prepare(CHAR, "--input", tmp_path / "nope.txt", "--out_dir", tmp_path, cwd=tmp_path)
+    assert_clean_error(proc, "nope.txt", "does not exist")
+
+
+# --- bad input -----------------------------------------------------------------------------------------------------
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, "empty.txt", b"")
+    proc = prepare(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    assert_clean_error(proc, "empty.txt", "is empty")
+
+
+def test_binary_file_with_nul_bytes(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, "model.bin", b"PK\x03\x04" + b"plain-looking text" * 10 + b"\x00\x01\x02")
+    proc = prepare(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    assert_clean_error(proc, "model.bin", "binary", "byte offset 184")
+
+
+@pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
+def test_file_that_is_not_utf8(script: Path, tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, "latin1.txt", "Ceci est du français, mais en Latin-1.".encode("latin-1"))
+    proc = prepare(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    assert_clean_error(proc, "latin1.txt", "not UTF-8", "byte 0xe7 at byte offset 16")
+
+
+@pytest.mark.parametrize(("script", "text", "fragment"), [
+    (CHAR, "hello", "5 tokens give 4 train and 1 val"),
+    (BPE, "Hello there", "3 tokens give 2 train and 1 val"),
+], ids=["char", "bpe"])
+def test_text_too_short_for_two_splits(script: Path, text: str, fragment: str, tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, "short.txt", text.encode())
+    proc = prepare(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    assert_clean_error(proc, "short.txt", "too short", fragment, "at least 2", "block_size")
+
+
+def test_char_vocabulary_too_large_for_uint16(tmp_path: Path) -> None:
+    # 70,000 distinct code points from U+0001 up, skipping the surrogates (not encodable as UTF-8).
+    chars = [chr(i) for i in range(1, 0x12000) if not 0xD800 <= i <= 0xDFFF][:70_000]
+    assert len(set(chars)) == 70_000 > UINT16_IDS
+    path = write_bytes(tmp_path, "babel.txt", "".join(chars).encode("utf-8"))
+    proc = prepare(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    assert_clean_error(proc, "babel.txt", "70,000 distinct characters", "65,536", "np.uint16")
+    # The same text is fine for BPE, whose ids never depend on the text.
+    proc = prepare(BPE, "--input", path, "--out_dir", tmp_path / "bpe", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_bpe_without_tiktoken_cache_mentions_tiktoken_cache_dir(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, "text.txt", b"Some text that is long enough to split into two parts.\n" * 3)
+    # An empty cache, and downloads forced to fail even on a machine with internet access.
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "no-cache"), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           "http_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
+    proc = prepare(BPE, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path, env=env)
+    assert_clean_error(proc, "r50k_base", "TIKTOKEN_CACHE_DIR")
+
+
+def test_help_lists_options(tmp_path: Path) -> None:
+    proc = prepare(CHAR, "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "--input" in proc.stdout and "--out_dir" in proc.stdout and "--url" in proc.stdout
+
+
+# --- tokenizers ----------------------------------------------------------------------------------------------------
+
+
+def test_char_tokenizer_round_trip_and_meta() -> None:
+    text = "Hello, World!\nÀ bientôt 🙂\r\n"
+    tok = CharTokenizer.from_text(text)
+    assert tok.itos == sorted(set(text)) and tok.vocab_size == len(set(text))
+    ids = tok.encode(text)
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    # Through JSON and back, as meta.json and checkpoints store it.
+    again = tokenizer_from_meta(json.loads(json.dumps(tok.to_meta())))
+    assert isinstance(again, CharTokenizer) and again.encode(text) == ids
+    assert tok.decode(np.array(ids, dtype=np.uint16)) == text  # ids straight from a .bin file
+
+
+def test_char_tokenizer_unknown_character() -> None:
+    tok = CharTokenizer.from_text("abc ")
+    with pytest.raises(ValueError, match=r"character 'é' \(U\+00E9\) at position 6 .*training text"):
+        tok.encode("abc caé")
+    with pytest.raises(ValueError, match="token id 4 at position 1 is outside the vocabulary"):
+        tok.decode([0, 4])
+    with pytest.raises(ValueError, match="token id -1"):
+        tok.decode([-1])
+
+
+def test_tiktoken_tokenizer_round_trip() -> None:
+    tok = tokenizer_from_meta({"kind": "tiktoken", "encoding": "r50k_base"})
+    assert isinstance(tok, TiktokenTokenizer) and tok.vocab_size == 50257 and tok.eot_token == 50256
+    text = "Hello world, <|endoftext|> stays text. Ünïcödé 🙂"
+    ids = tok.encode(text)
+    assert ids[:2] == [15496, 995]  # GPT-2's ids for "Hello", " world"
+    assert 50256 not in ids and tok.decode(ids) == text
+    assert tok.to_meta() == {"kind": "tiktoken", "encoding": "r50k_base"}
+    with pytest.raises(ValueError, match="token id 50257"):
+        tok.decode([50257])
+
+
+def test_tokenizer_from_meta_rejects_unknown_kind() -> None:
+    with pytest.raises(ValueError, match=r"unknown tokenizer kind 'sentencepiece'; valid kinds: char, tiktoken"):
+        tokenizer_from_meta({"kind": "sentencepiece"})
+    with pytest.raises(ValueError, match="itos"):
+        tokenizer_from_meta({"kind": "char"})
+    with pytest.raises(ValueError, match="single character"):
+        tokenizer_from_meta({"kind": "char", "itos": ["a", "bc"]})
+
+
+def test_char_tokenizer_does_not_import_tiktoken() -> None:
+    code = "import sys, tokenizer; tokenizer.CharTokenizer.from_text('ab'); assert 'tiktoken' not in sys.modules"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_split_text_matches_nanogpt() -> None:
+    assert split_text("abcdefghij") == ("abcdefghi", "j")
+    assert split_text("x" * 1_115_394)[0] == "x" * 1_003_854
