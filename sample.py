@@ -1,0 +1,201 @@
+"""Sample text from a trained checkpoint.
+
+    python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
+    python sample.py --out_dir=out-shakespeare-char --temperature=0 --norm=custom     # greedy, another LayerNorm
+    python sample.py --ckpt=path/to/ckpt.pt --start=FILE:prompt.txt
+
+The checkpoint is read with torch.load(weights_only=True) (checkpoint.load_checkpoint): tensors and plain data
+only, never pickled code. Its "tokenizer" entry says how to turn text into tokens (character-level or tiktoken
+BPE). `--norm` runs the same weights with another LayerNorm implementation (custom, builtin, triton); a norm that
+computes a different function (rmsnorm, batchnorm) is refused.
+
+Every sample is the prompt followed by max_new_tokens generated tokens; samples are printed one after the other,
+each followed by a line of dashes. Errors are one line, "error: ...", and a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from layernorm import NORMS
+from model import GPT
+from tokenizer import tokenizer_from_meta
+
+SEPARATOR = "-" * 40
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with one line on stderr and exit status 1 (SystemExit prints its message)."""
+    raise SystemExit(f"error: {message}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Sample text from a checkpoint written by train.py.")
+    p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt (default: out)")
+    p.add_argument("--ckpt", default=None, help="path of a checkpoint file; overrides --out_dir")
+    p.add_argument("--start", default="\n", help="prompt, or FILE:path to read it from a UTF-8 file (default: newline)")
+    p.add_argument("--num_samples", type=int, default=1, help="how many samples to draw (default 1)")
+    p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample (default 500)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; <1 sharper, >1 flatter (default 0.8)")
+    p.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens; 0 = all (default 200)")
+    p.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    p.add_argument(
+        "--norm", default=None, choices=NORMS, help="run with this norm instead of the checkpoint's (same weights)"
+    )
+    p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context every step")
+    args = p.parse_args(argv)
+    if args.num_samples < 1:
+        fail(f"--num_samples must be >= 1, got {args.num_samples}")
+    if args.max_new_tokens < 0:
+        fail(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
+    if not args.temperature >= 0:  # also catches NaN
+        fail(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
+    if args.top_k < 0:
+        fail(f"--top_k must be >= 0 (0 means no top-k cut), got {args.top_k}")
+    return args
+
+
+def pick_device(name: str) -> str:
+    """'auto' -> cuda, then mps, then cpu; an explicit device must exist here."""
+    mps = getattr(torch.backends, "mps", None)
+    mps_ok = mps is not None and mps.is_available()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu"
+    if name == "cpu":
+        return name
+    if name == "mps":
+        if not mps_ok:
+            fail("--device mps: the MPS backend is not available on this machine; use --device auto or cpu")
+        return name
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            fail(f"--device {name}: no CUDA device is available here; use --device auto or cpu")
+        try:
+            index = torch.device(name).index
+        except RuntimeError:
+            fail(f"--device {name!r} is not a valid device; valid: auto, cpu, cuda, cuda:N, mps")
+        if index is not None and index >= torch.cuda.device_count():
+            fail(f"--device {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
+        return name
+    fail(f"--device {name!r} is not a valid device; valid: auto, cpu, cuda, cuda:N, mps")
+
+
+def read_prompt(start: str) -> str:
+    """The prompt text: `start` itself, or the contents of the file named after 'FILE:'."""
+    if not start.startswith("FILE:"):
+        return start
+    path = Path(start[len("FILE:") :])
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        fail(f"--start {start!r}: no such file {str(path)!r}")
+    except UnicodeDecodeError as e:
+        fail(f"--start {start!r}: the file is not valid UTF-8 text (byte {e.start}: {e.reason})")
+    except OSError as e:
+        fail(f"--start {start!r}: cannot read {str(path)!r} ({e.strerror or e})")
+
+
+def check_triton(norm: str, device: str) -> None:
+    """The Triton norm runs on a CUDA device, or on the CPU under Triton's interpreter: say so before building."""
+    if norm == "triton" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        fail(
+            f"norm 'triton' needs a CUDA device (this run uses {device}); set TRITON_INTERPRET=1 to run its kernels "
+            f"on the CPU through Triton's slow interpreter, or pass --norm builtin or --norm custom (same weights, "
+            f"same function)"
+        )
+
+
+def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
+    """The checkpoint (--ckpt, else --out_dir/ckpt.pt) and its model, with --norm swapped in, in eval mode."""
+    ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+    try:
+        checkpoint = load_checkpoint(ckpt_path, map_location="cpu")
+        check_triton(args.norm or checkpoint["model_args"].get("norm", ""), device)
+        model = model_from_checkpoint(checkpoint, norm=args.norm, device=device)
+    except CheckpointError as e:
+        fail(str(e))
+    except (KeyError, TypeError, AttributeError) as e:  # the right format but an entry missing or malformed
+        fail(f"{ckpt_path} is incomplete or malformed ({type(e).__name__}: {e}); use another checkpoint")
+    except (ValueError, RuntimeError) as e:  # e.g. bad model_args, or Triton not installed
+        fail(f"cannot build the model from {ckpt_path}: {str(e).splitlines()[0]}")
+    return model, checkpoint
+
+
+def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
+    """Never sample ids the tokenizer can't decode: a model's vocabulary may be padded past the tokenizer's."""
+    if model.config.vocab_size <= vocab_size:
+        return
+
+    def mask(_module: torch.nn.Module, _inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
+        logits[..., vocab_size:] = float("-inf")
+        return logits
+
+    model.lm_head.register_forward_hook(mask)
+
+
+def main(argv: Sequence[str] | None = None) -> list[str]:
+    """Draw the samples, print them, and return them (each: the prompt followed by the generated text)."""
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    prompt = read_prompt(args.start)
+    model, checkpoint = load_model(args, device)
+
+    if "tokenizer" not in checkpoint:
+        fail("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
+    try:
+        tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
+        ids = tokenizer.encode(prompt)
+    except (ValueError, TypeError, RuntimeError) as e:
+        fail(f"--start: {e}" if isinstance(e, ValueError) and "vocabulary" in str(e) else str(e))
+    if not ids:
+        eot = getattr(tokenizer, "eot_token", None)
+        if eot is None:
+            fail("--start is empty: give a prompt of at least one character (the default is a newline)")
+        ids = [eot]  # BPE: start from <|endoftext|>, as GPT-2 does
+    if max(ids) >= model.config.vocab_size:
+        fail(f"the prompt encodes to token id {max(ids)}, outside the model's vocabulary of {model.config.vocab_size}")
+    restrict_to_vocab(model, tokenizer.vocab_size)
+
+    torch.manual_seed(args.seed)  # seeds every device's generator
+    device_type = device.split(":")[0]
+    autocast = (
+        torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        if device_type == "cuda" and torch.cuda.is_bf16_supported()
+        else contextlib.nullcontext()
+    )
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
+    samples = []
+    with torch.no_grad(), autocast:
+        for _ in range(args.num_samples):
+            y = model.generate(
+                x,
+                args.max_new_tokens,
+                temperature=args.temperature,
+                top_k=args.top_k or None,
+                use_kv_cache=not args.no_kv_cache,
+            )
+            text = prompt + tokenizer.decode(y[0, len(ids) :].tolist())
+            samples.append(text)
+            print(text)
+            print(SEPARATOR, flush=True)
+    return samples
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # e.g. piped into head
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
