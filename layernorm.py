@@ -39,8 +39,10 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise TypeError(
             f"layer_norm expects a floating-point input (float32, float64, bfloat16, float16), got {x.dtype}"
         )
-    if x.dim() == 0:
-        raise ValueError("layer_norm needs at least one dimension to normalize over, got a 0-d tensor")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(
+            f"layer_norm needs a last dimension of size >= 1 to normalize over, got shape {tuple(x.shape)}"
+        )
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and tuple(p.shape) != tuple(x.shape[-1:]):
             raise ValueError(
@@ -100,19 +102,19 @@ class _LayerNormFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         xhat, rstd, weight = ctx.saved_tensors
-        N, C = xhat.shape
+        C = xhat.shape[-1]
         dy2 = dy.reshape(-1, C).to(xhat.dtype)  # copies only when dy is non-contiguous/expanded or half
-        dx = dweight = dbias = None
+        w = weight.to(xhat.dtype)
+        # One [N, C] buffer does all the work: a fresh large tensor costs page faults, more than the arithmetic.
+        buf = torch.mul(dy2, xhat)  # dy * xhat
+        dweight = buf.sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None  # over every row
+        dbias = dy2.sum(0).to(weight.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        dx = None
         if ctx.needs_input_grad[0]:
-            g = dy2 * weight.to(xhat.dtype)  # dL/dxhat
-            mean_g = g.mean(-1, keepdim=True)
-            proj = torch.linalg.vecdot(g, xhat, dim=-1).unsqueeze_(-1).div_(ctx.D)  # sum_i g_i xhat_i / D
-            dx = g.sub_(mean_g).addcmul_(xhat, proj, value=-1).mul_(rstd)
+            proj = buf.mul_(w).sum(-1, keepdim=True).div_(ctx.D)  # sum_i g_i * xhat_i / D
+            g = torch.mul(dy2, w, out=buf)  # g = dL/dxhat
+            dx = g.sub_(g.mean(-1, keepdim=True)).addcmul_(xhat, proj, value=-1).mul_(rstd)
             dx = dx.to(ctx.x_dtype).view(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            dweight = (dy2 * xhat).sum(0).to(weight.dtype)  # reduce over every row (all leading dims)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            dbias = dy2.sum(0).to(weight.dtype)
         return dx, dweight, dbias, None, None
 
 
@@ -187,10 +189,332 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _check_triton_device(x: torch.Tensor) -> None:
+    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why."""
+    if x.device.type == "cuda" or (x.device.type == "cpu" and _interpreting()):
+        return
+    setting = os.environ.get("TRITON_INTERPRET")
+    raise TritonUnavailableError(
+        f"norm 'triton' got an input on device {x.device}, but its kernels run on a CUDA GPU, or on the CPU only "
+        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting!r}). To fix: move the model and "
+        f"data to a CUDA device, or {_WHAT_TO_DO}"
+    )
+
+
+# Triton and its language module are imported on first use (the kernels are defined then), not with this file.
+triton = tl = None
+
+
+def _import_triton() -> None:
+    global triton, tl
+    _require_triton()
+    import triton
+    import triton.language as tl
+
+
+_MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider rows loop over blocks
+
+
+def _block_size(C: int, max_block: int) -> tuple[int, bool]:
+    """(BLOCK_SIZE, ONE_BLOCK): a power of two >= C when the row fits one block, else max_block."""
+    block = min(triton.next_power_of_2(C), max_block)
+    return block, C <= block
+
+
+def _num_warps(block: int) -> int:
+    """Warps per program: one per 256 columns (8 per thread), at most 8, or 16 for the widest blocks."""
+    return min(max(block // 256, 1), 8 if block < 8192 else 16)
+
+
+_KERNELS: dict[str, object] = {}
+
+
+def _kernel(name: str):
+    """The jitted kernel `name`, defining it (and importing triton) the first time."""
+    if name not in _KERNELS:
+        _import_triton()
+        _KERNELS["interpret"] = _interpreting()  # triton.jit picks interpreter or compiler now, at definition
+        _KERNELS["fwd"] = _define_forward_kernel()
+        _KERNELS["bwd"] = _define_backward_kernel()
+    return _KERNELS[name]
+
+
+# Forward kernel: one program normalizes one row. Same arithmetic as `layer_norm` above, in float32 registers:
+# shift by x_0, two passes (sum, then sum of squares of the centred row), then y = xc * rstd * w + b.
+# When the row fits in one block it is loaded once and stays in registers; a wider row is read in blocks of
+# BLOCK_SIZE columns, once per pass (the re-reads come from cache).
+
+
+def _define_forward_kernel():
+    @triton.jit
+    def layer_norm_fwd_kernel(
+        X, Y, W, B, Mean, Rstd,  # pointers: x, y [N, C] (row strides below), w, b [C], mean, rstd [N] float32
+        stride_x, stride_y, C, eps,
+        HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)  # 64-bit, so row * stride cannot wrap past 2**31 elements
+        X += row * stride_x
+        Y += row * stride_y
+        shift = tl.load(X).to(tl.float32)  # x_0
+        if ONE_BLOCK:
+            cols = tl.arange(0, BLOCK_SIZE)
+            mask = cols < C
+            x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
+            xs = tl.where(mask, x - shift, 0.0)  # padding columns must add nothing to the sums
+            mean_s = tl.sum(xs, axis=0) / C
+            xc = tl.where(mask, xs - mean_s, 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / C + eps)
+            y = xc * rstd * tl.load(W + cols, mask=mask).to(tl.float32)
+            if HAS_BIAS:
+                y += tl.load(B + cols, mask=mask).to(tl.float32)
+            tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
+        else:
+            acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+            for off in range(0, C, BLOCK_SIZE):  # pass 1: mean of the shifted row
+                cols = off + tl.arange(0, BLOCK_SIZE)
+                x = tl.load(X + cols, mask=cols < C, other=0.0).to(tl.float32)
+                acc += tl.where(cols < C, x - shift, 0.0)
+            mean_s = tl.sum(acc, axis=0) / C
+            acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+            for off in range(0, C, BLOCK_SIZE):  # pass 2: variance of the centred row
+                cols = off + tl.arange(0, BLOCK_SIZE)
+                x = tl.load(X + cols, mask=cols < C, other=0.0).to(tl.float32)
+                xc = tl.where(cols < C, x - shift - mean_s, 0.0)
+                acc += xc * xc
+            rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / C + eps)
+            for off in range(0, C, BLOCK_SIZE):  # pass 3: normalize, scale, shift, store
+                cols = off + tl.arange(0, BLOCK_SIZE)
+                mask = cols < C
+                x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
+                y = (x - shift - mean_s) * rstd * tl.load(W + cols, mask=mask).to(tl.float32)
+                if HAS_BIAS:
+                    y += tl.load(B + cols, mask=mask).to(tl.float32)
+                tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Mean + row, shift + mean_s)
+        tl.store(Rstd + row, rstd)
+
+    return layer_norm_fwd_kernel
+
+
+def _triton_forward(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, max_block: int = _MAX_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: (y like x, mean and rstd float32 of shape x.shape[:-1])."""
+    _check_triton_device(x)
+    kernel = _kernel("fwd")
+    C = x.shape[-1]
+    x2 = x.reshape(-1, C)  # rows may keep a stride; columns must be contiguous
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    N = x2.shape[0]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    if N == 0:
+        return y, mean, rstd
+    block, one_block = _block_size(C, max_block)
+    w = weight.contiguous()
+    b = bias.contiguous() if bias is not None else w  # placeholder pointer, never read when HAS_BIAS=False
+    kernel[(N,)](
+        x2, y, w, b, mean, rstd, x2.stride(0), C, C, eps,
+        HAS_BIAS=bias is not None, BLOCK_SIZE=block, ONE_BLOCK=one_block, num_warps=_num_warps(block),
+    )
+    return y, mean, rstd
+
+
+# Backward kernel. Program p takes a contiguous group of rows. For each row it recomputes xhat from the saved
+# mean and rstd, forms g = dy * w, and writes (the derivation is above, at `_LayerNormFunction`)
+#     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+# while it adds dy * xhat and dy into its own float32 partial sums of dw and db: row p of a [programs, C] buffer.
+# The launcher then sums the buffer over programs: deterministic, no atomics, no locks.
+
+
+def _define_backward_kernel():
+    @triton.jit
+    def layer_norm_bwd_kernel(
+        DY, X, W, Mean, Rstd, DX, DW, DB,  # DY, X, DX [N, C] (row strides below); DW, DB [programs, C] float32
+        stride_dy, stride_x, stride_dx, N, C, rows_per_program,
+        BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr,
+    ):
+        pid = tl.program_id(0).to(tl.int64)  # 64-bit, and so are the row indices below
+        row_start = pid * rows_per_program
+        row_end = tl.minimum(row_start + rows_per_program, N)
+        DW += pid * C  # this program's own row of the partial-sum buffers
+        DB += pid * C
+        if ONE_BLOCK:
+            cols = tl.arange(0, BLOCK_SIZE)
+            mask = cols < C
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            dw = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+            db = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+            for r in range(row_start, row_end):
+                x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                rstd = tl.load(Rstd + r)
+                xhat = tl.where(mask, (x - tl.load(Mean + r)) * rstd, 0.0)
+                g = dy * w  # zero in the padding columns, since dy and w are
+                mean_gx = tl.sum(g * xhat, axis=0) / C
+                mean_g = tl.sum(g, axis=0) / C
+                dx = (g - mean_g - xhat * mean_gx) * rstd
+                tl.store(DX + r * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+                dw += dy * xhat
+                db += dy
+            tl.store(DW + cols, dw, mask=mask)
+            tl.store(DB + cols, db, mask=mask)
+        else:  # wide rows: the same, block by block; the partial sums accumulate in this program's buffer row
+            for r in range(row_start, row_end):
+                mean = tl.load(Mean + r)
+                rstd = tl.load(Rstd + r)
+                acc_gx = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+                acc_g = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+                for off in range(0, C, BLOCK_SIZE):  # pass 1: the two row sums
+                    cols = off + tl.arange(0, BLOCK_SIZE)
+                    mask = cols < C
+                    x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+                    dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                    acc_gx += g * tl.where(mask, (x - mean) * rstd, 0.0)
+                    acc_g += g
+                mean_gx = tl.sum(acc_gx, axis=0) / C
+                mean_g = tl.sum(acc_g, axis=0) / C
+                for off in range(0, C, BLOCK_SIZE):  # pass 2: dx, and the partial sums of dw and db
+                    cols = off + tl.arange(0, BLOCK_SIZE)
+                    mask = cols < C
+                    x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+                    dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+                    g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                    dx = (g - mean_g - xhat * mean_gx) * rstd
+                    tl.store(DX + r * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+                    tl.store(DW + cols, tl.load(DW + cols, mask=mask) + dy * xhat, mask=mask)
+                    tl.store(DB + cols, tl.load(DB + cols, mask=mask) + dy, mask=mask)
+                tl.debug_barrier()  # this row's updates of DW/DB are visible to every thread before the next
+
+    return layer_norm_bwd_kernel
+
+
+def _num_programs(N: int, num_warps: int, device: torch.device) -> int:
+    if device.type == "cuda":  # about 32 warps per SM: enough rows in flight, a small partial-sum buffer
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return min(N, sms * max(4, 32 // num_warps))
+    return min(N, 4)  # the interpreter runs programs one after another: fewer is faster
+
+
+def _triton_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    max_block: int = _MAX_BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward kernel: (dx like x, dweight like weight, dbias like weight)."""
+    _check_triton_device(x)
+    kernel = _kernel("bwd")
+    C = x.shape[-1]
+    x2, dy2 = x.reshape(-1, C), dy.reshape(-1, C)  # an expanded dy (stride 0) is copied here by reshape
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    dy2 = dy2 if dy2.stride(-1) == 1 and dy2.stride(0) != 0 else dy2.contiguous()
+    N = x2.shape[0]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block, one_block = _block_size(C, max_block)
+    programs = _num_programs(N, _num_warps(block), x.device)
+    dw_partial = torch.zeros((max(programs, 1), C), dtype=torch.float32, device=x.device)
+    db_partial = torch.zeros_like(dw_partial)
+    if N > 0:
+        kernel[(programs,)](
+            dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx, dw_partial, db_partial,
+            dy2.stride(0), x2.stride(0), C, N, C, triton.cdiv(N, programs),
+            BLOCK_SIZE=block, ONE_BLOCK=one_block, num_warps=_num_warps(block),
+        )
+    # one deterministic reduction over the programs
+    return dx, dw_partial.sum(0).to(weight.dtype), db_partial.sum(0).to(weight.dtype)
+
+
+# The autograd rule, and torch.compile support: both kernels become torch.library custom ops, so torch.compile
+# traces a model through them (with shapes from the fake implementations below) instead of breaking the graph.
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _eps = inputs
+    _y, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.has_bias = bias is not None
+
+
+def _backward_rule(ctx, dy, _dmean=None, _drstd=None):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _ops["bwd"](dy, x, weight, mean, rstd)
+    return dx, dw, db if ctx.has_bias else None, None
+
+
+def _register_custom_ops() -> dict:
+    """Register layernorm::triton_fwd / triton_bwd (or reuse them if this file was imported twice)."""
+    try:
+        return {"fwd": torch.ops.layernorm.triton_fwd.default, "bwd": torch.ops.layernorm.triton_bwd.default}
+    except (AttributeError, RuntimeError):
+        pass
+    fwd = torch.library.custom_op(
+        "layernorm::triton_fwd",
+        lambda x, weight, bias, eps: _triton_forward(x, weight, bias, eps),
+        mutates_args=(),
+        schema="(Tensor x, Tensor weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    )
+    bwd = torch.library.custom_op(
+        "layernorm::triton_bwd",
+        lambda dy, x, weight, mean, rstd: _triton_backward(dy, x, weight, mean, rstd),
+        mutates_args=(),
+        schema="(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)",
+    )
+
+    @fwd.register_fake
+    def _(x, weight, bias, eps):
+        stats = x.new_empty(x.shape[:-1], dtype=torch.float32)
+        return x.new_empty(x.shape), stats, torch.empty_like(stats)
+
+    @bwd.register_fake
+    def _(dy, x, weight, mean, rstd):
+        return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
+
+    fwd.register_autograd(_backward_rule, setup_context=_setup_context)
+    return {"fwd": fwd, "bwd": bwd}
+
+
+class _TritonFunction(torch.autograd.Function):
+    """The same autograd rule, for a torch without torch.library.custom_op (before 2.4): no torch.compile."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = _triton_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        return _backward_rule(ctx, dy)
+
+
+if hasattr(torch.library, "custom_op"):
+    _ops = _register_custom_ops()
+else:  # pragma: no cover (old torch)
+    _ops = {"fwd": None, "bwd": _triton_backward}
+
+
 def layer_norm_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
 ) -> torch.Tensor:
-    raise TritonUnavailableError("the Triton LayerNorm is not written yet; " + _WHAT_TO_DO)
+    """LayerNorm over the last dimension of x (any shape [..., C]) with the fused Triton kernels.
+
+    Same function and gradients as `layer_norm` (population variance). Runs on CUDA tensors, or on CPU tensors
+    when TRITON_INTERPRET=1 was set before triton was imported.
+    """
+    _check_args(x, weight, bias, eps)
+    _check_triton_device(x)
+    if _ops["fwd"] is None:  # pragma: no cover (old torch)
+        return _TritonFunction.apply(x, weight, bias, float(eps))
+    return _ops["fwd"](x, weight, bias, float(eps))[0]
 
 
 # ----------------------------------------------------------------------------------------------------------------
