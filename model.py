@@ -262,8 +262,10 @@ class GPT(nn.Module):
         sampled from, [B, max_new_tokens, vocab_size]. See the module docstring for contexts longer than
         block_size.
         """
-        if temperature < 0:
+        if not temperature >= 0:  # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
         if idx.dim() != 2 or idx.size(1) == 0:
