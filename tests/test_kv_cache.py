@@ -1,0 +1,196 @@
+"""Decoding with the KV cache: the same computation as without it, per row independent of the batch, and past
+block_size exactly the window model.py documents (the cached path refills the last block_size // 2 tokens, the
+uncached path slides the last block_size tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import torch
+
+from layernorm import TritonUnavailableError, make_norm
+from model import GPT, GPTConfig, KVCache
+
+BLOCK = 16
+TINY = GPTConfig(block_size=BLOCK, vocab_size=13, n_layer=2, n_head=2, n_embd=32, norm="custom")
+LAYERNORMS = ("custom", "builtin", "triton")
+TOL = 1e-5  # float32
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models: one thread is as fast, and far faster when other work shares the cores (no spin-waiting)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def skip_unless_runs(norm: str) -> None:
+    try:
+        make_norm(norm, 8)(torch.randn(2, 8))
+    except TritonUnavailableError as e:
+        pytest.skip(f"{norm} can't run here: {str(e).splitlines()[0]}")
+
+
+def tiny(norm: str = "custom", seed: int = 0) -> GPT:
+    """A tiny GPT with its norm weights moved off their init, so the norms' parameters matter."""
+    skip_unless_runs(norm)
+    torch.manual_seed(seed)
+    model = GPT(replace(TINY, norm=norm)).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or "ln_f" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("wte.weight"):
+                p.mul_(5)  # larger logits: greedy choices are clear-cut, not float near-ties
+    return model
+
+
+def prompts(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(TINY.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def last_logits(model: GPT, context: torch.Tensor) -> torch.Tensor:
+    """Reference: one full forward pass over `context` [B, T]; logits of its last position [B, V]."""
+    with torch.no_grad():
+        return model(context)[0][:, -1]
+
+
+def cached_windows(prompt_len: int, steps: int, block: int) -> list[tuple[int, int]]:
+    """(start, end) of the context each cached step computes on, per model.py's documented policy.
+
+    Before the first step as much of the prompt as fits (the last block tokens) is prefilled; when the cache is
+    full, the last block // 2 tokens are prefilled afresh at positions 0.. and the window grows again from there.
+    """
+    start, windows = 0, []
+    for step in range(steps):
+        end = prompt_len + step
+        if end - start > block:
+            start = end - (block if step == 0 else block // 2)
+        windows.append((start, end))
+    return windows
+
+
+# --- within block_size: the cache changes nothing --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", [*LAYERNORMS, "rmsnorm"])
+def test_cached_and_uncached_greedy_decoding_agree(norm: str) -> None:
+    model = tiny(norm)
+    idx = prompts(1, 10) if norm == "triton" else prompts(2, 5)  # the Triton interpreter is slow: keep it small
+    steps = BLOCK - idx.size(1)  # prompt + new tokens == block_size: the whole range where the paths agree
+    cached, cached_logits = model.generate(idx, steps, temperature=0, return_logits=True)
+    plain, plain_logits = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)
+    assert torch.equal(cached, plain)
+    assert cached_logits.shape == (idx.size(0), steps, TINY.vocab_size)
+    torch.testing.assert_close(cached_logits, plain_logits, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("norm", ["custom", "builtin"])
+def test_prefill_then_single_tokens_equal_one_full_forward(norm: str) -> None:
+    model = tiny(norm)
+    idx = prompts(3, BLOCK, seed=1)
+    with torch.no_grad():
+        full = model(idx)[0]
+        cache = KVCache(model.config, 3, idx.device, torch.float32)
+        pieces = [model(idx[:, :4], kv_cache=cache)[0]]  # prefill
+        pieces.append(model(idx[:, 4:7], kv_cache=cache)[0])  # a chunk on top of a filled cache (masked)
+        pieces += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(7, BLOCK)]  # one token at a time
+    assert cache.length == BLOCK
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("norm", [*LAYERNORMS, "rmsnorm"])
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_a_row_alone_and_in_a_batch_decode_the_same(norm: str, use_kv_cache: bool) -> None:
+    if norm == "triton" and not use_kv_cache:
+        pytest.skip("kept small: the Triton interpreter is slow, and the cached path is the one that matters")
+    model = tiny(norm)
+    batch = prompts(4, 6, seed=2)
+    assert len({tuple(row.tolist()) for row in batch}) == 4  # four different prompts
+    steps = BLOCK - 6
+    alone, alone_logits = model.generate(batch[:1], steps, temperature=0, use_kv_cache=use_kv_cache,
+                                         return_logits=True)
+    together, together_logits = model.generate(batch, steps, temperature=0, use_kv_cache=use_kv_cache,
+                                               return_logits=True)
+    assert torch.equal(alone[0], together[0])
+    torch.testing.assert_close(alone_logits[0], together_logits[0], rtol=0, atol=TOL)
+    assert not torch.equal(together[1:, 6:], together[:1, 6:].expand(3, -1))  # the other rows are other text
+
+
+def test_sampling_is_the_same_with_and_without_the_cache_for_one_seed() -> None:
+    model = tiny()
+    idx = prompts(2, 3, seed=3)
+    runs = [
+        model.generate(idx, 12, temperature=0.9, top_k=5, use_kv_cache=cache,
+                       generator=torch.Generator().manual_seed(7))
+        for cache in (True, False, True)
+    ]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    greedy = model.generate(idx, 12, temperature=0)
+    assert torch.equal(model.generate(idx, 12, temperature=1.0, top_k=1), greedy)  # top_k=1 is greedy
+
+
+# --- past block_size: each path computes exactly the window it documents -------------------------------------------
+
+
+@pytest.mark.parametrize("prompt_len", [6, BLOCK + 4])  # a short prompt; one longer than block_size
+def test_cached_overflow_refills_the_last_half_block(prompt_len: int) -> None:
+    model = tiny()
+    idx = prompts(2, prompt_len, seed=4)
+    steps = 2 * BLOCK + 3  # several refills
+    out, logits = model.generate(idx, steps, temperature=0, return_logits=True)
+    windows = cached_windows(prompt_len, steps, BLOCK)
+    refills = [s for s in range(1, steps) if windows[s][0] != windows[s - 1][0]]
+    assert len(refills) >= 2 and all(windows[s][1] - windows[s][0] == BLOCK // 2 for s in refills)
+    assert max(end - start for start, end in windows) == BLOCK
+    for step, (start, end) in enumerate(windows):
+        want = last_logits(model, out[:, start:end])
+        torch.testing.assert_close(logits[:, step], want, rtol=0, atol=TOL, msg=f"step {step}, window {start}:{end}")
+    # where the windows coincide (up to block_size tokens in all), the two paths agree
+    plain = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)[1]
+    same = [s for s, (start, end) in enumerate(windows) if start == max(0, end - BLOCK)]
+    assert same and torch.allclose(plain[:, same], logits[:, same], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("prompt_len", [6, BLOCK + 4])
+def test_uncached_overflow_slides_the_last_block(prompt_len: int) -> None:
+    model = tiny()
+    idx = prompts(2, prompt_len, seed=5)
+    steps = BLOCK + 5
+    out, logits = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)
+    assert out.shape == (2, prompt_len + steps) and torch.equal(out[:, :prompt_len], idx)
+    for step in range(steps):
+        end = prompt_len + step
+        want = last_logits(model, out[:, max(0, end - BLOCK) : end])
+        torch.testing.assert_close(logits[:, step], want, rtol=0, atol=TOL, msg=f"step {step}")
+
+
+# --- bad input -------------------------------------------------------------------------------------------------------
+
+
+def test_generate_rejects_bad_input_with_clear_errors() -> None:
+    model = tiny()
+    idx = prompts(1, 3)
+    for temperature in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            model.generate(idx, 2, temperature=temperature)
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(idx, 2, top_k=0)
+    with pytest.raises(ValueError, match=r"shape \[B, T\]"):
+        model.generate(idx[0], 2)  # 1-D
+    with pytest.raises(ValueError, match="T >= 1"):
+        model.generate(idx[:, :0], 2)  # empty prompt
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.generate(idx, -1)
+    out, logits = model.generate(idx, 0, return_logits=True)
+    assert torch.equal(out, idx) and logits.shape == (1, 0, TINY.vocab_size)
+    cache = KVCache(model.config, 1, idx.device, torch.float32)
+    with torch.no_grad():
+        model(prompts(1, BLOCK), kv_cache=cache)
+        with pytest.raises(ValueError, match="block_size"):
+            model(idx[:, :1], kv_cache=cache)  # the cache is full
