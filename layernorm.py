@@ -241,6 +241,8 @@ def _kernel(name: str):
 
 # Forward kernel: one program normalizes one row. Same arithmetic as `layer_norm` above, in float32 registers:
 # shift by x_0, two passes (sum, then sum of squares of the centred row), then y = xc * rstd * w + b.
+# It saves rstd and mean_s, the mean of x - x_0 (not of x): the backward re-reads x_0 and centres the row exactly
+# as the forward did. (A float32 mean of a row at 1e4 is off by up to 5e-4, which x - mean would inherit.)
 # When the row fits in one block it is loaded once and stays in registers; a wider row is read in blocks of
 # BLOCK_SIZE columns, once per pass (the re-reads come from cache).
 
@@ -248,7 +250,7 @@ def _kernel(name: str):
 def _define_forward_kernel():
     @triton.jit
     def layer_norm_fwd_kernel(
-        X, Y, W, B, Mean, Rstd,  # pointers: x, y [N, C] (row strides below), w, b [C], mean, rstd [N] float32
+        X, Y, W, B, MeanS, Rstd,  # pointers: x, y [N, C] (row strides below); w, b [C]; mean_s, rstd [N] float32
         stride_x, stride_y, C, eps,
         HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr,
     ):
@@ -290,7 +292,7 @@ def _define_forward_kernel():
                 if HAS_BIAS:
                     y += tl.load(B + cols, mask=mask).to(tl.float32)
                 tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
-        tl.store(Mean + row, shift + mean_s)
+        tl.store(MeanS + row, mean_s)
         tl.store(Rstd + row, rstd)
 
     return layer_norm_fwd_kernel
@@ -299,7 +301,7 @@ def _define_forward_kernel():
 def _triton_forward(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, max_block: int = _MAX_BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel: (y like x, mean and rstd float32 of shape x.shape[:-1])."""
+    """Launch the forward kernel: (y like x; mean_s = mean of x - x_0, and rstd: float32 [*x.shape[:-1]])."""
     _check_triton_device(x)
     kernel = _kernel("fwd")
     C = x.shape[-1]
@@ -308,22 +310,22 @@ def _triton_forward(
         x2 = x2.contiguous()
     N = x2.shape[0]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
+    mean_s = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean_s)
     if N == 0:
-        return y, mean, rstd
+        return y, mean_s, rstd
     block, one_block = _block_size(C, max_block)
     w = weight.contiguous()
     b = bias.contiguous() if bias is not None else w  # placeholder pointer, never read when HAS_BIAS=False
     kernel[(N,)](
-        x2, y, w, b, mean, rstd, x2.stride(0), C, C, eps,
+        x2, y, w, b, mean_s, rstd, x2.stride(0), C, C, eps,
         HAS_BIAS=bias is not None, BLOCK_SIZE=block, ONE_BLOCK=one_block, num_warps=_num_warps(block),
     )
-    return y, mean, rstd
+    return y, mean_s, rstd
 
 
-# Backward kernel. Program p takes a contiguous group of rows. For each row it recomputes xhat from the saved
-# mean and rstd, forms g = dy * w, and writes (the derivation is above, at `_LayerNormFunction`)
+# Backward kernel. Program p takes a contiguous group of rows. For each row it recomputes the forward's
+# xhat = (x - x_0 - mean_s) * rstd, forms g = dy * w, and writes (derivation above, at `_LayerNormFunction`)
 #     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 # while it adds dy * xhat and dy into its own float32 partial sums of dw and db: row p of a [programs, C] buffer.
 # The launcher then sums the buffer over programs: deterministic, no atomics, no locks.
@@ -332,7 +334,7 @@ def _triton_forward(
 def _define_backward_kernel():
     @triton.jit
     def layer_norm_bwd_kernel(
-        DY, X, W, Mean, Rstd, DX, DW, DB,  # DY, X, DX [N, C] (row strides below); DW, DB [programs, C] float32
+        DY, X, W, MeanS, Rstd, DX, DW, DB,  # DY, X, DX [N, C] (row strides below); DW, DB [programs, C] float32
         stride_dy, stride_x, stride_dx, N, C, rows_per_program,
         BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr,
     ):
@@ -350,8 +352,9 @@ def _define_backward_kernel():
             for r in range(row_start, row_end):
                 x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                shift = tl.load(X + r * stride_x).to(tl.float32)  # x_0, the forward's shift
                 rstd = tl.load(Rstd + r)
-                xhat = tl.where(mask, (x - tl.load(Mean + r)) * rstd, 0.0)
+                xhat = tl.where(mask, (x - shift - tl.load(MeanS + r)) * rstd, 0.0)
                 g = dy * w  # zero in the padding columns, since dy and w are
                 mean_gx = tl.sum(g * xhat, axis=0) / C
                 mean_g = tl.sum(g, axis=0) / C
@@ -363,7 +366,8 @@ def _define_backward_kernel():
             tl.store(DB + cols, db, mask=mask)
         else:  # wide rows: the same, block by block; the partial sums accumulate in this program's buffer row
             for r in range(row_start, row_end):
-                mean = tl.load(Mean + r)
+                shift = tl.load(X + r * stride_x).to(tl.float32)
+                mean_s = tl.load(MeanS + r)
                 rstd = tl.load(Rstd + r)
                 acc_gx = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
                 acc_g = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
@@ -373,7 +377,7 @@ def _define_backward_kernel():
                     x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
                     dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
                     g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-                    acc_gx += g * tl.where(mask, (x - mean) * rstd, 0.0)
+                    acc_gx += g * tl.where(mask, (x - shift - mean_s) * rstd, 0.0)
                     acc_g += g
                 mean_gx = tl.sum(acc_gx, axis=0) / C
                 mean_g = tl.sum(acc_g, axis=0) / C
@@ -382,7 +386,7 @@ def _define_backward_kernel():
                     mask = cols < C
                     x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
                     dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                    xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+                    xhat = tl.where(mask, (x - shift - mean_s) * rstd, 0.0)
                     g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
                     dx = (g - mean_g - xhat * mean_gx) * rstd
                     tl.store(DX + r * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
@@ -404,7 +408,7 @@ def _triton_backward(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor,
-    mean: torch.Tensor,
+    mean_s: torch.Tensor,
     rstd: torch.Tensor,
     max_block: int = _MAX_BLOCK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -423,7 +427,7 @@ def _triton_backward(
     db_partial = torch.zeros_like(dw_partial)
     if N > 0:
         kernel[(programs,)](
-            dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx, dw_partial, db_partial,
+            dy2, x2, weight.contiguous(), mean_s.reshape(-1), rstd.reshape(-1), dx, dw_partial, db_partial,
             dy2.stride(0), x2.stride(0), C, N, C, triton.cdiv(N, programs),
             BLOCK_SIZE=block, ONE_BLOCK=one_block, num_warps=_num_warps(block),
         )
@@ -437,14 +441,14 @@ def _triton_backward(
 
 def _setup_context(ctx, inputs, output) -> None:
     x, weight, bias, _eps = inputs
-    _y, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
+    _y, mean_s, rstd = output
+    ctx.save_for_backward(x, weight, mean_s, rstd)
     ctx.has_bias = bias is not None
 
 
 def _backward_rule(ctx, dy, _dmean=None, _drstd=None):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _ops["bwd"](dy, x, weight, mean, rstd)
+    x, weight, mean_s, rstd = ctx.saved_tensors
+    dx, dw, db = _ops["bwd"](dy, x, weight, mean_s, rstd)
     return dx, dw, db if ctx.has_bias else None, None
 
 
@@ -462,9 +466,9 @@ def _register_custom_ops() -> dict:
     )
     bwd = torch.library.custom_op(
         "layernorm::triton_bwd",
-        lambda dy, x, weight, mean, rstd: _triton_backward(dy, x, weight, mean, rstd),
+        lambda dy, x, weight, mean_s, rstd: _triton_backward(dy, x, weight, mean_s, rstd),
         mutates_args=(),
-        schema="(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd) -> (Tensor, Tensor, Tensor)",
+        schema="(Tensor dy, Tensor x, Tensor weight, Tensor mean_s, Tensor rstd) -> (Tensor, Tensor, Tensor)",
     )
 
     @fwd.register_fake
@@ -473,7 +477,7 @@ def _register_custom_ops() -> dict:
         return x.new_empty(x.shape), stats, torch.empty_like(stats)
 
     @bwd.register_fake
-    def _(dy, x, weight, mean, rstd):
+    def _(dy, x, weight, mean_s, rstd):
         return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
     fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -485,8 +489,8 @@ class _TritonFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        y, mean, rstd = _triton_forward(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, mean, rstd)
+        y, mean_s, rstd = _triton_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean_s, rstd)
         ctx.has_bias = bias is not None
         return y
 
@@ -553,6 +557,7 @@ class LayerNorm(nn.Module):
             raise TypeError(f"{type(self).__name__} expects a floating-point input, got {x.dtype}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
         return layer_norm(x, self.weight, self.bias, self.eps)
 
 
@@ -568,6 +573,7 @@ class TritonLayerNorm(LayerNorm):
     """The fused Triton kernels (`layer_norm_triton`), with the same parameters."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
         return layer_norm_triton(x, self.weight, self.bias, self.eps)
 
 

@@ -1,0 +1,445 @@
+"""layernorm.py: the three LayerNorms compute one function and its gradients; the contrasts behave as claimed.
+
+Every implementation is held to a float64 reference (the formula through autograd, in float64). The Triton kernels
+run here through Triton's interpreter on the CPU (conftest.py sets TRITON_INTERPRET=1 when there is no GPU), so
+their inputs are kept small; tests/test_layernorm_triton.py has the Triton-only checks.
+"""
+
+import doctest
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import layernorm
+from layernorm import NORMS, layer_norm, layer_norm_naive, layer_norm_triton, make_norm
+
+LAYERNORMS = ("custom", "builtin", "triton")
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_impl(impl: str, x, weight, bias, eps=1e-5):
+    if impl == "custom":
+        return layer_norm(x, weight, bias, eps)
+    if impl == "builtin":
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    if impl == "triton":
+        return layer_norm_triton(x, weight, bias, eps)
+    raise AssertionError(impl)
+
+
+def reference(x, weight, bias, dy, eps=1e-5, correction=0):
+    """Forward and (dx, dweight, dbias) in float64, autograd through the formula."""
+    x, weight = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    bias = None if bias is None else bias.detach().double().requires_grad_()
+    y = layer_norm_naive(x, weight, bias, eps, correction)
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    grads = torch.autograd.grad(y, inputs, dy.double())
+    return y.detach(), grads
+
+
+def forward_backward(impl, x, weight, bias, dy, eps=1e-5):
+    x, weight = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    bias = None if bias is None else bias.detach().clone().requires_grad_()
+    y = run_impl(impl, x, weight, bias, eps)
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    return y.detach(), torch.autograd.grad(y, inputs, dy)
+
+
+def rel_err(out, ref) -> float:
+    """max |out - ref| over max |ref| (0 when both are 0): one number per tensor, insensitive to tiny entries."""
+    scale = ref.abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    return err / scale if scale > 0 else err
+
+
+def dx_scale(x, w, dy, eps=1e-5) -> float:
+    """The natural size of dx: |dy * w| * rstd. For C=1 (var 0) rstd is 1/sqrt(eps) ~ 316, and so are the
+    rounding errors of any float32 kernel, though the exact dx is 0."""
+    x = x.double()
+    rstd = (x.var(-1, correction=0) + eps).rsqrt().max().item() if x.numel() else 1.0
+    return (dy.double() * w.double()).abs().max().item() * rstd if x.numel() else 1.0
+
+
+def close(out, ref, tol, scale=0.0) -> bool:
+    """max |out - ref| <= tol * max(max |ref|, scale)."""
+    return (out.double() - ref).abs().max().item() <= tol * max(ref.abs().max().item(), scale)
+
+
+def make_inputs(lead, C, dtype=torch.float32, seed=0, offset=2.0):
+    """Nonzero-mean x, non-unit weight and bias, a random upstream gradient."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, C, generator=g, dtype=torch.float64) * 1.5 + offset
+    w = torch.randn(C, generator=g, dtype=torch.float64) * 0.5 + 1.0
+    b = torch.randn(C, generator=g, dtype=torch.float64) * 0.3
+    dy = torch.randn(*lead, C, generator=g, dtype=torch.float64)
+    dev = _device()
+    return tuple(t.to(device=dev, dtype=dtype) for t in (x, w, b, dy))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Every LayerNorm against float64: forward and all three gradients.
+
+
+@pytest.mark.parametrize("impl", LAYERNORMS)
+@pytest.mark.parametrize("C", [1, 7, 100, 384, 1000, 3000])
+@pytest.mark.parametrize("lead", [(), (5,), (2, 3)], ids=["[]", "[N]", "[B,T]"])
+def test_float32_matches_float64_reference(impl, C, lead):
+    x, w, b, dy = make_inputs(lead, C)
+    y, grads = forward_backward(impl, x, w, b, dy)
+    y_ref, grads_ref = reference(x, w, b, dy)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    assert rel_err(y, y_ref) < 1e-5
+    for name, g, g_ref in zip(("dx", "dweight", "dbias"), grads, grads_ref, strict=True):
+        assert g.shape == g_ref.shape, name
+        # the natural size of dweight and dbias is sum over rows of |dy| (|xhat| ~ 1)
+        scale = dx_scale(x, w, dy) if name == "dx" else dy.abs().reshape(-1, C).sum(0).max().item()
+        assert close(g, g_ref, 1e-5, scale), (name, rel_err(g, g_ref))
+
+
+@pytest.mark.parametrize("impl", LAYERNORMS)
+def test_without_bias(impl):
+    x, w, _, dy = make_inputs((4,), 50)
+    y, (dx, dw) = forward_backward(impl, x, w, None, dy)
+    y_ref, (dx_ref, dw_ref) = reference(x, w, None, dy)
+    assert rel_err(y, y_ref) < 1e-5 and rel_err(dx, dx_ref) < 1e-5 and rel_err(dw, dw_ref) < 1e-5
+
+
+@pytest.mark.parametrize("impl", LAYERNORMS)
+def test_non_contiguous_input_and_gradients(impl):
+    base, w, b, _ = make_inputs((6,), 2 * 40)
+    x = base.view(6, 40, 2)[..., 0]  # every other column: column stride 2
+    assert not x.is_contiguous()
+    xt = base.view(2, 3, 80)[..., :40].transpose(0, 1)  # [3, 2, 40], permuted leading dims, a row stride
+    w, b = w[:40], b[:40]
+    g = torch.Generator().manual_seed(1)
+    dy_expanded = torch.randn(40, generator=g).to(x).expand(6, 40)  # stride 0 over rows
+    dy_transposed = torch.randn(40, 6, generator=g).to(x).t()  # column stride 6
+    for xi, dy in ((x, dy_expanded), (x, dy_transposed), (xt, dy_expanded[:6].reshape(3, 2, 40))):
+        y, grads = forward_backward(impl, xi, w, b, dy)
+        y_ref, grads_ref = reference(xi, w, b, dy)
+        assert rel_err(y, y_ref) < 1e-5
+        for gr, gr_ref in zip(grads, grads_ref, strict=True):
+            assert rel_err(gr, gr_ref) < 1e-5
+
+
+# Half precision is judged as flash-attention's tests judge it: the error against the float64 reference may be at
+# most twice the error of PyTorch's own kernel run in the same dtype, plus a small absolute slack.
+
+
+@pytest.mark.parametrize("impl", ["custom", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("C", [7, 384, 1000])
+def test_half_precision_within_twice_pytorch_error(impl, dtype, C):
+    x, w, b, dy = make_inputs((3, 4), C, dtype=dtype)
+    y, grads = forward_backward(impl, x, w, b, dy)
+    y_pt, grads_pt = forward_backward("builtin", x, w, b, dy)
+    y_ref, grads_ref = reference(x, w, b, dy)
+    assert y.dtype == dtype and all(g.dtype == dtype for g in grads)
+    slack = 1e-3 if dtype == torch.float16 else 1e-2
+
+    def err(a, ref):
+        return (a.double() - ref).abs().max().item()
+
+    assert err(y, y_ref) <= 2 * err(y_pt, y_ref) + slack
+    for name, g, g_pt, g_ref in zip(("dx", "dweight", "dbias"), grads, grads_pt, grads_ref, strict=True):
+        tol = 2 * err(g_pt, g_ref) + slack * max(1.0, g_ref.abs().max().item())
+        assert err(g, g_ref) <= tol, (name, err(g, g_ref), err(g_pt, g_ref))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The hand-written backward.
+
+
+@pytest.mark.parametrize("correction", [0, 1])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gradcheck_float64(correction, with_bias):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 5, 6, generator=g, dtype=torch.float64) + 1).requires_grad_()
+    w = torch.randn(6, generator=g, dtype=torch.float64).requires_grad_()
+    b = torch.randn(6, generator=g, dtype=torch.float64).requires_grad_() if with_bias else None
+    inputs = (x, w, b) if with_bias else (x, w)
+    assert torch.autograd.gradcheck(lambda *t: layer_norm(*t, eps=1e-3, correction=correction), inputs)
+
+
+def test_hand_backward_matches_autograd_through_the_formula_with_correction():
+    x, w, b, dy = (t.double() for t in make_inputs((4, 3), 33))
+    for correction in (0, 1):
+        xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
+        y = layer_norm(xs, ws, bs, correction=correction)
+        grads = torch.autograd.grad(y, (xs, ws, bs), dy)
+        y_ref, grads_ref = reference(x, w, b, dy, correction=correction)
+        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+        for gr, gr_ref in zip(grads, grads_ref, strict=True):
+            torch.testing.assert_close(gr, gr_ref, rtol=1e-10, atol=1e-10)
+
+
+def test_only_requested_gradients_are_computed():
+    x, w, b, dy = make_inputs((4,), 16)
+    w.requires_grad_()
+    y = layer_norm(x, w, b)  # x and b do not require grad
+    (dw,) = torch.autograd.grad(y, (w,), dy)
+    _, (_, dw_ref, _) = reference(x, w, b, dy)
+    assert rel_err(dw, dw_ref) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The seeds' examples, as executable tests.
+
+
+def test_chapter_layernorm1d_numbers():
+    """The chapter's LayerNorm1d: x.var(1) is the sample variance, so correction=1 reproduces its numbers."""
+    torch.manual_seed(1337)
+    x = torch.randn(32, 100)
+    y = layer_norm(x, torch.ones(100), torch.zeros(100), correction=1)
+    assert abs(y[0].mean().item()) < 1e-6  # the chapter prints -9.5367e-09
+    assert f"{y[0].std().item():.4f}" == "1.0000"
+    # and it is the chapter's class, line for line
+    xmean, xvar = x.mean(1, keepdim=True), x.var(1, keepdim=True)
+    torch.testing.assert_close(y, (x - xmean) / torch.sqrt(xvar + 1e-5))
+
+
+def test_docstring_example():
+    x = torch.randn(2, 3, 8)
+    y = layer_norm(x, torch.ones(8), torch.zeros(8))
+    assert y.shape == (2, 3, 8)
+    assert y.mean(-1).abs().max() < 1e-5
+
+
+def test_doctests_in_layernorm_py():
+    result = doctest.testmod(layernorm, raise_on_error=False)
+    assert result.attempted >= 3 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Numerics: offsets, constant rows, NaN.
+
+
+@pytest.mark.parametrize("impl", ["custom", "triton"])
+@pytest.mark.parametrize("C", [7, 384, 3000])
+def test_large_offset_rows_match_float64(impl, C):
+    """Rows near 1e4 with unit spread: float32 matches float64, forward and gradients (no cancellation)."""
+    x, w, b, dy = make_inputs((3,), C, offset=1e4)
+    y, grads = forward_backward(impl, x, w, b, dy)
+    y_ref, grads_ref = reference(x, w, b, dy)  # the reference sees the same float32-rounded x
+    assert rel_err(y, y_ref) < 1e-5
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        assert rel_err(g, g_ref) < 1e-5
+    # What the two passes avoid: the one-pass E[x^2] - E[x]^2 is useless at this offset in float32.
+    var_one_pass = (x * x).mean(-1) - x.mean(-1) ** 2
+    assert (var_one_pass - x.double().var(-1, correction=0)).abs().max() > 0.5
+
+
+@pytest.mark.parametrize("impl", LAYERNORMS)
+@pytest.mark.parametrize("C", [1, 7, 100, 3000])
+def test_constant_row_gives_exactly_bias(impl, C):
+    _, w, b, _ = make_inputs((), C)
+    for value in (0.0, 3.7, -1234.5678, 1e4 / 3):
+        x = torch.full((2, C), value, device=w.device)
+        y = run_impl(impl, x, w, b)
+        assert torch.equal(y, b.expand(2, C)), (value, (y - b).abs().max())
+
+
+@pytest.mark.parametrize("impl", LAYERNORMS)
+def test_nan_stays_in_its_row(impl):
+    x, w, b, dy = make_inputs((4,), 30)
+    x[1, 7] = float("nan")
+    y, (dx, _, _) = forward_backward(impl, x, w, b, dy)
+    assert torch.isnan(y[1]).all() and torch.isnan(dx[1]).all()
+    rows = [0, 2, 3]
+    y_ref, (dx_ref, _, _) = reference(x[rows], w, b, dy[rows])
+    assert rel_err(y[rows], y_ref) < 1e-5 and rel_err(dx[rows], dx_ref) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["custom", "triton"])
+def test_empty_batch(impl):
+    x, w, b, dy = make_inputs((0,), 8)
+    y, (dx, dw, db) = forward_backward(impl, x, w, b, dy)
+    assert y.shape == (0, 8) and dx.shape == (0, 8)
+    assert torch.equal(dw, torch.zeros_like(dw)) and torch.equal(db, torch.zeros_like(db))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The modules and the registry.
+
+
+def test_norms_registry():
+    assert NORMS == ("custom", "builtin", "triton", "rmsnorm", "batchnorm")
+    for name in NORMS:
+        m = make_norm(name, 12).to(_device())
+        assert m.weight.shape == (12,) and m.bias.shape == (12,)
+        assert make_norm(name, 12, bias=False).bias is None
+        assert m(torch.randn(2, 3, 12, device=_device())).shape == (2, 3, 12)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_state_dict_interchange_between_the_layernorms(bias):
+    torch.manual_seed(0)
+    src = make_norm("custom", 24, bias=bias, eps=1e-6)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.copy_(torch.randn_like(p))
+    x = torch.randn(3, 5, 24) + 1
+    y_src = src(x)
+    for name in LAYERNORMS:
+        dst = make_norm(name, 24, bias=bias, eps=1e-6)
+        assert list(dst.state_dict()) == list(src.state_dict())
+        dst.load_state_dict(src.state_dict())  # strict
+        torch.testing.assert_close(dst(x), y_src, rtol=1e-5, atol=1e-5)
+        back = make_norm("custom", 24, bias=bias, eps=1e-6)
+        back.load_state_dict(dst.state_dict())
+        torch.testing.assert_close(back(x), y_src, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["custom", "builtin", "triton", "rmsnorm"])
+def test_batch_independence(name):
+    """norm(x)[i] == norm(x[i:i+1]): a token's output never depends on the rest of the batch."""
+    torch.manual_seed(0)
+    m = make_norm(name, 32)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p))
+    x = torch.randn(4, 6, 32) * 3 + 1
+    y = m(x)
+    for i in range(x.shape[0]):
+        torch.testing.assert_close(m(x[i : i + 1]), y[i : i + 1], rtol=1e-6, atol=1e-6)
+        x_other = x.clone()
+        x_other[torch.arange(4) != i] = torch.randn(3, 6, 32) * 10  # change every other sequence
+        torch.testing.assert_close(m(x_other)[i], y[i], rtol=1e-6, atol=1e-6)
+
+
+def test_batchnorm_depends_on_the_batch_in_training_only():
+    torch.manual_seed(0)
+    m = make_norm("batchnorm", 32)
+    x = torch.randn(4, 6, 32) * 3 + 1
+    m.train()
+    y = m(x)
+    assert (m(x[0:1]) - y[0:1]).abs().max() > 1e-2  # its statistics came from the whole batch
+    m.eval()
+    y = m(x)
+    torch.testing.assert_close(m(x[0:1]), y[0:1])  # running statistics: per token again
+
+
+def test_batchnorm_matches_batchnorm1d_over_all_tokens():
+    torch.manual_seed(0)
+    ours = make_norm("batchnorm", 16)
+    ref = torch.nn.BatchNorm1d(16)
+    with torch.no_grad():
+        for p, q in zip(ours.parameters(), ref.parameters(), strict=True):
+            p.copy_(torch.randn_like(p))
+            q.copy_(p)
+    for _ in range(3):  # training: batch statistics, running averages updated the same way
+        x = torch.randn(2, 5, 16) * 2 + 3
+        torch.testing.assert_close(ours(x), ref(x.reshape(-1, 16)).view(2, 5, 16))
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(ours.state_dict()[key], ref.state_dict()[key])
+    ours.eval(), ref.eval()
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(ours(x), ref(x))
+    x.requires_grad_()
+    ours.train()
+    ours(x).sum().backward()  # differentiable
+    assert x.grad is not None and ours.weight.grad is not None
+
+
+def test_batchnorm_training_on_one_token_is_a_clear_error():
+    m = make_norm("batchnorm", 8)
+    with pytest.raises(ValueError, match="more than one token"):
+        m(torch.randn(1, 1, 8))
+    m.eval()
+    assert m(torch.randn(1, 1, 8)).shape == (1, 1, 8)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_rmsnorm_formula(bias):
+    torch.manual_seed(0)
+    m = make_norm("rmsnorm", 20, bias=bias, eps=1e-6)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p))
+    x = torch.randn(3, 4, 20) + 2  # nonzero mean: RMSNorm does not remove it
+    x64 = x.double()
+    ref = x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * m.weight.double()
+    if bias:
+        ref = ref + m.bias.double()
+    assert rel_err(m(x), ref) < 1e-6
+    y = m(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
+    if hasattr(F, "rms_norm"):
+        y_pt = F.rms_norm(x, (20,), m.weight, 1e-6)
+        torch.testing.assert_close(m(x) - (m.bias if bias else 0), y_pt, rtol=1e-5, atol=1e-5)
+
+
+def test_modules_half_precision():
+    for name in ("custom", "builtin", "rmsnorm", "batchnorm"):
+        m = make_norm(name, 16).to(torch.bfloat16)
+        y = m(torch.randn(2, 3, 16, dtype=torch.bfloat16))
+        assert y.dtype == torch.bfloat16 and torch.isfinite(y).all(), name
+    y = make_norm("custom", 16)(torch.randn(2, 16, dtype=torch.float16))  # float32 params, half input
+    assert y.dtype == torch.float16
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad input: clear errors.
+
+
+def test_unknown_norm_lists_the_valid_names():
+    with pytest.raises(ValueError) as e:
+        make_norm("groupnorm", 8)
+    for name in NORMS:
+        assert name in str(e.value)
+    assert "groupnorm" in str(e.value)
+
+
+@pytest.mark.parametrize("impl", ["custom", "triton"])
+def test_weight_and_bias_shape_errors_name_both_shapes(impl):
+    fn = layer_norm if impl == "custom" else layer_norm_triton
+    x = torch.randn(2, 3, 8)
+    with pytest.raises(ValueError, match=r"weight has shape \(7,\).*\(2, 3, 8\)"):
+        fn(x, torch.ones(7), torch.zeros(8))
+    with pytest.raises(ValueError, match=r"bias has shape \(8, 1\).*\(2, 3, 8\)"):
+        fn(x, torch.ones(8), torch.zeros(8, 1))
+
+
+@pytest.mark.parametrize("impl", ["custom", "triton"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])
+def test_integer_and_bool_inputs_are_type_errors(impl, dtype):
+    fn = layer_norm if impl == "custom" else layer_norm_triton
+    with pytest.raises(TypeError, match="floating-point"):
+        fn(torch.ones(2, 4, dtype=dtype), torch.ones(4))
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_modules_reject_bad_inputs(name):
+    m = make_norm(name, 8)
+    with pytest.raises(ValueError, match="last dimension is 8"):
+        m(torch.randn(2, 7))
+    with pytest.raises(TypeError, match="floating-point"):
+        m(torch.ones(2, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-5, math.nan])
+def test_eps_must_be_positive(eps):
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm(torch.randn(2, 4), torch.ones(4), eps=eps)
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm_triton(torch.randn(2, 4), torch.ones(4), eps=eps)
+    for name in NORMS:
+        with pytest.raises(ValueError, match="eps"):
+            make_norm(name, 4, eps=eps)
+
+
+def test_other_bad_arguments():
+    with pytest.raises(ValueError, match="correction"):
+        layer_norm(torch.randn(2, 4), torch.ones(4), correction=4)
+    with pytest.raises(ValueError, match="size >= 1"):
+        layer_norm(torch.randn(2, 0), torch.ones(0))
+    with pytest.raises(ValueError, match="0-d|size >= 1"):
+        layer_norm(torch.tensor(1.0), torch.ones(1))
+    for dim in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="dim"):
+            make_norm("custom", dim)
