@@ -191,14 +191,20 @@ def _interpreting() -> bool:
 
 def _check_triton_device(x: torch.Tensor) -> None:
     """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why."""
-    if x.device.type == "cuda" or (x.device.type == "cpu" and _interpreting()):
+    interpret = _KERNELS.get("interpret", _interpreting())  # once defined, the kernels' own mode decides
+    if x.device.type == "cuda" or (x.device.type == "cpu" and interpret):
         return
-    setting = os.environ.get("TRITON_INTERPRET")
+    setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
+    if x.device.type == "cpu" and _interpreting():
+        setting = "'1', but only after this process had compiled the kernels for a GPU"
     raise TritonUnavailableError(
         f"norm 'triton' got an input on device {x.device}, but its kernels run on a CUDA GPU, or on the CPU only "
-        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting!r}). To fix: move the model and "
+        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
         f"data to a CUDA device, or {_WHAT_TO_DO}"
     )
+
+
+_KERNELS: dict[str, object] = {}
 
 
 # Triton and its language module are imported on first use (the kernels are defined then), not with this file.
@@ -224,9 +230,6 @@ def _block_size(C: int, max_block: int) -> tuple[int, bool]:
 def _num_warps(block: int) -> int:
     """Warps per program: one per 256 columns (8 per thread), at most 8, or 16 for the widest blocks."""
     return min(max(block // 256, 1), 8 if block < 8192 else 16)
-
-
-_KERNELS: dict[str, object] = {}
 
 
 def _kernel(name: str):

@@ -1,0 +1,167 @@
+"""The Triton LayerNorm beyond the shared tests: wide rows, determinism, torch.compile, and the errors that say
+why Triton cannot run. On a machine without a GPU the kernels run in Triton's interpreter (conftest.py), so the
+shapes stay small."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import layernorm
+from layernorm import TritonUnavailableError, layer_norm_triton, make_norm
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def inputs(N, C, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, C, generator=g, dtype=torch.float64) * 2 + 1
+    w = torch.randn(C, generator=g, dtype=torch.float64) * 0.5 + 1
+    b = torch.randn(C, generator=g, dtype=torch.float64)
+    dy = torch.randn(N, C, generator=g, dtype=torch.float64)
+    return tuple(t.to(DEV, dtype) for t in (x, w, b, dy))
+
+
+def reference(x, w, b, dy):
+    x, w, b = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y = F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+    return (y.detach(), *torch.autograd.grad(y, (x, w, b), dy.double()))
+
+
+def assert_rel(out, ref, tol=1e-5):
+    err = (out.double() - ref).abs().max().item()
+    assert err <= tol * ref.abs().max().item(), err
+
+
+def test_block_size_choice():
+    assert layernorm._triton_forward  # the launchers exist
+    layernorm._import_triton()
+    assert layernorm._block_size(100, 8192) == (128, True)
+    assert layernorm._block_size(100, 32) == (32, False)
+    assert layernorm._block_size(70000, 8192) == (8192, False)
+    assert layernorm._block_size(8192, 8192) == (8192, True)
+
+
+@pytest.mark.parametrize("C,max_block", [(100, 32), (64, 32), (33, 16), (7, 4)])
+def test_rows_wider_than_one_block_loop_over_blocks(C, max_block):
+    """Force the looped path with a small block: every column still counts, forward and backward."""
+    x, w, b, dy = inputs(5, C)
+    y, mean_s, rstd = layernorm._triton_forward(x, w, b, 1e-5, max_block=max_block)
+    dx, dw, db = layernorm._triton_backward(dy, x, w, mean_s, rstd, max_block=max_block)
+    for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
+        assert_rel(out, ref)
+    # and the one-block path agrees with it
+    y1, m1, r1 = layernorm._triton_forward(x, w, b, 1e-5)
+    torch.testing.assert_close(y1, y, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(r1, rstd, rtol=1e-6, atol=0)
+
+
+def test_feature_size_beyond_65536():
+    x, w, b, dy = inputs(2, 65537)
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+    y = layer_norm_triton(xr, wr, br)
+    grads = torch.autograd.grad(y, (xr, wr, br), dy)
+    for out, ref in zip((y, *grads), reference(x, w, b, dy), strict=True):
+        assert_rel(out, ref)
+
+
+def test_half_precision_in_the_looped_path():
+    x, w, b, dy = inputs(3, 100, dtype=torch.bfloat16)
+    y, mean_s, rstd = layernorm._triton_forward(x, w, b, 1e-5, max_block=32)
+    assert y.dtype == torch.bfloat16 and mean_s.dtype == rstd.dtype == torch.float32
+    dx, dw, db = layernorm._triton_backward(dy, x, w, mean_s, rstd, max_block=32)
+    assert dx.dtype == dw.dtype == db.dtype == torch.bfloat16
+    for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
+        assert_rel(out, ref, tol=2e-2)
+
+
+def test_row_stride_is_used_without_a_copy():
+    big = inputs(6, 50)[0]
+    x = big[:, :40]  # rows 50 apart
+    assert x.stride() == (50, 1)
+    w, b = torch.ones(40, device=DEV), torch.zeros(40, device=DEV)
+    torch.testing.assert_close(layer_norm_triton(x, w, b), F.layer_norm(x, (40,), w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_backward_is_deterministic():
+    x, w, b, dy = inputs(37, 64)
+    runs = []
+    for _ in range(2):
+        xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+        runs.append(torch.autograd.grad(layer_norm_triton(xr, wr, br), (xr, wr, br), dy))
+    for a, c in zip(*runs, strict=True):
+        assert torch.equal(a, c)
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake (meta) implementations and autograd registration agree with the real kernels."""
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    x, w, b, dy = inputs(3, 16)
+    x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
+    torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, b, 1e-5))
+    torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, None, 1e-5))
+    _, mean_s, rstd = layernorm._triton_forward(x.detach(), w.detach(), b.detach(), 1e-5)
+    torch.library.opcheck(torch.ops.layernorm.triton_bwd.default, (dy, x.detach(), w.detach(), mean_s, rstd))
+
+
+@pytest.mark.parametrize("norm", ["triton", "custom"])
+def test_torch_compile_traces_a_model_with_the_norm(norm):
+    """fullgraph=True: the norm must not break the graph. aot_eager traces forward and backward (no C compiler)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), make_norm(norm, 16), torch.nn.Linear(16, 4)).to(DEV)
+    compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
+    x = torch.randn(3, 5, 16, device=DEV)
+    out = compiled(x)
+    out.square().sum().backward()
+    grads = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    ref = net(x)
+    ref.square().sum().backward()
+    torch.testing.assert_close(out, ref)
+    for g, p in zip(grads, net.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Where Triton cannot run, the error says why and what to do.
+
+
+def test_lazy_import_and_cpu_input_without_the_interpreter():
+    """A fresh Python without TRITON_INTERPRET: `import layernorm` does not import triton; the triton module
+    builds (triton imports), and a CPU input is refused with the reason and the fixes."""
+    code = (
+        "import sys, torch, layernorm\n"
+        "layernorm.make_norm('custom', 8)(torch.randn(2, 8)).sum().backward()\n"
+        "assert 'triton' not in sys.modules, 'importing layernorm imported triton'\n"
+        "m = layernorm.make_norm('triton', 8)\n"
+        "try:\n"
+        "    m(torch.randn(2, 8))\n"
+        "except layernorm.TritonUnavailableError as e:\n"
+        "    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True
+    ).stdout
+    assert "device cpu" in out and "CUDA" in out and "TRITON_INTERPRET=1" in out and "'builtin'" in out, out
+    assert "here it is unset" in out
+
+
+def test_triton_not_installed_is_a_clear_error_at_make_norm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
+    with pytest.raises(TritonUnavailableError) as e:
+        make_norm("triton", 8)
+    msg = str(e.value)
+    assert "triton" in msg and "macOS" in msg and "'builtin'" in msg and "TRITON_INTERPRET=1" in msg
+    make_norm("custom", 8)  # the others do not need it
+
+
+def test_error_is_a_runtime_error():
+    assert issubclass(TritonUnavailableError, RuntimeError)
+    assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
