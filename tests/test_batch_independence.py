@@ -1,0 +1,154 @@
+"""batch_independence.py: the LayerNorms and RMSNorm pass, BatchNorm with batch statistics fails, and the exit status
+says so; from a random model and from a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+import batch_independence
+from checkpoint import FORMAT, save_checkpoint
+from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "batch_independence.py"
+SMALL = ["--prompt_len", "6", "--new_tokens", "6"]  # in-process runs: a few steps are enough
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models: one thread is as fast, and far faster when other work shares the cores (no spin-waiting)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def row_lines(stdout: str) -> dict[str, str]:
+    """Table rows by name: the lines that end in PASS or FAIL (maybe followed by a note)."""
+    return {
+        line.split()[0]: line for line in stdout.splitlines() if " PASS" in line or " FAIL" in line.split("(")[0]
+    }
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    status = batch_independence.main(["--json", *args])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_default_run_passes_and_shows_batchnorm_failing() -> None:
+    """The script as a user runs it: exit 0, every LayerNorm and RMSNorm PASS, batchnorm FAIL with its reason."""
+    proc = run_script()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = row_lines(proc.stdout)
+    expected = ["custom", "builtin", "rmsnorm", "batchnorm", "batchnorm-eval"]
+    if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
+        expected.append("triton")
+    else:
+        assert "skipped triton" in proc.stdout
+    assert sorted(rows) == sorted(expected), proc.stdout
+    for name in ("custom", "builtin", "rmsnorm", "triton"):
+        if name in rows:
+            assert rows[name].split()[-1] == "PASS" and "agree" in rows[name], rows[name]
+    assert " FAIL" in rows["batchnorm"] and "fails at step" in rows["batchnorm"]
+    assert "no variance" in proc.stdout and "depends on the other tokens" in proc.stdout
+    assert " PASS" in rows["batchnorm-eval"] and "running averages" in proc.stdout
+    for legend in ("(1) alone vs batch", "(2) cached vs full", "(3) norm alone", "tolerance 1e-05"):
+        assert legend in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("OK")
+
+
+def test_requiring_batchnorm_fails_the_run() -> None:
+    proc = run_script("--norms", "builtin", "batchnorm", "--require", "batchnorm", *SMALL)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL: required rows that failed: batchnorm" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    status, result = run_json(capsys, "--norms", "custom", "batchnorm", *SMALL)
+    assert status == 0 and result["ok"] is True
+    assert result["tolerance"] == 1e-5 and result["dtype"] == "float32" and result["new_tokens"] == 6
+    rows = {r["name"]: r for r in result["rows"]}
+    assert list(rows) == ["custom", "batchnorm", "batchnorm-eval"]
+
+    custom = rows["custom"]
+    assert custom["required"] and custom["passed"] and custom["statistics"] == "per token"
+    ab = custom["alone_vs_batch"]
+    assert ab["tokens_agree"] and ab["steps_compared"] == 6 and len(ab["per_step_max_abs_diff"]) == 6
+    assert ab["max_abs_diff"] <= 1e-5 and custom["cached_vs_full"]["max_abs_diff"] <= 1e-5
+    assert custom["norm_alone"]["max_abs_diff"] <= 1e-5
+
+    bn = rows["batchnorm"]
+    assert not bn["required"] and not bn["passed"] and bn["statistics"] == "batch statistics"
+    assert "alone" in bn["alone_vs_batch"]["error"] and "more than one token" in bn["alone_vs_batch"]["error"]
+    assert bn["alone_vs_batch"]["max_abs_diff"] > 1e-3  # the prefill step already differs: other statistics
+    assert bn["cached_vs_full"]["max_abs_diff"] > 1e-3
+    assert bn["norm_alone"]["max_abs_diff"] > 1e-3 and not bn["norm_alone"]["bit_exact"]
+
+    ev = rows["batchnorm-eval"]
+    assert ev["passed"] and ev["statistics"] == "running averages"
+
+
+def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere."""
+    for trained_with in ("builtin", "batchnorm"):
+        torch.manual_seed(0)
+        config = GPTConfig(block_size=16, vocab_size=20, n_layer=2, n_head=2, n_embd=32, norm=trained_with)
+        model = GPT(config)
+        with torch.no_grad():
+            model.transformer.ln_f.weight.mul_(1.5)
+        out_dir = tmp_path / trained_with
+        save_checkpoint(out_dir / "ckpt.pt", {
+            "format": FORMAT, "model": model.state_dict(), "model_args": asdict(config), "optimizer": {},
+            "iter_num": 0, "best_val_loss": 9.0, "config": {}, "tokenizer": {"kind": "char", "itos": list("abc")},
+            "rng": {},
+        })
+        status, result = run_json(capsys, "--out_dir", str(out_dir), "--norms", "custom", "rmsnorm", "batchnorm")
+        assert status == 0, result
+        assert f"trained with norm={trained_with}" in result["source"] and "strict=False" in result["source"]
+        assert result["model"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 20}
+        assert result["prompt_len"] + result["new_tokens"] <= 16 and result["notes"]  # cut to fit the block
+        rows = {r["name"]: r for r in result["rows"]}
+        assert rows["custom"]["passed"] and rows["rmsnorm"]["passed"] and not rows["batchnorm"]["passed"]
+
+    assert batch_independence.main(["--out_dir", str(tmp_path / "builtin"), "--norms", "builtin"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint" in out and "PASS" in out
+
+
+def test_bad_arguments_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        batch_independence.main(["--out_dir", str(tmp_path)])
+    for args, fragment in (
+        (["--norms", "groupnorm"], "'groupnorm'"),
+        (["--norms", "custom", "--require", "builtin"], "'builtin' not among the rows run"),
+        (["--new_tokens", "0"], "--new_tokens"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            batch_independence.main(args)
+        assert exc.value.code == 2
+        assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the Triton norm runs")
+def test_triton_is_skipped_with_a_reason_when_it_cannot_run() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = run_script("--norms", "triton", "custom", "--new_tokens", "2", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "skipped triton" in proc.stdout and "TRITON_INTERPRET" in proc.stdout
+    assert sorted(row_lines(proc.stdout)) == ["custom"]
