@@ -1,0 +1,210 @@
+"""sample.py from a checkpoint made here (a random tiny GPT with a character vocabulary): the text it writes, the
+norm swap, the prompt sources, determinism, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+import sample
+from checkpoint import FORMAT, save_checkpoint
+from layernorm import TritonUnavailableError, make_norm
+from model import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
+BLOCK = 32
+CPU = ["--device", "cpu"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models: one thread is as fast, and far faster when other work shares the cores (no spin-waiting)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_checkpoint(out_dir: Path, tokenizer: dict, vocab_size: int, norm: str = "builtin", n_embd: int = 32) -> GPT:
+    """A random tiny GPT saved as train.py would save it; norm weights and embeddings moved off their init."""
+    torch.manual_seed(0)
+    config = GPTConfig(block_size=BLOCK, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=n_embd, norm=norm)
+    model = GPT(config)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or "ln_f" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("wte.weight"):
+                p.mul_(5)  # clear-cut greedy choices, no float near-ties
+    save_checkpoint(out_dir / "ckpt.pt", {
+        "format": FORMAT, "model": model.state_dict(), "model_args": asdict(config), "optimizer": {},
+        "iter_num": 0, "best_val_loss": 9.9, "config": {}, "tokenizer": tokenizer, "rng": {},
+    })
+    return model
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sample") / "out"
+    make_checkpoint(path, {"kind": "char", "itos": ITOS}, len(ITOS))
+    return path
+
+
+def run(out_dir: Path, *args: str) -> list[str]:
+    return sample.main(["--out_dir", str(out_dir), *CPU, *args])
+
+
+def greedy(out_dir: Path, *args: str, n: int = 60) -> str:
+    return run(out_dir, "--temperature", "0", "--max_new_tokens", str(n), "--start", "the king", *args)[0]
+
+
+def test_samples_have_the_right_length(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    samples = run(out_dir, "--start", "to be", "--max_new_tokens", "25", "--num_samples", "3", "--temperature", "1")
+    assert len(samples) == 3
+    for text in samples:
+        assert text.startswith("to be") and len(text) == len("to be") + 25
+        assert set(text) <= set(ITOS)
+    printed = capsys.readouterr().out
+    assert printed.count(sample.SEPARATOR + "\n") == 3 and all(t in printed for t in samples)
+    assert len(set(samples)) == 3  # three draws, not one printed three times
+
+
+def test_default_prompt_is_a_newline(out_dir: Path) -> None:
+    text = run(out_dir, "--max_new_tokens", "5")[0]
+    assert text.startswith("\n") and len(text) == 6
+
+
+def test_another_layernorm_gives_the_same_greedy_text(out_dir: Path) -> None:
+    builtin = greedy(out_dir)  # 60 new tokens: past block_size, through a cache refill
+    assert greedy(out_dir, "--norm", "custom") == builtin
+    assert greedy(out_dir, "--norm", "builtin") == builtin
+
+
+def test_triton_norm_gives_the_same_greedy_text(out_dir: Path) -> None:
+    try:
+        make_norm("triton", 8)(torch.randn(2, 8))
+    except TritonUnavailableError as e:
+        pytest.skip(f"triton can't run here: {str(e).splitlines()[0]}")
+    assert greedy(out_dir, "--norm", "triton", n=8) == greedy(out_dir, n=8)
+
+
+def test_without_the_kv_cache_the_greedy_text_is_the_same(out_dir: Path) -> None:
+    n = BLOCK - len("the king")  # within block_size, where the two paths compute the same thing
+    assert greedy(out_dir, "--no_kv_cache", n=n) == greedy(out_dir, n=n)
+
+
+def test_seed_makes_sampling_deterministic(out_dir: Path) -> None:
+    args = ("--max_new_tokens", "40", "--temperature", "1.0", "--top_k", "10")
+    first = run(out_dir, "--seed", "7", *args)
+    assert run(out_dir, "--seed", "7", *args) == first
+    assert run(out_dir, "--seed", "8", *args) != first
+
+
+def test_prompt_from_a_file(out_dir: Path, tmp_path: Path) -> None:
+    prompt = "o romeo, romeo!\nwherefore art thou? "
+    path = tmp_path / "prompt.txt"
+    path.write_text(prompt, encoding="utf-8")
+    text = run(out_dir, "--start", f"FILE:{path}", "--max_new_tokens", "10")[0]
+    assert text.startswith(prompt) and len(text) == len(prompt) + 10
+
+
+def test_prompt_longer_than_block_size_is_cropped(out_dir: Path) -> None:
+    prompt = "now is the winter of our discontent made glorious summer"
+    assert len(prompt) > BLOCK
+    text = run(out_dir, "--start", prompt, "--max_new_tokens", "12", "--temperature", "0")[0]
+    assert text.startswith(prompt) and len(text) == len(prompt) + 12
+
+
+def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path) -> None:
+    """A model whose vocabulary is larger than the tokenizer's (padded, as for GPT-2's 50257 -> 50304)."""
+    itos = list("abcdefgh")
+    model = make_checkpoint(tmp_path, {"kind": "char", "itos": itos}, vocab_size=16)
+    with torch.no_grad():  # make the padded ids the likeliest next tokens whatever the context
+        ln_f = model.transformer.ln_f
+        ln_f.weight.zero_()
+        model.lm_head.weight[len(itos):] = 10 * ln_f.bias / ln_f.bias.square().sum()
+        assert model(torch.zeros(1, 1, dtype=torch.long))[0][0, -1].argmax() >= len(itos)
+    save_checkpoint(tmp_path / "ckpt.pt", {
+        "format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config), "optimizer": {},
+        "iter_num": 0, "best_val_loss": 9.9, "config": {}, "tokenizer": {"kind": "char", "itos": itos}, "rng": {},
+    })
+    for temperature in ("0", "1"):
+        text = run(tmp_path, "--start", "abc", "--max_new_tokens", "20", "--temperature", temperature)[0]
+        assert len(text) == 23 and set(text) <= set(itos)
+
+
+def test_bpe_checkpoint(tmp_path: Path) -> None:
+    cache = Path(os.environ.get("TIKTOKEN_CACHE_DIR", ""))
+    if not (cache.is_dir() and any(cache.iterdir())):
+        pytest.skip("no tiktoken cache (TIKTOKEN_CACHE_DIR) with r50k_base")
+    make_checkpoint(tmp_path, {"kind": "tiktoken", "encoding": "r50k_base"}, vocab_size=50304, n_embd=16)
+    text = run(tmp_path, "--start", "ROMEO: Shall I", "--max_new_tokens", "8")[0]
+    assert text.startswith("ROMEO: Shall I") and len(text) > len("ROMEO: Shall I")
+
+
+# --- errors: one line, no traceback ----------------------------------------------------------------------------------
+
+
+def test_unknown_character_is_named_in_a_one_line_error(out_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(out_dir), *CPU, "--start", "the Queen"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr and "\n" not in err, proc.stderr
+    assert err.startswith("error: --start: character 'Q'") and "position 4" in err and "vocabulary" in err
+
+
+def test_non_interchangeable_norm_is_refused(out_dir: Path) -> None:
+    for norm in ("rmsnorm", "batchnorm"):
+        with pytest.raises(SystemExit, match=rf"^error: .*trained with norm='builtin'.*not with '{norm}'"):
+            run(out_dir, "--norm", norm)
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"^error: no checkpoint at .*ckpt\.pt"):
+        sample.main(["--out_dir", str(tmp_path / "nowhere"), *CPU])
+    with pytest.raises(SystemExit, match=r"^error: no checkpoint at .*other\.pt"):
+        sample.main(["--ckpt", str(tmp_path / "other.pt"), *CPU])
+
+
+def test_truncated_checkpoint(out_dir: Path, tmp_path: Path) -> None:
+    data = (out_dir / "ckpt.pt").read_bytes()
+    (tmp_path / "ckpt.pt").write_bytes(data[: len(data) // 2])  # an interrupted copy
+    with pytest.raises(SystemExit, match=r"^error: .*ckpt\.pt is truncated or corrupt"):
+        sample.main(["--out_dir", str(tmp_path), *CPU])
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--start", "FILE:/nonexistent/prompt.txt"], "no such file"),
+        (["--num_samples", "0"], "--num_samples"),
+        (["--max_new_tokens", "-1"], "--max_new_tokens"),
+        (["--temperature", "-1"], "--temperature"),
+        (["--top_k", "-3"], "--top_k"),
+        (["--device", "tpu"], "'tpu'"),
+        (["--start", ""], "--start is empty"),
+    ],
+)
+def test_bad_arguments(out_dir: Path, args: list[str], fragment: str) -> None:
+    with pytest.raises(SystemExit, match="^error: ") as exc:
+        sample.main(["--out_dir", str(out_dir), *args])
+    assert fragment in str(exc.value.code)
+
+
+def test_prompt_file_that_is_not_utf8(out_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("café".encode("latin-1"))
+    with pytest.raises(SystemExit, match="not valid UTF-8"):
+        run(out_dir, "--start", f"FILE:{path}")
