@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
-import zipfile
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -64,14 +63,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         )
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
+    except Exception as e:  # torch.load fails in many ways on damaged bytes; each gets the same clear answer
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            raise CheckpointError(
+                f"{path} holds objects other than tensors and plain data, which are not loaded "
+                f"(weights_only=True): it was not written by this project's train.py"
+            ) from None
         raise CheckpointError(
-            f"{path} holds objects other than tensors and plain data, which are not loaded (weights_only=True): "
-            f"it was not written by this project's train.py ({str(e).splitlines()[0]})"
-        ) from None
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as e:
-        raise CheckpointError(
-            f"{path} is truncated or corrupt ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"{path} is truncated or corrupt ({type(e).__name__}: {first_line}); "
             f"it may come from an interrupted copy: use another checkpoint or train again"
         ) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
