@@ -269,6 +269,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
               f"(at a guessed {guess:g} ms/iter)", flush=True)
         plans.append(plan)
 
+    if args.plan_only:
+        shutil.rmtree(work, ignore_errors=True)
+        return {"device": device, "sides": sides, "results": []}
     results = []
     try:
         for plan in plans:
@@ -504,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--work_dir", default=None, help="where the runs' out_dirs go (default: a temp dir)")
     t.add_argument("--keep", action="store_true", help="keep the runs' out_dirs")
     t.add_argument("--verbose", action="store_true", help="echo the children's log lines")
+    t.add_argument("--plan_only", action="store_true", help="print the plan and the time estimate, run nothing")
     t.add_argument("--data_dir", default=None, help="our train.py's --data_dir (default data/shakespeare_char)")
 
     d = sub.add_parser("decode", help="tokens/s of generation with and without the KV cache")

@@ -340,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep_checkpoints", action="store_true", help="keep each run's ckpt.pt")
     p.add_argument("--ms_per_iter_guess", type=float, default=None, help="for the printed time estimate")
     p.add_argument("--quiet", action="store_true", help="do not stream the runs' log lines")
+    p.add_argument("--plan_only", action="store_true", help="print the sizing and the commands, run nothing")
     p.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     return p
 
@@ -350,7 +351,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     size = sizing(args)
     norms, skipped = plan_norms(args, device)
     out_dir = Path(args.out_dir or ROOT / "bench" / "results" / f"compare_norms_{'gpu' if args.full else 'cpu'}")
-    out_dir.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data_dir) if args.data_dir else ROOT / "data" / "shakespeare_char"
     if not (data_dir / "train.bin").exists():
         raise SystemExit(f"no train.bin in {data_dir}: run `python data/shakespeare_char/prepare.py` first "
@@ -366,6 +366,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for norm, why in skipped.items():
         print(f"skipping {norm}: {why}", flush=True)
 
+    if args.plan_only:
+        for norm in norms:
+            print("    " + " ".join(train_command(norm, size, args, out_dir / "runs" / norm, device)[1:]))
+        return {"sizing": size, "norms_run": norms, "skipped": skipped, "runs": {}, "estimate_s": est}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
     for k, norm in enumerate(norms):
