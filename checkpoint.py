@@ -65,7 +65,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load fails in many ways on damaged bytes; each gets the same clear answer
         first_line = str(e).splitlines()[0] if str(e) else ""
-        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+        if isinstance(e, pickle.UnpicklingError) and "Unsupported global" in str(e):
             raise CheckpointError(
                 f"{path} holds objects other than tensors and plain data, which are not loaded "
                 f"(weights_only=True): it was not written by this project's train.py"

@@ -1,0 +1,105 @@
+"""checkpoint.py: atomic writes, and a clear CheckpointError for every way a checkpoint can be wrong."""
+
+import os
+import random
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import checkpoint
+from checkpoint import FORMAT, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import GPT, GPTConfig
+
+
+def _checkpoint(norm: str = "builtin") -> dict:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16, norm=norm))
+    return {"format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config), "iter_num": 3}
+
+
+def test_round_trip_gives_the_same_model(tmp_path):
+    ckpt = _checkpoint()
+    save_checkpoint(tmp_path / "ckpt.pt", ckpt)
+    loaded = load_checkpoint(tmp_path / "ckpt.pt")
+    assert loaded["iter_num"] == 3
+    model = model_from_checkpoint(loaded)
+    for name, tensor in ckpt["model"].items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    assert not model.training
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, _checkpoint())
+    before = path.read_bytes()
+
+    def write_half_then_die(obj, f):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint.torch, "save", write_half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, {"format": FORMAT, "iter_num": 99})
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["ckpt.pt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[: len(data) // 2],  # truncated
+        lambda data: random.Random(0).randbytes(len(data)),  # garbage (seeded: the same bytes every run)
+        lambda data: b"",  # empty
+    ],
+    ids=["truncated", "garbage", "empty"],
+)
+def test_damaged_files_are_reported_as_corrupt(tmp_path, damage):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, _checkpoint())
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(path)
+
+
+def test_missing_file_says_how_to_get_one(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint at .*train one first"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def test_pickled_code_is_refused(tmp_path):
+    torch.save({"format": FORMAT, "hook": GPTConfig}, tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match="objects other than tensors"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def test_another_projects_file_is_refused(tmp_path):
+    torch.save({"model": {}}, tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+
+
+def test_layernorm_checkpoint_runs_with_another_layernorm_but_not_rmsnorm():
+    ckpt = _checkpoint("custom")
+    assert model_from_checkpoint(ckpt, norm="builtin").config.norm == "builtin"
+    with pytest.raises(CheckpointError, match="computes a different function"):
+        model_from_checkpoint(ckpt, norm="rmsnorm")
+
+
+def test_weights_that_do_not_fit_are_reported():
+    ckpt = _checkpoint()
+    ckpt["model_args"]["n_embd"] = 32
+    with pytest.raises(CheckpointError, match="do not fit"):
+        model_from_checkpoint(ckpt)
+
+
+def test_compiled_and_ddp_prefixes_are_stripped():
+    ckpt = _checkpoint()
+    ckpt["model"] = {"_orig_mod.module." + k: v for k, v in ckpt["model"].items()}
+    model_from_checkpoint(ckpt)
+
+
+def test_config_mismatch_names_the_keys():
+    assert checkpoint.config_mismatch({"n_layer": 4, "vocab_size": 65}, {"n_layer": 6, "vocab_size": 65}) == [
+        "n_layer: 4 -> 6"
+    ]
