@@ -19,6 +19,7 @@ The file reads top to bottom:
 Triton is imported only when the Triton norm is built or used; `import layernorm` does not import it.
 """
 
+import functools
 import os
 
 import torch
@@ -400,10 +401,15 @@ def _define_backward_kernel():
     return layer_norm_bwd_kernel
 
 
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def _num_programs(N: int, num_warps: int, device: torch.device) -> int:
     if device.type == "cuda":  # about 32 warps per SM: enough rows in flight, a small partial-sum buffer
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return min(N, sms * max(4, 32 // num_warps))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return min(N, _sm_count(index) * max(4, 32 // num_warps))
     return min(N, 4)  # the interpreter runs programs one after another: fewer is faster
 
 
@@ -426,8 +432,10 @@ def _triton_backward(
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block, one_block = _block_size(C, max_block)
     programs = _num_programs(N, _num_warps(block), x.device)
-    dw_partial = torch.zeros((max(programs, 1), C), dtype=torch.float32, device=x.device)
-    db_partial = torch.zeros_like(dw_partial)
+    # one-block programs write their whole row of partial sums; the looped path adds into it, so starts from 0
+    new = torch.empty if one_block and N > 0 else torch.zeros
+    dw_partial = new((max(programs, 1), C), dtype=torch.float32, device=x.device)
+    db_partial = new((max(programs, 1), C), dtype=torch.float32, device=x.device)
     if N > 0:
         kernel[(programs,)](
             dy2, x2, weight.contiguous(), mean_s.reshape(-1), rstd.reshape(-1), dx, dw_partial, db_partial,
