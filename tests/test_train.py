@@ -1,0 +1,388 @@
+"""train.py: options and their errors, data errors, learning, checkpoints, exact resume, incompatible checkpoints.
+
+Tiny models (2 layers, 32 wide, block 16, batch 4) on a tiny character dataset written by `make_dataset`, so the
+whole file runs in well under a minute. The helpers here are shared by the other tests/test_train_*.py files.
+Runs use one CPU thread (in-process and in subprocesses): with several engineers' processes on two cores, torch's
+multi-threaded kernels slow down badly, and one thread keeps results identical between processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from checkpoint import FORMAT, load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "the quick brown fox jumps over the lazy dog; a stitch in time saves nine.\n" * 200
+VOCAB = len(set(TEXT))  # 30
+TINY = [
+    "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=2",
+    "--log_interval=1", "--warmup_iters=2", "--lr_decay_iters=40", "--sample_at_end=False", "--device=cpu",
+]
+
+
+# ---- helpers shared with the other test_train_*.py files ----
+
+
+def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> Path:
+    """A character-level dataset in the data/<name>/ format: train.bin, val.bin (uint16), meta.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    chars = sorted(set(text))
+    ids = np.array([chars.index(c) for c in text], dtype=np.uint16)
+    n = len(ids) - int(len(ids) * val_fraction)
+    ids[:n].tofile(folder / "train.bin")
+    ids[n:].tofile(folder / "val.bin")
+    meta = {"vocab_size": len(chars), "tokenizer": {"kind": "char", "itos": chars},
+            "train_tokens": n, "val_tokens": len(ids) - n}
+    (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    return folder
+
+
+def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
+    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY, *extra]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != train.INJECT_NAN_ENV}
+    return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra}
+
+
+def run_cli(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python train.py ARGS` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, env=subprocess_env(**env), capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+def records(out_dir: Path, kind: str) -> list[dict]:
+    lines = (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    return {r["iter"]: r["loss"] for r in records(out_dir, "train")}
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+# ---- fixtures ----
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return make_dataset(tmp_path / "data")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """A finished 12-iteration run (data_dir, out_dir, summary), shared by the tests that only read it."""
+    tmp = tmp_path_factory.mktemp("trained")
+    data = make_dataset(tmp / "data")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    summary = train.main(tiny_args(data, tmp / "out", "--max_iters=12", "--eval_interval=5"))
+    torch.set_num_threads(n)
+    return data, tmp / "out", summary
+
+
+# ---- options ----
+
+
+def test_help_lists_every_option_with_its_default() -> None:
+    proc = run_cli(["--help"])
+    assert proc.returncode == 0, proc.stderr
+    for f in train.fields(train.TrainConfig):
+        assert f"--{f.name}={f.default}" in proc.stdout, f.name
+        assert f.metadata["help"] in proc.stdout
+    for norm in train.valid_norms():
+        assert norm in proc.stdout
+
+
+def test_unknown_flag_is_named_with_a_close_match_and_the_valid_options() -> None:
+    proc = run_cli(["--batch_sise=4"])
+    err = assert_one_line_error(proc, 2, "'batch_sise'", "on the command line", "Did you mean 'batch_size'")
+    assert "learning_rate" in err and "n_layer" in err  # the valid options are listed
+
+
+def test_unknown_key_in_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.json"
+    cfg.write_text(json.dumps({"n_layer": 2, "learnig_rate": 1e-3}))
+    with pytest.raises(train.ConfigError, match=r"unknown option 'learnig_rate' \(in .*bad.json\).*'learning_rate'"):
+        train.main([str(cfg)])
+
+
+@pytest.mark.parametrize(
+    ("arg", "needles"),
+    [
+        ("--batch_size=abc", ["--batch_size=abc", "expected int", "'abc'"]),
+        ("--compile=maybe", ["--compile=maybe", "expected bool", "'maybe'"]),
+        ("--learning_rate=fast", ["--learning_rate=fast", "expected float"]),
+        ("--n_layer=2.5", ["--n_layer=2.5", "expected int"]),
+        ("--max_wall_s=soon", ["--max_wall_s=soon", "expected float or None"]),
+    ],
+)
+def test_wrong_type_on_command_line(arg: str, needles: list[str]) -> None:
+    with pytest.raises(train.ConfigError) as e:
+        train.main([arg])
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+def test_wrong_type_exits_2_with_one_line() -> None:
+    assert_one_line_error(run_cli(["--compile=maybe"]), 2, "compile", "maybe", "bool")
+
+
+@pytest.mark.parametrize(
+    ("content", "needles"),
+    [
+        ({"batch_size": "12"}, ["batch_size='12'", "expected int", "got str"]),
+        ({"compile": 1}, ["compile=1", "expected bool"]),
+        ({"n_layer": True}, ["n_layer=True", "expected int"]),
+        ({"dropout": "0.1"}, ["dropout='0.1'", "expected float"]),
+    ],
+)
+def test_wrong_type_in_config_file(tmp_path: Path, content: dict, needles: list[str]) -> None:
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(content))
+    with pytest.raises(train.ConfigError) as e:
+        train.main([str(cfg)])
+    for needle in needles + [str(cfg)]:
+        assert needle in str(e.value)
+
+
+def test_config_file_that_is_not_json_or_missing(tmp_path: Path) -> None:
+    bad = tmp_path / "c.json"
+    bad.write_text("{n_layer: 2}")
+    with pytest.raises(train.ConfigError, match="not valid JSON"):
+        train.main([str(bad)])
+    with pytest.raises(train.ConfigError, match="not found"):
+        train.main([str(tmp_path / "nope.json")])
+
+
+@pytest.mark.parametrize(("text", "value"), [("True", True), ("true", True), ("1", True),
+                                             ("False", False), ("false", False), ("0", False)])
+def test_bool_values(text: str, value: bool) -> None:
+    _, explicit = train.parse_args([f"--compile={text}"])
+    assert explicit == {"compile": value}
+
+
+def test_flags_override_the_config_file_which_overrides_defaults(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"n_layer": 3, "n_embd": 64, "learning_rate": 1}))
+    _, explicit = train.parse_args([str(cfg), "--n_layer=5", "--data-dir=x"])
+    config = train.build_config(explicit)
+    assert (config.n_layer, config.n_embd, config.learning_rate, config.data_dir) == (5, 64, 1.0, "x")
+    assert config.batch_size == train.TrainConfig().batch_size
+    assert isinstance(config.learning_rate, float)
+
+
+def test_unknown_norm_lists_the_valid_ones() -> None:
+    with pytest.raises(train.ConfigError) as e:
+        train.main(["--norm=layernorm"])
+    msg = str(e.value)
+    assert "norm='layernorm'" in msg
+    for name in train.valid_norms():
+        assert name in msg
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--n_embd=30", "--n_head=4"], "divisible by n_head"),
+        (["--dropout=1.0"], "dropout must be in [0, 1)"),
+        (["--device=gpu"], "device='gpu'"),
+        (["--dtype=fp8"], "dtype='fp8'"),
+        (["--init_from=gpt2"], "init_from='gpt2'"),
+        (["--batch_size=0"], "batch_size must be a positive integer"),
+        (["--warmup_iters=500", "--lr_decay_iters=100"], "lr_decay_iters (100) must be greater"),
+    ],
+)
+def test_out_of_range_values(args: list[str], needle: str) -> None:
+    with pytest.raises(train.ConfigError) as e:
+        train.main(args)
+    assert needle in str(e.value)
+
+
+def test_shipped_configs_are_valid() -> None:
+    configs = sorted((ROOT / "configs").glob("*.json"))
+    assert {p.stem for p in configs} >= {"shakespeare_char_cpu", "shakespeare_char", "shakespeare"}
+    for path in configs:
+        _, explicit = train.parse_args([str(path)])
+        train.build_config(explicit)
+    _, explicit = train.parse_args([str(ROOT / "configs/shakespeare_char_cpu.json")])
+    cpu = train.build_config(explicit)
+    assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size, cpu.max_iters) == (
+        4, 4, 128, 64, 12, 2000)
+    assert (cpu.dropout, cpu.compile, cpu.lr_decay_iters) == (0.0, False, 2000)
+    assert (cpu.learning_rate, cpu.min_lr, cpu.beta2, cpu.warmup_iters) == (1e-3, 1e-4, 0.99, 100)
+
+
+# ---- data ----
+
+
+def test_missing_data_says_how_to_prepare_it(tmp_path: Path) -> None:
+    proc = run_cli([f"--data_dir={tmp_path / 'empty'}", f"--out_dir={tmp_path / 'out'}", "--device=cpu"])
+    assert_one_line_error(proc, 1, "no train.bin", "python data/shakespeare_char/prepare.py")
+
+
+def test_data_shorter_than_a_block_is_refused(tmp_path: Path) -> None:
+    data = make_dataset(tmp_path / "d", text="abcdefghij" * 10, val_fraction=0.1)  # val.bin: 10 tokens
+    with pytest.raises(train.TrainError) as e:
+        train.main(tiny_args(data, tmp_path / "out"))
+    assert "val.bin" in str(e.value) and "has 10 tokens but block_size is 16" in str(e.value)
+    assert "--block_size" in str(e.value)
+
+
+# ---- training ----
+
+
+def test_loss_goes_down(tmp_path: Path, data_dir: Path) -> None:
+    summary = train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=40", "--eval_interval=40",
+                                   "--learning_rate=3e-3", "--log_interval=10"))
+    evals = records(tmp_path / "out", "eval")
+    assert [r["iter"] for r in evals] == [0, 40]
+    assert evals[0]["val_loss"] == pytest.approx(math.log(VOCAB), abs=0.3)  # uniform over the characters
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.8
+    assert summary["final_val_loss"] == evals[-1]["val_loss"]
+
+
+def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, Path, dict]) -> None:
+    data, out, summary = trained
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["format"] == FORMAT and ckpt["iter_num"] == 12
+    assert ckpt["model_args"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "bias": True,
+                                  "vocab_size": VOCAB, "dropout": 0.0, "norm": "builtin"}
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+    assert ckpt["config"]["max_iters"] == 12 and ckpt["config"]["data_dir"] == str(data)
+    assert ckpt["tokenizer"]["kind"] == "char"
+    assert set(ckpt["rng"]) >= {"torch", "python", "numpy", "data"}
+    assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records(out, "eval"))
+    assert sorted(train_losses(out)) == list(range(12))
+    train_rec = records(out, "train")[0]
+    assert set(train_rec) == {"kind", "iter", "loss", "lr", "ms_per_iter", "tokens_per_s"}
+    assert [r["iter"] for r in records(out, "eval")] == [0, 5, 10, 12]
+    (rec,) = records(out, "summary")
+    assert rec == summary
+    assert rec["iters"] == 12 and rec["norm"] == "builtin" and rec["device"] == "cpu"
+    assert rec["peak_memory_bytes"] > 10_000_000 and rec["median_ms_per_iter"] > 0 and rec["wall_s"] > 0
+
+
+def test_resume_continues_the_run(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    data, out, _ = trained
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    for name in ("ckpt.pt", "metrics.jsonl"):
+        (resumed / name).write_bytes((out / name).read_bytes())
+    # No model or data options: they come from the checkpoint.
+    summary = train.main([f"--out_dir={resumed}", "--init_from=resume", "--max_iters=15", "--sample_at_end=False"])
+    assert summary["iters"] == 15
+    assert sorted(train_losses(resumed)) == list(range(15))
+    assert load_checkpoint(resumed / "ckpt.pt")["iter_num"] == 15
+
+
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path: Path, data_dir: Path) -> None:
+    # dropout > 0 so that the torch RNG state matters too, not only the data stream
+    args = [*tiny_args(data_dir, tmp_path / "x"), "--dropout=0.1", "--eval_interval=4"]
+    train.main(args + [f"--out_dir={tmp_path / 'whole'}", "--max_iters=10"])
+    train.main(args + [f"--out_dir={tmp_path / 'cut'}", "--max_iters=6"])
+    train.main(args + [f"--out_dir={tmp_path / 'cut'}", "--max_iters=10", "--init_from=resume"])
+    whole, cut = train_losses(tmp_path / "whole"), train_losses(tmp_path / "cut")
+    assert sorted(whole) == list(range(10))
+    assert cut == whole  # exactly
+    assert records(tmp_path / "cut", "eval")[-1] == records(tmp_path / "whole", "eval")[-1]
+
+
+def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_dir: Path) -> None:
+    often = train.main(tiny_args(data_dir, tmp_path / "often", "--max_iters=6", "--eval_interval=1"))
+    rarely = train.main(tiny_args(data_dir, tmp_path / "rarely", "--max_iters=6", "--eval_interval=100"))
+    assert train_losses(tmp_path / "often") == train_losses(tmp_path / "rarely")
+    assert often["final_val_loss"] == rarely["final_val_loss"]
+    # The same batches at every evaluation: re-evaluating the same weights gives the same numbers.
+    again = train.main([f"--out_dir={tmp_path / 'rarely'}", "--init_from=resume", "--eval_only=True"])
+    assert again["final_val_loss"] == rarely["final_val_loss"]
+
+
+@pytest.mark.parametrize("norm", [n for n in ("custom", "rmsnorm", "batchnorm", "none") if n in train.valid_norms()])
+def test_every_norm_trains_and_resumes(tmp_path: Path, data_dir: Path, norm: str) -> None:
+    args = tiny_args(data_dir, tmp_path / "out", f"--norm={norm}", "--eval_interval=3")
+    train.main(args + ["--max_iters=3"])
+    summary = train.main(args + ["--max_iters=5", "--init_from=resume"])
+    assert summary["norm"] == norm and math.isfinite(summary["final_val_loss"])
+
+
+def test_prepare_script_then_train(tmp_path: Path, shakespeare_path: Path) -> None:
+    out = tmp_path / "sc"
+    prep = subprocess.run([sys.executable, "data/shakespeare_char/prepare.py", "--input", str(shakespeare_path),
+                           "--out_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert prep.returncode == 0, prep.stderr
+    summary = train.main(tiny_args(out, tmp_path / "out", "--max_iters=3", "--eval_interval=3"))
+    assert summary["iters"] == 3 and math.isfinite(summary["final_val_loss"])
+
+
+def test_sample_at_end_prints_text(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=2", "--sample_at_end=True", "--sample_tokens=30"))
+    out = capsys.readouterr().out
+    sample = out.split("--- sample (30 tokens")[1].split("\n", 1)[1]
+    assert len(sample) >= 30 and set(sample) <= set(TEXT)
+
+
+# ---- checkpoints that cannot be resumed ----
+
+
+def test_truncated_checkpoint_is_a_clear_error(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    _, out, _ = trained
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    blob = (out / "ckpt.pt").read_bytes()
+    (bad / "ckpt.pt").write_bytes(blob[: len(blob) // 2])
+    proc = run_cli([f"--out_dir={bad}", "--init_from=resume"])
+    assert_one_line_error(proc, 1, "truncated or corrupt", str(bad / "ckpt.pt"))
+
+
+def test_missing_checkpoint_on_resume(tmp_path: Path) -> None:
+    with pytest.raises(train.CheckpointError, match="no checkpoint at"):
+        train.main([f"--out_dir={tmp_path}", "--init_from=resume"])
+
+
+def test_checkpoint_of_another_model_size(trained: tuple[Path, Path, dict]) -> None:
+    data, out, _ = trained
+    with pytest.raises(train.TrainError) as e:
+        train.main([f"--out_dir={out}", "--init_from=resume", "--n_layer=3", "--n_embd=64", "--max_iters=13"])
+    msg = str(e.value)
+    assert "n_layer: 2 -> 3" in msg and "n_embd: 32 -> 64" in msg and "n_head" not in msg
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12  # untouched
+
+
+def test_checkpoint_with_another_vocabulary(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    _, out, _ = trained
+    other = make_dataset(tmp_path / "other", text="ABCDEFGH abcdefgh\n" * 200)
+    with pytest.raises(train.TrainError) as e:
+        train.main([f"--out_dir={out}", "--init_from=resume", f"--data_dir={other}", "--max_iters=13"])
+    assert f"vocab_size: {VOCAB} -> 18" in str(e.value) and "tokenizer" in str(e.value)
