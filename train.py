@@ -721,8 +721,8 @@ class Trainer:
         else:
             kept = "no checkpoint had been written by this run"
         raise Diverged(
-            f"{what}: training stopped; {kept}. Try a lower --learning_rate, a longer --warmup_iters or "
-            f"--grad_clip=1.0, then resume with --init_from=resume"
+            f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
+            f"with a lower --learning_rate or a longer --warmup_iters"
         )
 
     @torch.no_grad()
