@@ -98,10 +98,12 @@ CUDA_MEM_TAG = "BENCH_CUDA_MAX_MEMORY_ALLOCATED "
 def resolve_device(device: str) -> str:
     if device not in ("auto", "cpu", "cuda"):
         raise SystemExit(f"--device must be auto, cpu or cuda, got {device!r}")
-    if device != "auto":
-        return device
     import torch
 
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device cuda: CUDA is not available here (torch {torch.__version__}); use --device cpu")
+    if device != "auto":
+        return device
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -228,7 +230,8 @@ def summarise_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     device = resolve_device(args.device)
-    norms = [n for n in args.norms.split(",") if n]
+    norms = [n for n in args.norms.split(",") if n] if args.norms else ["custom", "builtin"] + (
+        ["triton"] if device == "cuda" else [])
     sides = norms + (["nanogpt"] if args.nanogpt else [])
     nanogpt = Path(args.nanogpt).resolve() if args.nanogpt else None
     if nanogpt is not None:
@@ -317,7 +320,10 @@ def train_table(train: dict[str, Any]) -> str:
         headers = ["side", "runs ok", "ms/iter (median)", "spread (min-max)", "tokens/s", "peak RSS", "RSS spread"]
         if cuda:
             headers.append("CUDA max allocated")
-        headers += ["ms ratio vs nanoGPT", "RSS ratio vs nanoGPT", "ms ratio vs builtin"]
+        headers += ["ms ratio vs nanoGPT", "RSS ratio vs nanoGPT"]
+        if cuda:
+            headers.append("CUDA memory ratio vs nanoGPT")
+        headers.append("ms ratio vs builtin")
         rows = []
         for side, s in sides.items():
             lo, hi = s["ms_spread"]
@@ -329,6 +335,9 @@ def train_table(train: dict[str, Any]) -> str:
                 row.append(fmt_mib(s["cuda_max_memory_allocated"]))
             row.append(fmt(ratio(s["ms_per_iter"], base["ms_per_iter"]), ".3f") if base else "")
             row.append(fmt(ratio(s["max_rss_bytes"], base["max_rss_bytes"]), ".3f") if base else "")
+            if cuda:
+                row.append(fmt(ratio(s["cuda_max_memory_allocated"], base["cuda_max_memory_allocated"]), ".3f")
+                           if base else "")
             row.append(fmt(ratio(s["ms_per_iter"], builtin["ms_per_iter"]), ".3f") if builtin else "")
             rows.append(row)
         st = res["settings"]
@@ -495,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="ms/iter and peak memory of train.py per norm (and nanoGPT)")
-    t.add_argument("--norms", default="custom,builtin", help="comma-separated norms of ours (default custom,builtin)")
+    t.add_argument("--norms", default=None,
+                   help="comma-separated norms of ours (default custom,builtin, and triton on CUDA)")
     t.add_argument("--nanogpt", default=None, help="path to a nanoGPT checkout with data/shakespeare_char prepared")
     t.add_argument("--sizes", default=None, help=f"comma-separated config names (default {','.join(SIZES)})")
     t.add_argument("--repeats", type=int, default=None, help="alternating repeats per side (default: per size)")
@@ -557,5 +567,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return out
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """main(), with exit status 1 when a run failed (train) or a run folder had no results (report)."""
+    out = main(argv)
+    if "train" in out:
+        failed = [f"{r['size']} {side}" for r in out["train"]["results"] for side, s in r["sides"].items()
+                  if s["runs_ok"] < s["runs"]]
+    elif "report" in out:
+        failed = [r["run"] for r in out["report"]["runs"] if not r.get("ok")]
+    else:
+        failed = []
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -14,19 +14,22 @@
 # Steps, in order, each under `timeout` (a failure or an overrun costs only that step; every exit code goes to
 # $OUT/summary.txt) and capped by what is left of the total budget:
 #   step            budget  what
-#   info              10 s  nvidia-smi, machine and versions (machine.json)
+#   info              15 s  nvidia-smi, machine and versions (machine.json)
 #   data              15 s  prepare Tiny Shakespeare (char) from the carried copy
-#   triton_check      30 s  Triton LayerNorm against F.layer_norm on the GPU, forward and backward, fp32 and bf16
-#                           (independent of pytest, which the GPU's python may lack)
-#   train_triton     200 s  the full shakespeare_char run, 5000 iterations, norm=triton (max_wall_s stops it
-#                           cleanly, with a final eval and a checkpoint, 20 s before its timeout)
+#   triton_check      40 s  Triton LayerNorm against F.layer_norm on the GPU, forward and backward, fp32 and bf16
+#                           (independent of pytest, which the GPU's python may lack); its JIT compiles also
+#                           fill Triton's kernel cache for the steps after it
+#   train_triton     220 s  the full shakespeare_char run, 5000 iterations, norm=triton (max_wall_s stops it
+#                           cleanly, with a final eval, a checkpoint and a sample, 20 s before its timeout)
 #   train_builtin     35 s  the same config with builtin for 500 iterations (same schedule): ms/iter, tokens/s
 #   report            10 s  both runs' ms/iter (median, warmup and evals excluded), tokens/s, val loss, wall
 #   bench_layernorm   50 s  bench/bench_layernorm.py on CUDA: bf16 and fp32, C 768..8192, device copy bandwidth
-#   tests             75 s  pytest tests/test_layernorm*.py -x -q on the GPU (conftest sets no interpreter there)
+#                           (it writes its JSON after every shape, so a cut-short run keeps what it measured)
 #   decode            25 s  cached vs uncached decoding tokens/s at both model sizes
+#   tests             55 s  pytest tests/test_layernorm*.py -x -q on the GPU (conftest sets no interpreter there)
 #                   ----
-#                    450 s  (+ python/CUDA start-up inside each step; the total is capped at GPU_SH_BUDGET_S)
+#                    465 s  = GPU_SH_BUDGET_S: every timeout (python and CUDA start-up included) is capped by
+#                           what is left of it, so the whole script ends within about 7 min 50 s
 #
 # Why eager (compile off) by default: the 5000-iteration run is about 10 ms/iter eager on an H200 (launch-bound
 # small model), about 1.5 min with its 21 evals, so compile would win little after its own ~1 min (plus a
@@ -56,7 +59,7 @@ if [[ "$SMOKE" == 1 && ! -f "$DATA" && -f ../shared/data/tinyshakespeare.txt ]];
 fi
 OUT=${OUT:-bench/results/gpu}
 WORK=${GPU_SH_WORK:-/tmp/gpu_sh_work}
-BUDGET=${GPU_SH_BUDGET_S:-465}
+BUDGET=${GPU_SH_BUDGET_S:-465}  # 7 min 45 s
 COMPILE=$([[ "${GPU_SH_COMPILE:-0}" == 1 ]] && echo True || echo False)
 STEPS=${GPU_SH_STEPS:-all}
 
@@ -91,7 +94,7 @@ if [[ "$SMOKE" == 1 ]]; then
     CHECK_SHAPES="64x96,16x768"
     REPORT_WARMUP=2
     WALL_MARGIN_S=30
-    BUDGET=100000  # no total cap on the CPU, where the interpreter is slow
+    BUDGET=${GPU_SH_BUDGET_S:-100000}  # no total cap by default on the CPU, where the interpreter is slow
     declare -A TIMEOUTS=([info]=60 [data]=60 [triton_check]=300 [train_triton]=600 [train_builtin]=300
                          [report]=60 [bench_layernorm]=600 [tests]=1200 [decode]=300)
 else
@@ -105,8 +108,8 @@ else
     DECODE_ARGS=()
     CHECK_SHAPES="32768x768,8192x4096,4096x8192"
     REPORT_WARMUP=10
-    declare -A TIMEOUTS=([info]=10 [data]=15 [triton_check]=30 [train_triton]=200 [train_builtin]=35
-                         [report]=10 [bench_layernorm]=50 [tests]=75 [decode]=25)
+    declare -A TIMEOUTS=([info]=15 [data]=15 [triton_check]=40 [train_triton]=220 [train_builtin]=35
+                         [report]=10 [bench_layernorm]=50 [decode]=25 [tests]=55)
 fi
 
 
@@ -228,8 +231,8 @@ bench_layernorm() {
 }
 # bench/bench_layernorm.py's flags (its CUDA mode: bf16 and fp32, C 768..8192, rows to fill the GPU, copy
 # bandwidth); the smoke flags keep it tiny on the CPU.
-BENCH_LN_ARGS=(--device cuda --json "$OUT/bench_layernorm.json")
-BENCH_LN_SMOKE_ARGS=(--device cpu --quick --json "$OUT/bench_layernorm.json")
+BENCH_LN_ARGS=(--device cuda --json "$OUT/bench_layernorm.json" --out "$OUT/bench_layernorm.md")
+BENCH_LN_SMOKE_ARGS=(--device cpu --quick --json "$OUT/bench_layernorm.json" --out "$OUT/bench_layernorm.md")
 
 tests() {
     if ! "$PY" -c "import pytest" >/dev/null 2>&1; then
@@ -268,14 +271,14 @@ fn_step info
 step data "$PY" data/shakespeare_char/prepare.py --input "$DATA" --out_dir "$DATA_DIR"
 fn_step triton_check
 # max_wall_s: train.py stops by itself (final eval, checkpoint, summary) this long before its step's timeout.
-step train_triton "${TRAIN[@]}" --norm=triton --out_dir="$WORK/triton" "${TRITON_RUN[@]}" \
+step train_triton "${TRAIN[@]}" --norm=triton --out_dir="$WORK/triton" ${TRITON_RUN[@]+"${TRITON_RUN[@]}"} \
     --max_wall_s=$(($(limit_for train_triton) - WALL_MARGIN_S))
-step train_builtin "${TRAIN[@]}" --norm=builtin --out_dir="$WORK/builtin" --sample_at_end=False "${BUILTIN_RUN[@]}" \
+step train_builtin "${TRAIN[@]}" --norm=builtin --out_dir="$WORK/builtin" --sample_at_end=False ${BUILTIN_RUN[@]+"${BUILTIN_RUN[@]}"} \
     --max_wall_s=$(($(limit_for train_builtin) - WALL_MARGIN_S))
 fn_step report
 fn_step bench_layernorm
+step decode "$PY" bench/bench_train.py decode --device $DEVICE --out "$OUT/decode.json" ${DECODE_ARGS[@]+"${DECODE_ARGS[@]}"}
 fn_step tests
-step decode "$PY" bench/bench_train.py decode --device $DEVICE --out "$OUT/decode.json" "${DECODE_ARGS[@]}"
 
 TOTAL=$(($(date +%s) - START))
 echo "# total ${TOTAL}s" >>"$SUMMARY"
