@@ -616,7 +616,8 @@ class Trainer:
         self.paused_s = 0.0  # time spent evaluating/checkpointing inside the current timing window
         self.ms_per_iter: list[float] = []
         self.last_saved_iter: int | None = self.iter_num if ckpt is not None else None
-        self.signum: int | None = None
+        self.signum: int | None = None  # the signal that asked us to stop, if any
+        self.signal_time = 0.0
         self.stop_reason: str | None = None
         self.last_val: float | None = None
         self.metrics = None
@@ -811,11 +812,17 @@ class Trainer:
     # ---- the loop ----
 
     def _handle_signal(self, signum: int, frame: types.FrameType | None) -> None:
-        if self.signum is not None:  # the second one: stop now, without saving
+        now = time.monotonic()
+        if self.signum is not None:
+            # A second signal within a second is the same request (torchrun forwards the terminal's Ctrl-C to
+            # processes that already got it); a later one means: stop now, without saving.
+            if now - self.signal_time < 1.0:
+                return
             signal.signal(signum, signal.SIG_DFL)
             raise KeyboardInterrupt
-        self.signum = signum
-        os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
+        self.signum, self.signal_time = signum, now
+        if self.dist.master:
+            os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
