@@ -24,7 +24,8 @@ def _cuda_available() -> bool:
 
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
+if (SHARED / "tiktoken").is_dir():  # offline copy of GPT-2's BPE ranks; elsewhere tiktoken downloads them
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
 sys.path.insert(0, str(ROOT))
 
 
