@@ -395,3 +395,17 @@ def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, da
     assert summary["iters"] % 5 == 1  # stopped right after a log step: the check rides on its read-back
     assert records(tmp_path / "out", "eval")[-1]["iter"] == summary["iters"]
     assert load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == summary["iters"]
+
+
+def test_batches_are_windows_of_the_file(data_dir: Path) -> None:
+    data = train.Data(data_dir, "tiny", block_size=16, device="cpu")
+    starts = torch.randint(data.num_starts("train"), (3, 4), generator=torch.Generator().manual_seed(0))
+    x, y = data.get("train", starts)
+    ids = np.fromfile(data_dir / "train.bin", dtype=np.uint16).astype(np.int64)
+    assert x.shape == y.shape == (3, 4, 16) and x.dtype == torch.int64
+    for (i, j), s in np.ndenumerate(starts.numpy()):
+        assert x[i, j].tolist() == ids[s : s + 16].tolist() and y[i, j].tolist() == ids[s + 1 : s + 17].tolist()
+    data.close()
+    data._fds = None  # the np.memmap path, used where os.pread does not exist
+    x2, y2 = data.get("train", starts)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
