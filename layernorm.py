@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 NORMS: tuple[str, ...] = ("custom", "builtin", "triton", "rmsnorm", "batchnorm")
+# Not a norm: make_norm("none", dim) is the identity, the no-normalization baseline of bench/compare_norms.py.
+NO_NORM = "none"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -663,8 +665,12 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5) -> n
     custom, builtin and triton are the same LayerNorm (same function, same parameters `weight` and `bias`);
     rmsnorm and batchnorm are the two contrasts. bias=False drops the additive `bias` parameter.
     """
+    if name == NO_NORM:
+        return nn.Identity()
     if name not in _CLASSES:
-        raise ValueError(f"unknown norm {name!r}; valid names are {', '.join(NORMS)}")
+        raise ValueError(
+            f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
+        )
     if name == "triton":
         _require_triton()
     return _CLASSES[name](dim, bias=bias, eps=eps)

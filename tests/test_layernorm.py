@@ -448,3 +448,11 @@ def test_other_bad_arguments():
     for dim in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="dim"):
             make_norm("custom", dim)
+
+
+def test_none_is_the_identity_baseline_and_not_a_norm():
+    x = torch.randn(3, 5, 8)
+    assert torch.equal(make_norm("none", 8)(x), x)
+    assert "none" not in NORMS
+    with pytest.raises(ValueError, match="or 'none' for no normalization"):
+        make_norm("nope", 8)
