@@ -48,9 +48,10 @@ RANDOM_MODEL = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_em
 
 WHY_BATCHNORM_FAILS = (
     "batchnorm fails because it normalizes each feature with the mean and variance over every token of the batch: "
-    "in a batch, each token's output depends on the other tokens; a batch of one token has no variance to take "
-    "(x - mean is 0, so its output would be the bias alone, and the layer refuses it in training mode), which is "
-    "exactly what decoding one token at a time for one user asks for."
+    "in a batch, each token's output depends on the other tokens; a batch of one token, which is what decoding one "
+    "token at a time for one user feeds it, has no variance to take (its mean is the token itself, x - mean is 0), "
+    "so BatchNorm's output for it is the bias alone: after the prompt, the final norm hands lm_head the same bias "
+    "at every step, whatever the token and context, and the model decodes blind."
 )
 WHY_EVAL = (
     "batchnorm-eval uses the running averages (from training) in place of batch statistics: per token again, so it "

@@ -621,6 +621,12 @@ class BatchNorm(nn.Module):
     batch, so one token's output depends on the others. Training mode normalizes with the batch statistics and
     updates running_mean/running_var (momentum 0.1, unbiased variance, as nn.BatchNorm1d); eval mode uses the
     running statistics, so its output is per token again.
+
+    A training-mode batch of a single token (decoding one token for one user) is computed, not refused: each
+    feature's batch mean is the token itself and its (population) variance is 0, so xhat = 0 and the output is
+    exactly `bias` (zeros without bias): the token's own information is erased. Such a batch leaves running_mean,
+    running_var and num_batches_tracked unchanged, since the unbiased variance of one sample is undefined.
+    (nn.BatchNorm1d and F.batch_norm raise on one value per channel in training mode instead.)
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, momentum: float = 0.1) -> None:
@@ -639,15 +645,24 @@ class BatchNorm(nn.Module):
         x2 = x.reshape(-1, self.dim).to(self.weight.dtype)  # every token of the batch is one sample
         if self.training:
             if x2.shape[0] < 2:
-                raise ValueError(
-                    f"BatchNorm in training mode needs more than one token to take statistics over, got input "
-                    f"shape {tuple(x.shape)}; call .eval() to use the running statistics"
-                )
+                return self._one_token_batch(x2).to(x.dtype).view(x.shape)
             self.num_batches_tracked.add_(1)
         y = F.batch_norm(
             x2, self.running_mean, self.running_var, self.weight, self.bias, self.training, self.momentum, self.eps
         )
         return y.to(x.dtype).view(x.shape)
+
+    def _one_token_batch(self, x2: torch.Tensor) -> torch.Tensor:
+        """Training mode on [N < 2, C]: the ordinary formula with population variance, running stats untouched.
+
+        For one token x - mean is exactly 0 (and var 0), so y == bias (or 0) and the gradient reaching x is 0;
+        weight gets 0 and bias the summed upstream gradient, as the formula says. An empty batch gives [0, C].
+        """
+        mean = x2.mean(dim=0, keepdim=True)
+        xc = x2 - mean
+        var = (xc * xc).mean(dim=0, keepdim=True)
+        y = xc * torch.rsqrt(var + self.eps) * self.weight
+        return y if self.bias is None else y + self.bias
 
 
 _CLASSES: dict[str, type[nn.Module]] = {

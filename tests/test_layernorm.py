@@ -351,12 +351,39 @@ def test_batchnorm_matches_batchnorm1d_over_all_tokens():
     assert x.grad is not None and ours.weight.grad is not None
 
 
-def test_batchnorm_training_on_one_token_is_a_clear_error():
-    m = make_norm("batchnorm", 8)
-    with pytest.raises(ValueError, match="more than one token"):
-        m(torch.randn(1, 1, 8))
-    m.eval()
-    assert m(torch.randn(1, 1, 8)).shape == (1, 1, 8)
+@pytest.mark.parametrize("bias", [True, False])
+def test_batchnorm_training_on_one_token_gives_the_bias_alone(bias):
+    """One token: batch mean = the token, variance 0, so xhat = 0 and y == bias exactly; running stats untouched."""
+    torch.manual_seed(0)
+    m = make_norm("batchnorm", 8, bias=bias)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p))
+    m.train()
+    x = torch.randn(4, 6, 8) * 3 + 1
+    y_batch = m(x)  # a real batch: statistics over 24 tokens, running stats move
+    before = {k: v.clone() for k, v in m.state_dict().items() if k.startswith(("running", "num_batches"))}
+
+    token = x[0:1, 0:1].clone().requires_grad_()
+    y = m(token)
+    expected = m.bias.detach().expand(1, 1, 8) if bias else torch.zeros(1, 1, 8)
+    assert y.shape == (1, 1, 8) and y.dtype == token.dtype
+    assert torch.equal(y.detach(), expected)  # exactly: the token's own values are gone
+    assert torch.equal(m(x[1, 2]).detach(), expected.view(8))  # [C] is one token too
+    for k, v in before.items():
+        assert torch.equal(m.state_dict()[k], v), k  # an unbiased variance of one sample is undefined: no update
+    assert (y_batch[0:1, 0:1] - y).abs().max() > 1e-2  # inside the batch the same token keeps its information
+
+    y.sum().backward()  # gradients flow as the formula says: none to x or weight, the upstream sum to bias
+    assert torch.equal(token.grad, torch.zeros_like(token))
+    assert torch.equal(m.weight.grad, torch.zeros(8))
+    if bias:
+        assert torch.equal(m.bias.grad, torch.ones(8))
+
+    assert m(torch.randn(0, 8)).shape == (0, 8)  # an empty batch: empty output, no error
+    assert torch.equal(m(torch.randn(1, 8, dtype=torch.float64)).detach(), expected.view(1, 8).double())
+    m.eval()  # running statistics: the token is normalized on its own again, not erased
+    assert not torch.equal(m(x[0:1, 0:1]), expected)
 
 
 @pytest.mark.parametrize("bias", [True, False])
