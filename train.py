@@ -598,17 +598,13 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler(self.device_type) if self.dtype == "float16" else None
         if ckpt is not None:
-            # The saved moments and step counts; betas and weight decay as configured now (the same unless given
-            # explicitly), the learning rate is set at every iteration.
-            wanted = [(g["betas"], g["weight_decay"]) for g in self.optimizer.param_groups]
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            for group, (betas, weight_decay) in zip(self.optimizer.param_groups, wanted, strict=True):
-                group["betas"], group["weight_decay"] = betas, weight_decay
-            if self.scaler is not None and ckpt.get("scaler"):
-                self.scaler.load_state_dict(ckpt["scaler"])
-            self.iter_num = int(ckpt["iter_num"])
-            self.best_val_loss = float(ckpt["best_val_loss"])
-            set_rng_state(ckpt["rng"], self.data_gen)
+            try:
+                self._restore(ckpt)
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                raise CheckpointError(
+                    f"{self.ckpt_path} cannot be resumed: its optimizer or RNG state does not fit "
+                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                ) from None
             if dist.rank:  # only rank 0's dropout stream is saved; the others get a fresh, deterministic one
                 torch.manual_seed(cfg.seed + dist.rank + 7919 * self.iter_num)
 
@@ -640,6 +636,20 @@ class Trainer:
         self.last_val: float | None = None
         self.metrics = None
         self.wandb = None
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        """Optimizer, scaler, iteration, best val loss and every RNG state, from a checkpoint."""
+        # The saved moments and step counts; betas and weight decay as configured now (the same unless given
+        # explicitly); the learning rate is set at every iteration.
+        wanted = [(g["betas"], g["weight_decay"]) for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        for group, (betas, weight_decay) in zip(self.optimizer.param_groups, wanted, strict=True):
+            group["betas"], group["weight_decay"] = betas, weight_decay
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.iter_num = int(ckpt["iter_num"])
+        self.best_val_loss = float(ckpt["best_val_loss"])
+        set_rng_state(ckpt["rng"], self.data_gen)
 
     # ---- output (rank 0 only) ----
 

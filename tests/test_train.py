@@ -409,3 +409,14 @@ def test_batches_are_windows_of_the_file(data_dir: Path) -> None:
     data._fds = None  # the np.memmap path, used where os.pread does not exist
     x2, y2 = data.get("train", starts)
     assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_checkpoint_whose_optimizer_state_does_not_fit(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    from checkpoint import save_checkpoint
+
+    _, out, _ = trained
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    ckpt["optimizer"] = {"state": {}, "param_groups": []}
+    save_checkpoint(tmp_path / "ckpt.pt", ckpt)
+    with pytest.raises(train.CheckpointError, match="cannot be resumed: its optimizer or RNG state does not fit"):
+        train.main([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=13"])
