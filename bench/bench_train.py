@@ -292,7 +292,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     label = f"{plan['size']} {side} {rep + 1}/{plan['repeats']}"
                     print(f"== {label}: {' '.join(cmd[:2])} <wrapper> {' '.join(cmd[3:])} (cwd {cwd})", flush=True)
-                    result = run_child(cmd, cwd=cwd, prefix=label, timeout_s=args.timeout, echo=args.verbose)
+                    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+                    result = run_child(cmd, cwd=cwd, env=env, prefix=label, timeout_s=args.timeout,
+                                       echo=args.verbose)
                     run = measure_run(result, side, plan["warmup"], plan["iters"], tokens_per_iter)
                     if not run["ok"]:
                         print(f"!! {label} failed (exit {result.returncode}"
@@ -307,7 +309,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    return {"device": device, "sides": sides, "results": results}
+    return {"device": device, "sides": sides, "threads": args.threads, "results": results}
 
 
 def train_table(train: dict[str, Any]) -> str:
@@ -343,7 +345,8 @@ def train_table(train: dict[str, Any]) -> str:
         st = res["settings"]
         title = (f"### {res['size']} on {res['device']}: {st['n_layer']} layers, {st['n_embd']} wide, block "
                  f"{st['block_size']}, batch {st['batch_size']}; {res['warmup']} warmup + {res['iters']} timed "
-                 f"iterations, {res['repeats']} alternating repeats")
+                 f"iterations, {res['repeats']} alternating repeats"
+                 + (f", OMP_NUM_THREADS={train['threads']}" if train.get("threads") else ""))
         lines += [title, "", markdown_table(headers, rows), ""]
     return "\n".join(lines)
 
@@ -517,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--work_dir", default=None, help="where the runs' out_dirs go (default: a temp dir)")
     t.add_argument("--keep", action="store_true", help="keep the runs' out_dirs")
     t.add_argument("--verbose", action="store_true", help="echo the children's log lines")
+    t.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for every child (default: torch's, one per core)")
     t.add_argument("--plan_only", action="store_true", help="print the plan and the time estimate, run nothing")
     t.add_argument("--data_dir", default=None, help="our train.py's --data_dir (default data/shakespeare_char)")
 

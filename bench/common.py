@@ -195,6 +195,7 @@ def machine_info() -> dict[str, Any]:
     }
     if hasattr(os, "sched_getaffinity"):
         info["cpus_usable"] = len(os.sched_getaffinity(0))
+    info["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
     try:
         import torch
 
