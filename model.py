@@ -107,11 +107,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # [B, T, C] -> [B, n_head, T, head_size]
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        # [B, T, 3C] -> three views of shape [B, n_head, T, head_size] (one reshape, no copies)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
         mask = None
         is_causal = True
         if kv_cache is not None:
@@ -245,7 +242,7 @@ class GPT(nn.Module):
         fused = device_type == "cuda"  # the fused CUDA kernel is faster; CPU keeps the default (foreach)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(
         self,
         idx: torch.Tensor,

@@ -402,6 +402,8 @@ def cmd_decode(args: argparse.Namespace) -> dict[str, Any]:
 
     device = resolve_device(args.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = []
     for label, model in decode_models(args, device):
         model = model.to(dtype=dtype)
@@ -533,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--new_tokens", type=int, default=200)
     d.add_argument("--repeats", type=int, default=5)
     d.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    d.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads for both paths (default: torch's, one per core); batch-1 decoding is "
+                        "a chain of tiny matrix-vector products, where extra threads mostly add synchronization")
 
     r = sub.add_parser("report", help="summarise finished train.py runs from their metrics.jsonl")
     r.add_argument("runs", nargs="+", help="out_dirs of train.py runs")
