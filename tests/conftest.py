@@ -6,6 +6,7 @@ switched on before anything imports triton, so it is set here, before the tests 
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,15 @@ def shakespeare_path() -> Path:
     if not path.exists():
         pytest.skip(f"{path} not found (CI and developers have it at ../shared)")
     return path
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tests use tiny tensors: one torch thread is as fast, and far faster when other work shares the cores
+    (idle OpenMP threads spin-wait). Child processes the tests start keep torch's default."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

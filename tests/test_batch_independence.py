@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,15 +20,6 @@ from model import GPT, GPTConfig
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "batch_independence.py"
 SMALL = ["--prompt_len", "6", "--new_tokens", "6"]  # in-process runs: a few steps are enough
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models: one thread is as fast, and far faster when other work shares the cores (no spin-waiting)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

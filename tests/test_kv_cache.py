@@ -4,35 +4,18 @@ uncached path slides the last block_size tokens)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 import torch
 
-from layernorm import TritonUnavailableError, make_norm
+from helpers import skip_unless_runs
 from model import GPT, GPTConfig, KVCache
 
 BLOCK = 16
 TINY = GPTConfig(block_size=BLOCK, vocab_size=13, n_layer=2, n_head=2, n_embd=32, norm="custom")
 LAYERNORMS = ("custom", "builtin", "triton")
 TOL = 1e-5  # float32
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models: one thread is as fast, and far faster when other work shares the cores (no spin-waiting)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def skip_unless_runs(norm: str) -> None:
-    try:
-        make_norm(norm, 8)(torch.randn(2, 8))
-    except TritonUnavailableError as e:
-        pytest.skip(f"{norm} can't run here: {str(e).splitlines()[0]}")
 
 
 def tiny(norm: str = "custom", seed: int = 0) -> GPT:

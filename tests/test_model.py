@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import copy
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,29 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import model as model_module
-from layernorm import NORMS, TritonUnavailableError, make_norm
+from helpers import skip_unless_runs
+from layernorm import NORMS, make_norm
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=32, norm="custom")
 LAYERNORMS = ("custom", "builtin", "triton")
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models: one thread is as fast, and far faster when other work shares the cores (no spin-waiting)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def skip_unless_runs(norm: str) -> None:
-    """Skip a test for a norm that can't run here (Triton without CUDA or its CPU interpreter)."""
-    try:
-        make_norm(norm, 8)(torch.randn(2, 8))
-    except TritonUnavailableError as e:
-        pytest.skip(f"{norm} can't run here: {str(e).splitlines()[0]}")
 
 
 def tiny(norm: str = "custom", seed: int = 0, **overrides: object) -> GPT:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,15 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
 BLOCK = 32
 CPU = ["--device", "cpu"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models: one thread is as fast, and far faster when other work shares the cores (no spin-waiting)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_checkpoint(out_dir: Path, tokenizer: dict, vocab_size: int, norm: str = "builtin", n_embd: int = 32) -> GPT:

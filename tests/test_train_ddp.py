@@ -19,14 +19,6 @@ import train
 from checkpoint import load_checkpoint
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "data")
     args = ["--gradient_accumulation_steps=4", "--max_iters=4", "--eval_interval=2", "--dropout=0.0"]

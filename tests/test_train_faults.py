@@ -22,14 +22,6 @@ import train
 from checkpoint import load_checkpoint
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return make_dataset(tmp_path / "data")
