@@ -192,16 +192,20 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _check_triton_device(x: torch.Tensor) -> None:
-    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why."""
+def check_triton_device(device: torch.device | str) -> None:
+    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
+
+    Called on every Triton forward and backward; scripts call it too, to refuse before loading a model.
+    """
+    device = torch.device(device)
     interpret = _KERNELS.get("interpret", _interpreting())  # once defined, the kernels' own mode decides
-    if x.device.type == "cuda" or (x.device.type == "cpu" and interpret):
+    if device.type == "cuda" or (device.type == "cpu" and interpret):
         return
     setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
-    if x.device.type == "cpu" and _interpreting():
+    if device.type == "cpu" and _interpreting():
         setting = "'1', but only after this process had compiled the kernels for a GPU"
     raise TritonUnavailableError(
-        f"norm 'triton' got an input on device {x.device}, but its kernels run on a CUDA GPU, or on the CPU only "
+        f"norm 'triton' cannot run on device {device}: its kernels run on a CUDA GPU, or on the CPU only "
         f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
         f"data to a CUDA device, or {_WHAT_TO_DO}"
     )
@@ -308,7 +312,7 @@ def _triton_forward(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, max_block: int = _MAX_BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward kernel: (y like x; mean_s = mean of x - x_0, and rstd: float32 [*x.shape[:-1]])."""
-    _check_triton_device(x)
+    check_triton_device(x.device)
     kernel = _kernel("fwd")
     C = x.shape[-1]
     x2 = x.reshape(-1, C)  # rows may keep a stride; columns must be contiguous
@@ -424,7 +428,7 @@ def _triton_backward(
     max_block: int = _MAX_BLOCK,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernel: (dx like x, dweight like weight, dbias like weight)."""
-    _check_triton_device(x)
+    check_triton_device(x.device)
     kernel = _kernel("bwd")
     C = x.shape[-1]
     x2, dy2 = x.reshape(-1, C), dy.reshape(-1, C)  # an expanded dy (stride 0) is copied here by reshape
@@ -528,7 +532,7 @@ def layer_norm_triton(
     when TRITON_INTERPRET=1 was set before triton was imported.
     """
     _check_args(x, weight, bias, eps)
-    _check_triton_device(x)
+    check_triton_device(x.device)
     if _ops["fwd"] is None:  # pragma: no cover (old torch)
         return _TritonFunction.apply(x, weight, bias, float(eps))
     return _ops["fwd"](x, weight, bias, float(eps))[0]

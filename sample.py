@@ -26,7 +26,7 @@ from typing import NoReturn
 import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from layernorm import NORMS
+from layernorm import NORMS, check_triton_device
 from model import GPT
 from tokenizer import tokenizer_from_meta
 
@@ -105,22 +105,13 @@ def read_prompt(start: str) -> str:
         fail(f"--start {start!r}: cannot read {str(path)!r} ({e.strerror or e})")
 
 
-def check_triton(norm: str, device: str) -> None:
-    """The Triton norm runs on a CUDA device, or on the CPU under Triton's interpreter: say so before building."""
-    if norm == "triton" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
-        fail(
-            f"norm 'triton' needs a CUDA device (this run uses {device}); set TRITON_INTERPRET=1 to run its kernels "
-            f"on the CPU through Triton's slow interpreter, or pass --norm builtin or --norm custom (same weights, "
-            f"same function)"
-        )
-
-
 def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
     """The checkpoint (--ckpt, else --out_dir/ckpt.pt) and its model, with --norm swapped in, in eval mode."""
     ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
     try:
         checkpoint = load_checkpoint(ckpt_path, map_location="cpu")
-        check_triton(args.norm or checkpoint["model_args"].get("norm", ""), device)
+        if (args.norm or checkpoint["model_args"].get("norm")) == "triton":
+            check_triton_device(device)  # refuse before building, with what to do instead
         model = model_from_checkpoint(checkpoint, norm=args.norm, device=device)
     except CheckpointError as e:
         fail(str(e))
