@@ -69,15 +69,10 @@ STARTUP_S = 5.0
 
 
 def available_norms() -> tuple[str, ...]:
-    """The norms train.py accepts here (it adds "none" when layernorm.make_norm supports it)."""
-    try:
-        import train
+    """The norms train.py accepts: layernorm.NORMS and "none"."""
+    import train
 
-        return tuple(train.valid_norms())
-    except (ImportError, AttributeError):
-        import layernorm
-
-        return tuple(layernorm.NORMS)
+    return train.valid_norms()
 
 
 def plan_norms(args: argparse.Namespace, device: str) -> tuple[list[str], dict[str, str]]:
