@@ -24,20 +24,18 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
-import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from checkpoint import CheckpointError, load_checkpoint
-from layernorm import NORMS, TritonUnavailableError
+from checkpoint import CheckpointError, checkpoint_config, checkpoint_weights, load_checkpoint
+from layernorm import NORMS, TritonUnavailableError, check_triton_device, make_norm
 from model import GPT, GPTConfig, KVCache
 from sample import pick_device
 
@@ -159,9 +157,7 @@ def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.T
     path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
     try:
         ckpt = load_checkpoint(path)
-        known = {f.name for f in fields(GPTConfig)}
-        config = GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known})
-        state = {_strip_wrappers(k): v for k, v in ckpt["model"].items()}
+        config, state = checkpoint_config(ckpt), checkpoint_weights(ckpt)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -172,13 +168,6 @@ def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.T
         f"unless the checkpoint has them"
     )
     return config, state, note
-
-
-def _strip_wrappers(key: str) -> str:
-    for prefix in ("_orig_mod.", "module."):
-        while key.startswith(prefix):
-            key = key[len(prefix) :]
-    return key
 
 
 def build_model(config: GPTConfig, state: dict[str, torch.Tensor], norm: str, device: str) -> GPT:
@@ -201,19 +190,13 @@ def norm_layers(model: GPT) -> list[nn.Module]:
 
 
 def triton_skip_reason(device: str) -> str | None:
-    """Why the Triton norm can't run here, or None when it can."""
-    if importlib.util.find_spec("triton") is None:
-        return "the triton package is not installed (it ships for Linux only)"
-    if device.startswith("cuda"):
-        return None
-    if os.environ.get("TRITON_INTERPRET") == "1" and device == "cpu":
-        return None
-    if device != "cpu":
-        return f"Triton runs on CUDA devices, or on the CPU under TRITON_INTERPRET=1, not on {device}"
-    return (
-        "no CUDA device and TRITON_INTERPRET is not 1 (set TRITON_INTERPRET=1 before starting Python to run its "
-        "kernels on the CPU through Triton's interpreter)"
-    )
+    """Why the Triton norm can't run here (layernorm's own answer, first sentence), or None when it can."""
+    try:
+        make_norm("triton", 8)  # is triton importable
+        check_triton_device(device)  # and can its kernels run on this device
+    except TritonUnavailableError as e:
+        return str(e).split(". To fix")[0]
+    return None
 
 
 # --- the checks ----------------------------------------------------------------------------------------------------

@@ -85,6 +85,17 @@ def config_mismatch(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     return [f"{k}: {saved.get(k)!r} -> {wanted.get(k)!r}" for k in sorted(wanted) if saved.get(k) != wanted.get(k)]
 
 
+def checkpoint_config(checkpoint: dict[str, Any]) -> GPTConfig:
+    """The GPTConfig a checkpoint was trained with (keys this version does not know are left out)."""
+    known = {f.name for f in fields(GPTConfig)}
+    return GPTConfig(**{k: v for k, v in checkpoint["model_args"].items() if k in known})
+
+
+def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's state_dict, with the prefixes torch.compile and DDP add taken off."""
+    return {_strip_wrappers(k): v for k, v in checkpoint["model"].items()}
+
+
 def model_from_checkpoint(
     checkpoint: dict[str, Any], norm: str | None = None, device: str | torch.device = "cpu"
 ) -> GPT:
@@ -93,8 +104,7 @@ def model_from_checkpoint(
     `norm` swaps the normalization implementation: any of INTERCHANGEABLE_NORMS for a checkpoint trained with
     one of them. Swapping to a norm that computes another function is refused rather than run silently.
     """
-    known = {f.name for f in fields(GPTConfig)}
-    config = GPTConfig(**{k: v for k, v in checkpoint["model_args"].items() if k in known})
+    config = checkpoint_config(checkpoint)
     if norm is not None and norm != config.norm:
         if not (norm in INTERCHANGEABLE_NORMS and config.norm in INTERCHANGEABLE_NORMS):
             raise CheckpointError(
@@ -104,7 +114,7 @@ def model_from_checkpoint(
             )
         config = replace(config, norm=norm)
     model = GPT(config)
-    state = {_strip_wrappers(k): v for k, v in checkpoint["model"].items()}
+    state = checkpoint_weights(checkpoint)
     missing, unexpected = _key_mismatch(model.state_dict(), state)
     if missing or unexpected:
         raise CheckpointError(
