@@ -29,6 +29,7 @@ from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from layernorm import NORMS, check_triton_device
 from model import GPT
 from tokenizer import tokenizer_from_meta
+from train import ConfigError, Dist, resolve_device
 
 SEPARATOR = "-" * 40
 
@@ -66,29 +67,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def pick_device(name: str) -> str:
-    """'auto' -> cuda, then mps, then cpu; an explicit device must exist here."""
-    mps = getattr(torch.backends, "mps", None)
-    mps_ok = mps is not None and mps.is_available()
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if mps_ok else "cpu"
-    if name == "cpu":
-        return name
-    if name == "mps":
-        if not mps_ok:
-            fail("--device mps: the MPS backend is not available on this machine; use --device auto or cpu")
-        return name
-    if name == "cuda" or name.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            fail(f"--device {name}: no CUDA device is available here; use --device auto or cpu")
-        try:
-            index = torch.device(name).index
-        except RuntimeError:
-            fail(f"--device {name!r} is not a valid device; valid: auto, cpu, cuda, cuda:N, mps")
-        if index is not None and index >= torch.cuda.device_count():
-            fail(f"--device {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
-        return name
-    fail(f"--device {name!r} is not a valid device; valid: auto, cpu, cuda, cuda:N, mps")
-
+    """'auto' -> cuda, then mps, then cpu; an explicit device must exist here (train.py's rule)."""
+    try:
+        return resolve_device(name, Dist())
+    except ConfigError as e:
+        fail(f"--device: {e}")
 
 def read_prompt(start: str) -> str:
     """The prompt text: `start` itself, or the contents of the file named after 'FILE:'."""

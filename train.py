@@ -382,7 +382,13 @@ def resolve_device(name: str, dist: Dist) -> str:
             name = "mps"
         else:
             name = "cpu"
-    if name.startswith("cuda"):
+    try:
+        kind = torch.device(name).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device={name!r} is not a device here; choose auto, cpu, cuda, cuda:N or mps")
+    if kind == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
                 f"device={name!r} but CUDA is not available here (torch {torch.__version__}); "
@@ -390,8 +396,7 @@ def resolve_device(name: str, dist: Dist) -> str:
             )
         if dist.enabled:
             name = f"cuda:{dist.local_rank}"  # one GPU per process
-        index = int(name.split(":")[1]) if ":" in name else 0
-        if index >= torch.cuda.device_count():
+        if (torch.device(name).index or 0) >= torch.cuda.device_count():
             raise ConfigError(f"device={name!r} but there are only {torch.cuda.device_count()} CUDA devices")
     elif name == "mps":
         if not torch.backends.mps.is_available():
