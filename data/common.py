@@ -1,7 +1,7 @@
 """Shared logic of the ``data/*/prepare.py`` scripts: find the text, check it, split 90/10, tokenize, write.
 
-Each dataset folder ends up with ``train.bin`` and ``val.bin`` (flat ``np.uint16`` token ids, read by train.py
-with ``np.memmap``) and ``meta.json``::
+Each dataset folder ends up with ``train.bin`` and ``val.bin`` (flat ``np.uint16`` token ids, read by train.py)
+and ``meta.json``::
 
     {"vocab_size": int, "tokenizer": {...tokenizer.py meta...}, "train_tokens": int, "val_tokens": int}
 
@@ -170,10 +170,6 @@ def write_meta(out_dir: Path, tokenizer_meta: dict[str, Any], vocab_size: int, t
     _write_bytes_atomic(path, (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8"))
     return path
 
-
-def read_meta(out_dir: Path) -> dict[str, Any]:
-    """The meta.json that write_meta wrote (UTF-8 on every platform)."""
-    return json.loads((Path(out_dir) / "meta.json").read_text(encoding="utf-8"))
 
 
 def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_file: str,
