@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 # Log lines. Ours (CONTRACTS.md): "iter 12: loss 2.3456, lr 1.00e-03, 38.12 ms/iter, 20145 tok/s".
 # nanoGPT's train.py: "iter 12: loss 2.3456, time 38.12ms, mfu 0.02%". Both print evals as
@@ -271,24 +270,6 @@ def load_config(name_or_path: str) -> dict[str, Any]:
 def config_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     return path if path.suffix else ROOT / "configs" / f"{name_or_path}.json"
-
-
-def cli_overrides(overrides: dict[str, Any]) -> list[str]:
-    """{'n_layer': 4, 'bias': False} -> ['--n_layer=4', '--bias=False'] (our train.py's CLI)."""
-    return [f"--{k}={v}" for k, v in overrides.items()]
-
-
-def ensure_char_data(data_dir: Path, input_path: Path | None = None, python: str = sys.executable) -> None:
-    """Prepare Tiny Shakespeare (char) into data_dir unless train.bin and val.bin are already there."""
-    if (data_dir / "train.bin").exists() and (data_dir / "val.bin").exists() and (data_dir / "meta.json").exists():
-        return
-    cmd = [python, str(ROOT / "data" / "shakespeare_char" / "prepare.py"), "--out_dir", str(data_dir)]
-    source = input_path or (SHARED_TEXT if SHARED_TEXT.exists() else None)
-    if source is not None:
-        cmd += ["--input", str(source)]
-    result = run_child(cmd, cwd=ROOT, prefix="prepare")
-    if not result.ok:
-        raise SystemExit(f"preparing the data into {data_dir} failed (exit {result.returncode}):\n{result.tail()}")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
