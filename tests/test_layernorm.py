@@ -187,6 +187,31 @@ def test_only_requested_gradients_are_computed():
     assert rel_err(dw, dw_ref) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_custom_row_blocks_give_the_one_block_result(monkeypatch, dtype, with_bias):
+    """On the CPU, custom works through blocks of rows (_CPU_BLOCK_BYTES). Blocks of 3 rows over 10 (the last one
+    short) must give what one block gives, and the float64 reference; so must a weight-only backward."""
+    C = 24
+    x, w, b, dy = (t.cpu() for t in make_inputs((2, 5), C, dtype=dtype))
+    b = b if with_bias else None
+    dy = dy[:, :1].expand_as(dy)  # an expanded gradient: stride 0 inside each block
+    y_one, grads_one = forward_backward("custom", x, w, b, dy)
+    monkeypatch.setattr(layernorm, "_CPU_BLOCK_BYTES", 3 * C * 4)
+    assert [s.stop - s.start for s in layernorm._row_blocks(x.float().reshape(10, C))] == [3, 3, 3, 1]
+    y, grads = forward_backward("custom", x, w, b, dy)
+    torch.testing.assert_close(y, y_one, rtol=0, atol=0)  # every op of the forward is per row
+    for g, g_one in zip(grads, grads_one, strict=True):  # dweight, dbias: block sums in another order
+        torch.testing.assert_close(g, g_one)
+    if dtype == torch.float32:
+        y_ref, grads_ref = reference(x, w, b, dy)
+        assert rel_err(y, y_ref) < 1e-5
+        assert all(rel_err(g, g_ref) < 1e-5 for g, g_ref in zip(grads, grads_ref, strict=True))
+    w_only = w.clone().requires_grad_()
+    (dw,) = torch.autograd.grad(layer_norm(x, w_only, b), (w_only,), dy)  # dx is not wanted: no dx pass
+    torch.testing.assert_close(dw, grads_one[1])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The seeds' examples, as executable tests.
 
