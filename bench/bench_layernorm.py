@@ -15,13 +15,15 @@ makes several passes) show a lower effective bandwidth: that is the point of the
 Rows: custom (layer_norm, hand-written backward), builtin (F.layer_norm), triton (the fused kernels; CUDA only,
 or the interpreter on CPU with TRITON_INTERPRET=1, slow), naive (the formula differentiated by autograd: what the
 hand-written backward must beat). Timing: CPU, time.perf_counter around each call, median; CUDA, CUDA events
-around each call after an L2 flush, median. Results are printed as a table and written (after every measurement,
-so a run cut short keeps what it measured) to --json / --out.
+around each call after an L2 flush, median. The implementations take turns call by call, so a machine that
+drifts (shared hosts, the allocator's state) shifts them all alike. Results are printed as a table and written
+(after every measurement, so a run cut short keeps what it measured) to --json / --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -52,6 +54,18 @@ CPU_SIZES, CPU_ROWS = (128, 384, 768, 4096), 16384
 CUDA_SIZES, CUDA_ROWS = (768, 1024, 2048, 4096, 8192), 4096 * 8
 QUICK_SIZES, QUICK_ROWS = (128, 384), 256
 
+# glibc hands large freed blocks back to the OS and page-faults them in again at the next allocation of that size.
+# On a CPU that costs more than a LayerNorm of [16384, 384] and changes from run to run with the allocator's state
+# (on a 2-core EPYC, builtin's fwd+bwd there took 5-7 ms with freed memory kept, 12-14 ms without). So by default
+# the script re-runs itself with glibc told to keep freed memory: every implementation then runs on the same warm
+# memory, and what is timed is the computation. --system-malloc keeps glibc's defaults, page faults included.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}
+
+
+def malloc_mode() -> str:
+    steady = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())
+    return "steady (glibc keeps freed memory)" if steady else "system default"
+
 
 def impl_fn(name: str):
     if name == "custom":
@@ -66,33 +80,39 @@ def impl_fn(name: str):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Timers: median milliseconds of fn().
+# Timers: median milliseconds of each fn, the fns interleaved call by call (round-robin), so that drift in the
+# machine (other tenants, CPU clocks, the state of the memory allocator) falls on every implementation alike.
 
 
-def time_cpu(fn, reps: int, warmup: int) -> float:
+def time_cpu(fns: dict[str, Any], reps: int, warmup: int) -> dict[str, float]:
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
-def time_cuda(fn, reps: int, warmup: int, flush: torch.Tensor) -> float:
+def time_cuda(fns: dict[str, Any], reps: int, warmup: int, flush: torch.Tensor) -> dict[str, float]:
     for _ in range(warmup):
-        fn()
+        for fn in fns.values():
+            fn()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends, strict=True):
-        flush.zero_()  # evict x, dy, ... from L2: every call reads from device memory, as in a training step
-        start.record()
-        fn()
-        end.record()
+    events = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.zero_()  # evict x, dy, ... from L2: every call reads from device memory, as in a training step
+            start.record()
+            fn()
+            end.record()
+            events[name].append((start, end))
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    return {name: statistics.median(s.elapsed_time(e) for s, e in ev) for name, ev in events.items()}
 
 
 class Timer:
@@ -100,17 +120,21 @@ class Timer:
         self.device, self.reps, self.warmup = device, reps, warmup
         self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device=device) if device.type == "cuda" else None
 
-    def __call__(self, fn) -> float:
+    def __call__(self, fns: dict[str, Any]) -> dict[str, float]:
         if self.device.type == "cuda":
-            return time_cuda(fn, self.reps, self.warmup, self.flush)
-        return time_cpu(fn, self.reps, self.warmup)
+            return time_cuda(fns, self.reps, self.warmup, self.flush)
+        return time_cpu(fns, self.reps, self.warmup)
+
+
+def forward_backward(fn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dy: torch.Tensor) -> None:
+    torch.autograd.grad(fn(x, w, b), (x, w, b), dy)
 
 
 def copy_gbps(rows: int, C: int, dtype: torch.dtype, device: torch.device, timer: Timer) -> float:
     """Measured copy bandwidth: read + write of one [rows, C] tensor."""
     src = torch.randn(rows, C, device=device).to(dtype)
     dst = torch.empty_like(src)
-    ms = timer(lambda: dst.copy_(src))
+    ms = timer({"copy": lambda: dst.copy_(src)})["copy"]
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 
@@ -132,14 +156,17 @@ def bench_shape(rows: int, C: int, dtype: torch.dtype, device: torch.device, imp
     gbps_copy = copy_gbps(rows, C, dtype, device, timer)
     with torch.no_grad():
         y_ref = F.layer_norm(x, (C,), w, b).float()
+    fns = {name: impl_fn(name) for name in impls}
+    errors = {}
+    for name, fn in fns.items():
+        with torch.no_grad():
+            errors[name] = (fn(x, w, b).float() - y_ref).abs().max().item()
+    fwd = timer({name: functools.partial(fn, x, w, b) for name, fn in fns.items()})
+    fwd_bwd = timer({name: functools.partial(forward_backward, fn, x, w, b, dy) for name, fn in fns.items()})
     out = []
     for name in impls:
-        fn = impl_fn(name)
-        with torch.no_grad():
-            err = (fn(x, w, b).float() - y_ref).abs().max().item()
+        err, fwd_ms, fb_ms = errors[name], fwd[name], fwd_bwd[name]
         ok = err <= (1e-3 if dtype == torch.float32 else 0.1)
-        fwd_ms = timer(lambda fn=fn: fn(x, w, b))
-        fb_ms = timer(lambda fn=fn: torch.autograd.grad(fn(x, w, b), (x, w, b), dy))
         fwd_gbps = 2 * rows * C * elem / (fwd_ms * 1e-3) / 1e9
         fb_gbps = 5 * rows * C * elem / (fb_ms * 1e-3) / 1e9
         out.append(
@@ -213,6 +240,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "that run here; on CUDA naive is left out unless named)")
     p.add_argument("--reps", type=int, default=None, help="timed calls per measurement (median)")
     p.add_argument("--quick", action="store_true", help="small shapes and few reps: a smoke run")
+    p.add_argument("--system-malloc", action="store_true", help="keep glibc's default allocator settings (times "
+                   "then include page faults; by default the script re-runs itself with glibc keeping freed memory)")
     p.add_argument("--json", type=Path, default=None, help="write the results (and machine, targets) as JSON")
     p.add_argument("--out", type=Path, default=None, help="write the table as Markdown")
     args = p.parse_args(argv)
@@ -258,10 +287,11 @@ def main(argv: list[str] | None = None) -> dict:
         print("note: triton on the CPU runs in Triton's interpreter: its times say nothing about the kernels")
 
     info = machine_info()
+    info["malloc"] = malloc_mode()
     if cuda:
         info["gpu"] = torch.cuda.get_device_name(device)
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, rows {rows}, "
-          f"C {sizes}, dtypes {dtype_names}, impls {impls}, reps {reps}")
+          f"C {sizes}, dtypes {dtype_names}, impls {impls}, reps {reps}, malloc {info['malloc']}")
     report: dict[str, Any] = {"machine": info, "device": device.type, "results": [], "targets": []}
 
     def save() -> None:
@@ -304,6 +334,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    if sys.platform == "linux" and "--system-malloc" not in sys.argv and malloc_mode() == "system default":
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **STEADY_MALLOC})  # see STEADY_MALLOC
     report = main()
     sys.exit(0 if all(r["correct"] for r in report["results"]) else 1)
 

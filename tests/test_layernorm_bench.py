@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +57,19 @@ def test_targets_are_checked_on_the_issue_shapes(bench):
 def test_bad_arguments_are_clear_errors(bench, argv, message):
     with pytest.raises(SystemExit, match=message):
         bench.main(["--device", "cpu", "--quick", *argv])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the allocator settings are glibc's")
+def test_script_reruns_itself_with_glibc_keeping_freed_memory(tmp_path):
+    """Run as a script, the bench re-executes itself with STEADY_MALLOC (page faults out of the timings) and says
+    so in its report; --system-malloc keeps the defaults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    modes = []
+    for extra in ([], ["--system-malloc"]):
+        out = tmp_path / "r.json"
+        argv = ["--device", "cpu", "--quick", "--rows", "8", "--sizes", "16", "--reps", "1", "--json", str(out)]
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_layernorm.py"), *argv, *extra],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        modes.append(json.loads(out.read_text())["machine"]["malloc"])
+    assert modes == ["steady (glibc keeps freed memory)", "system default"]
