@@ -89,14 +89,23 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 _CPU_BLOCK_BYTES = 2 << 20  # per [n, C] float32 buffer: a block's x, xhat and y (6 MiB) stay in a desktop L3
 
 
-def _row_blocks(rows: torch.Tensor) -> list[slice]:
-    """Slices that cut the rows of a [N, C] tensor into blocks of about _CPU_BLOCK_BYTES (one block off the CPU)."""
+def _rows_per_block(rows: torch.Tensor) -> int:
+    """How many rows of a [N, C] tensor make a block of about _CPU_BLOCK_BYTES (all of them off the CPU)."""
     N, C = rows.shape
-    step = max(1, _CPU_BLOCK_BYTES // (C * rows.element_size())) if rows.device.type == "cpu" else max(N, 1)
-    return [slice(start, min(start + step, N)) for start in range(0, N, step)]
+    return max(1, _CPU_BLOCK_BYTES // (C * rows.element_size()) if rows.device.type == "cpu" else N)
 
 
-def _forward_block(x, w, b, eps, D, xhat, rstd, y) -> None:
+def _row_blocks(n: int, *tensors: torch.Tensor | None):
+    """The tensors' blocks of n rows (views), block by block; None stays None. One block is the tensors themselves:
+    split costs about 10 us a tensor, which a small input notices."""
+    N = len(tensors[0])
+    if n >= N:
+        return [tensors]
+    count = -(-N // n)
+    return zip(*(t.split(n) if t is not None else [None] * count for t in tensors), strict=True)
+
+
+def _forward_block(x, xhat, rstd, y, w, b, eps, D) -> None:
     """The forward over one block of rows [n, C]: writes the block's xhat, rstd [n, 1] and y."""
     xs = x.to(xhat.dtype)  # float32 statistics for half/bfloat16 (a view for float32)
     torch.sub(xs, xs[:, :1], out=xhat)  # shift
@@ -111,23 +120,21 @@ def _forward_block(x, w, b, eps, D, xhat, rstd, y) -> None:
         torch.addcmul(b, xhat, w, out=y)  # computed in float32, rounded once to y's dtype
 
 
-def _backward_block(dy, xhat, rstd, w, D, buf, dx, dweight, dbias) -> None:
-    """The backward over one block of rows: adds the block's share to dweight and dbias, and writes its dx.
-
-    buf is float32 scratch of the block's shape; dx, dweight or dbias is None when that gradient is not wanted."""
+def _backward_block(dy, xhat, rstd, dx, buf, w, D, want_dweight, want_dbias):
+    """The backward over one block of rows: writes the block's dx (unless dx is None) and returns its shares of
+    dweight and dbias (None where not wanted). buf is float32 scratch of the block's shape."""
     dy = dy.to(xhat.dtype)
     p = torch.mul(dy, xhat, out=buf)  # dy * xhat
-    if dweight is not None:
-        dweight += p.sum(0)
-    if dbias is not None:
-        dbias += dy.sum(0)
+    dweight = p.sum(0) if want_dweight else None
+    dbias = dy.sum(0) if want_dbias else None
     if dx is None:
-        return
+        return dweight, dbias
     proj = torch.mv(p, w).div_(D).unsqueeze(-1)  # sum_i g_i * xhat_i / D, with g = dy * w: (dy * xhat) @ w
     g = torch.mul(dy, w, out=dx if dx.dtype == buf.dtype else buf)  # g = dL/dxhat, in dx itself for float32
     g.sub_(g.mean(-1, keepdim=True)).addcmul_(xhat, proj, value=-1).mul_(rstd)
     if g is not dx:
         dx.copy_(g)  # half/bfloat16: rounded once, at the end
+    return dweight, dbias
 
 
 class _LayerNormFunction(torch.autograd.Function):
@@ -141,8 +148,8 @@ class _LayerNormFunction(torch.autograd.Function):
         xhat = x2.new_empty(x2.shape, dtype=compute)
         rstd = x2.new_empty((x2.shape[0], 1), dtype=compute)
         y = torch.empty_like(x2, memory_format=torch.contiguous_format)
-        for rows in _row_blocks(xhat):
-            _forward_block(x2[rows], w, b, eps, C - correction, xhat[rows], rstd[rows], y[rows])
+        for block in _row_blocks(_rows_per_block(xhat), x2, xhat, rstd, y):
+            _forward_block(*block, w, b, eps, C - correction)
         ctx.save_for_backward(xhat, rstd, weight)
         ctx.has_bias = bias is not None
         ctx.D = C - correction
@@ -156,15 +163,15 @@ class _LayerNormFunction(torch.autograd.Function):
         N, C = xhat.shape
         dy2 = dy.reshape(-1, C)  # copies only when dy is non-contiguous in a way a view cannot express
         w = weight.to(xhat.dtype)
-        # dweight and dbias: float32 sums over every row, block by block (a fixed order: deterministic)
-        dweight = xhat.new_zeros(C) if ctx.needs_input_grad[1] else None
-        dbias = xhat.new_zeros(C) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        wanted = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]  # dweight, dbias
         dx = dy2.new_empty((N, C), dtype=ctx.x_dtype) if ctx.needs_input_grad[0] else None
-        blocks = _row_blocks(xhat)
-        buf = torch.empty_like(xhat[blocks[0]]) if blocks else None  # scratch of one block, reused
-        for rows in blocks:
-            scratch, dx_rows = buf[: rows.stop - rows.start], None if dx is None else dx[rows]
-            _backward_block(dy2[rows], xhat[rows], rstd[rows], w, ctx.D, scratch, dx_rows, dweight, dbias)
+        n = _rows_per_block(xhat)
+        buf = xhat.new_empty((min(n, N), C))  # scratch for one block, reused
+        dweight = dbias = None  # float32 sums over every row, block by block (a fixed order: deterministic)
+        for dy_b, xhat_b, rstd_b, dx_b in _row_blocks(n, dy2, xhat, rstd, dx):
+            dw_b, db_b = _backward_block(dy_b, xhat_b, rstd_b, dx_b, buf[: len(dy_b)], w, ctx.D, *wanted)
+            dweight = dw_b if dweight is None else dweight.add_(dw_b)
+            dbias = db_b if dbias is None else dbias.add_(db_b)
         dweight = None if dweight is None else dweight.to(weight.dtype)
         dbias = None if dbias is None else dbias.to(weight.dtype)
         return None if dx is None else dx.view(ctx.x_shape), dweight, dbias, None, None
