@@ -76,24 +76,23 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 # (d mean/d x_j = 1/C; d rstd/d x_j = -rstd^3 * (x_j - mean)/D = -rstd^2 * xhat_j / D). Summing g_i over i:
 #     dx_j = rstd * (g_j - mean(g) - xhat_j * sum_i(g_i * xhat_i) / D)
 # Three terms: the upstream gradient, minus its mean (the mean subtraction), minus its component along xhat
-# (the division by the standard deviation). Only xhat and rstd are needed. The forward saves x, mean(xs) and rstd
-# (x and two numbers per row, as PyTorch's own kernel saves), and the backward rebuilds xhat from them, bit for bit.
+# (the division by the standard deviation). Only xhat and rstd are needed: they are what forward saves.
 
 
 # Row blocks. Each torch op is one pass over memory, and LayerNorm does a few flops per byte, so its time is the
 # number of passes times the memory bandwidth. The loops below do every pass of the forward (and of the backward)
-# over one block of rows small enough to stay in the CPU's cache before moving to the next block. xhat lives only
-# in a block-sized scratch buffer, so the forward reads x and writes y once each, and the backward reads x and dy
-# and writes dx once each, as a fused kernel would; the passes in between run at cache speed. On a 2-core EPYC
-# this cut forward+backward at [16384, 384] by 30-42% (one block against 2 MiB blocks, timed in turns). The fused
+# over one block of rows small enough to stay in the CPU's cache before moving to the next block: x is read from
+# memory once and xhat and y are written once, while the passes in between run at cache speed. On a 2-core EPYC
+# this cut forward+backward at [16384, 384] by 23-31% (one block against 2 MiB blocks, timed in turns). The fused
 # Triton kernel takes the idea to its end: a row stays in registers and the forward is one pass. Off the CPU there
 # is one block: each op there is a kernel launch, and a loop would only multiply the launches.
-_CPU_BLOCK_BYTES = 2 << 20  # per [n, C] float32 buffer: a block's few buffers stay in a desktop L3
+_CPU_BLOCK_BYTES = 2 << 20  # per [n, C] float32 buffer: a block's x, xhat and y (6 MiB) stay in a desktop L3
 
 
-def _rows_per_block(N: int, C: int, dtype: torch.dtype, device: torch.device) -> int:
-    """How many of N rows of C features make a block of about _CPU_BLOCK_BYTES (all of them off the CPU)."""
-    return max(1, _CPU_BLOCK_BYTES // (C * dtype.itemsize) if device.type == "cpu" else N)
+def _rows_per_block(rows: torch.Tensor) -> int:
+    """How many rows of a [N, C] tensor make a block of about _CPU_BLOCK_BYTES (all of them off the CPU)."""
+    N, C = rows.shape
+    return max(1, _CPU_BLOCK_BYTES // (C * rows.element_size()) if rows.device.type == "cpu" else N)
 
 
 def _row_blocks(n: int, *tensors: torch.Tensor | None):
@@ -106,18 +105,11 @@ def _row_blocks(n: int, *tensors: torch.Tensor | None):
     return zip(*(t.split(n) if t is not None else [None] * count for t in tensors), strict=True)
 
 
-def _shift_block(x, out) -> torch.Tensor:
-    """x - x_0 for a block of rows, in float32 (or float64) in out: exact, and 0 for a constant row."""
-    xs = x.to(out.dtype)  # float32 statistics for half/bfloat16 (a view for float32)
-    return torch.sub(xs, xs[:, :1], out=out)
-
-
-def _forward_block(x, xhat, mean_s, rstd, y, w, b, eps, D) -> None:
-    """The forward over one block of rows [n, C]: writes its mean_s and rstd [n, 1] (saved for the backward) and y.
-    xhat is float32 scratch of the block's shape."""
-    _shift_block(x, xhat)  # shift
-    torch.mean(xhat, -1, keepdim=True, out=mean_s)
-    xhat.sub_(mean_s)  # centre
+def _forward_block(x, xhat, rstd, y, w, b, eps, D) -> None:
+    """The forward over one block of rows [n, C]: writes the block's xhat, rstd [n, 1] and y."""
+    xs = x.to(xhat.dtype)  # float32 statistics for half/bfloat16 (a view for float32)
+    torch.sub(xs, xs[:, :1], out=xhat)  # shift
+    xhat.sub_(xhat.mean(-1, keepdim=True))  # centre
     # |xc|^2 through vector_norm: one fused reduction (torch.var is Welford, several times slower on CPU)
     var = torch.linalg.vector_norm(xhat, dim=-1, keepdim=True).square_().div_(D)
     torch.rsqrt(var.add_(eps), out=rstd)
@@ -128,10 +120,9 @@ def _forward_block(x, xhat, mean_s, rstd, y, w, b, eps, D) -> None:
         torch.addcmul(b, xhat, w, out=y)  # computed in float32, rounded once to y's dtype
 
 
-def _backward_block(x, mean_s, rstd, dy, dx, xhat, buf, w, D, want_dweight, want_dbias):
+def _backward_block(dy, xhat, rstd, dx, buf, w, D, want_dweight, want_dbias):
     """The backward over one block of rows: writes the block's dx (unless dx is None) and returns its shares of
-    dweight and dbias (None where not wanted). xhat and buf are float32 scratch of the block's shape."""
-    _shift_block(x, xhat).sub_(mean_s).mul_(rstd)  # the forward's xhat again, bit for bit, rebuilt in cache
+    dweight and dbias (None where not wanted). buf is float32 scratch of the block's shape."""
     dy = dy.to(xhat.dtype)
     p = torch.mul(dy, xhat, out=buf)  # dy * xhat
     dweight = p.sum(0) if want_dweight else None
@@ -152,36 +143,33 @@ class _LayerNormFunction(torch.autograd.Function):
         C = x.shape[-1]
         compute = torch.promote_types(x.dtype, torch.float32)  # float32 stats for half/bfloat16 inputs
         x2 = x.reshape(-1, C)  # all leading dims are rows; a view when x is contiguous
-        N = x2.shape[0]
-        n = _rows_per_block(N, C, compute, x.device)
         w = weight.to(compute)
         b = None if bias is None else bias.to(compute)
-        mean_s, rstd = (x2.new_empty((N, 1), dtype=compute) for _ in range(2))
+        xhat = x2.new_empty(x2.shape, dtype=compute)
+        rstd = x2.new_empty((x2.shape[0], 1), dtype=compute)
         y = torch.empty_like(x2, memory_format=torch.contiguous_format)
-        xhat = x2.new_empty((min(n, N), C), dtype=compute)  # scratch for one block, reused
-        for x_b, mean_b, rstd_b, y_b in _row_blocks(n, x2, mean_s, rstd, y):
-            _forward_block(x_b, xhat[: len(x_b)], mean_b, rstd_b, y_b, w, b, eps, C - correction)
-        ctx.save_for_backward(x2, mean_s, rstd, weight)  # what PyTorch's own kernel saves: no [N, C] tensor of ours
+        for block in _row_blocks(_rows_per_block(xhat), x2, xhat, rstd, y):
+            _forward_block(*block, w, b, eps, C - correction)
+        ctx.save_for_backward(xhat, rstd, weight)
         ctx.has_bias = bias is not None
         ctx.D = C - correction
-        ctx.x_shape = x.shape
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         return y.view(x.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x2, mean_s, rstd, weight = ctx.saved_tensors
-        N, C = x2.shape
+        xhat, rstd, weight = ctx.saved_tensors
+        N, C = xhat.shape
         dy2 = dy.reshape(-1, C)  # copies only when dy is non-contiguous in a way a view cannot express
-        w = weight.to(rstd.dtype)
+        w = weight.to(xhat.dtype)
         wanted = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]  # dweight, dbias
-        dx = torch.empty_like(x2, memory_format=torch.contiguous_format) if ctx.needs_input_grad[0] else None
-        n = _rows_per_block(N, C, rstd.dtype, x2.device)
-        xhat, buf = (x2.new_empty((min(n, N), C), dtype=rstd.dtype) for _ in range(2))  # scratch, reused
+        dx = dy2.new_empty((N, C), dtype=ctx.x_dtype) if ctx.needs_input_grad[0] else None
+        n = _rows_per_block(xhat)
+        buf = xhat.new_empty((min(n, N), C))  # scratch for one block, reused
         dweight = dbias = None  # float32 sums over every row, block by block (a fixed order: deterministic)
-        for x_b, mean_b, rstd_b, dy_b, dx_b in _row_blocks(n, x2, mean_s, rstd, dy2, dx):
-            k = len(x_b)
-            dw_b, db_b = _backward_block(x_b, mean_b, rstd_b, dy_b, dx_b, xhat[:k], buf[:k], w, ctx.D, *wanted)
+        for dy_b, xhat_b, rstd_b, dx_b in _row_blocks(n, dy2, xhat, rstd, dx):
+            dw_b, db_b = _backward_block(dy_b, xhat_b, rstd_b, dx_b, buf[: len(dy_b)], w, ctx.D, *wanted)
             dweight = dw_b if dweight is None else dweight.add_(dw_b)
             dbias = db_b if dbias is None else dbias.add_(db_b)
         dweight = None if dweight is None else dweight.to(weight.dtype)

@@ -187,16 +187,6 @@ def test_only_requested_gradients_are_computed():
     assert rel_err(dw, dw_ref) < 1e-5
 
 
-def test_custom_saves_no_activation_of_its_own():
-    """For the backward, custom keeps what PyTorch's kernel keeps: x itself (no copy) and two numbers per row."""
-    x, w, b, _ = make_inputs((2, 3), 16)
-    x.requires_grad_()
-    saved = layer_norm(x, w, b).grad_fn.saved_tensors
-    big = [t for t in saved if t.numel() == x.numel()]
-    assert len(big) == 1 and big[0].data_ptr() == x.data_ptr()
-    assert sum(t.numel() for t in saved) == x.numel() + 2 * 6 + w.numel()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_custom_row_blocks_give_the_one_block_result(monkeypatch, dtype, with_bias):
@@ -208,7 +198,7 @@ def test_custom_row_blocks_give_the_one_block_result(monkeypatch, dtype, with_bi
     dy = dy[:, :1].expand_as(dy)  # an expanded gradient: stride 0 inside each block
     y_one, grads_one = forward_backward("custom", x, w, b, dy)
     monkeypatch.setattr(layernorm, "_CPU_BLOCK_BYTES", 3 * C * 4)
-    assert layernorm._rows_per_block(10, C, torch.float32, torch.device("cpu")) == 3  # blocks of 3, 3, 3, 1 rows
+    assert layernorm._rows_per_block(torch.empty(10, C)) == 3  # blocks of 3, 3, 3 and 1 rows
     y, grads = forward_backward("custom", x, w, b, dy)
     torch.testing.assert_close(y, y_one, rtol=0, atol=0)  # every op of the forward is per row
     for g, g_one in zip(grads, grads_one, strict=True):  # dweight, dbias: block sums in another order
