@@ -110,9 +110,12 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.layernorm.triton_bwd.default, (dy, x.detach(), w.detach(), mean_s, rstd))
 
 
-@pytest.mark.parametrize("norm", ["triton", "custom"])
-def test_torch_compile_traces_a_model_with_the_norm(norm):
+@pytest.mark.parametrize("norm", ["triton", "custom", "custom in row blocks"])
+def test_torch_compile_traces_a_model_with_the_norm(norm, monkeypatch):
     """fullgraph=True: the norm must not break the graph. aot_eager traces forward and backward (no C compiler)."""
+    if norm == "custom in row blocks":  # 15 rows in blocks of 4: the CPU loop over blocks is traced too
+        monkeypatch.setattr(layernorm, "_CPU_BLOCK_BYTES", 4 * 16 * 4)
+        norm = "custom"
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 16), make_norm(norm, 16), torch.nn.Linear(16, 4)).to(DEV)
     compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
