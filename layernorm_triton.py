@@ -283,14 +283,22 @@ class _LayerNormTriton(torch.autograd.Function):
         return dx, dw, db, None
 
 
-@torch.library.custom_op("layernorm::triton_fwd", mutates_args=())
+# (schemas spelled out: older torch cannot infer them from `Tensor | None` and tuple annotations)
+@torch.library.custom_op(
+    "layernorm::triton_fwd", mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+)
 def triton_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return forward(x, weight, bias, eps)
 
 
-@torch.library.custom_op("layernorm::triton_bwd", mutates_args=())
+@torch.library.custom_op(
+    "layernorm::triton_bwd", mutates_args=(),
+    schema="(Tensor dy, Tensor x, Tensor weight, Tensor mean_s, Tensor rstd, bool has_bias)"
+    " -> (Tensor, Tensor, Tensor)",
+)
 def triton_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean_s: torch.Tensor, rstd: torch.Tensor, has_bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
