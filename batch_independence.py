@@ -5,44 +5,33 @@
     TRITON_INTERPRET=1 python batch_independence.py    # include the Triton LayerNorm on a CPU-only machine
     python batch_independence.py --json
 
-Every row runs the same weights with another norm (model.eval(): no dropout), except that BatchNorm's layers are put
-in training mode, where they normalize with the statistics of the batch in front of them: the case this demo is
-about. An extra row, batchnorm-eval, shows BatchNorm with its running averages instead. Three checks per row:
-
-  (1) alone vs batch: a prompt decoded greedily, token by token with the KV cache, alone (batch of 1) and as row 0
-      of a batch of other, different prompts of the same length: the largest |difference| of the logits over all
-      steps, and whether the greedy tokens agree;
-  (2) cached vs full: the batch's token-by-token cached decoding against one forward pass over the whole sequence
-      of the same tokens, compared at every decoded position;
-  (3) norm alone: the model's final norm layer on its own, norm(x)[i] against norm(x[i:i+1]) for every row i of x.
-
-A row passes when every difference is within --tol (float32) and the tokens agree. The exit status is 1 when a
-norm in --require fails (by default every LayerNorm and RMSNorm that ran), so the script doubles as a check.
+Every row runs the same weights with another norm (model.eval(): no dropout) through the three checks of LEGEND,
+except that BatchNorm's layers normalize with the statistics of the batch in front of them (training mode): the case
+this demo is about; the batchnorm-eval row uses its running averages. A row passes when every difference is within
+--tol (float32) and the greedy tokens agree; the exit status is 1 when a row in --require fails (by default every
+LayerNorm and RMSNorm that ran), so the script doubles as a check.
 """
 
-from __future__ import annotations
-
 import argparse
-import copy
 import json
-import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from checkpoint import CheckpointError, checkpoint_config, checkpoint_weights, load_checkpoint
+from device import DeviceError, resolve_device
 from layernorm import NORMS, TritonUnavailableError, check_triton_device, make_norm
 from model import GPT, GPTConfig, KVCache
-from sample import pick_device
 
-LAYERNORMS = ("custom", "builtin", "triton")
 EVAL_ROW = "batchnorm-eval"
-NORM_KEYS = ("ln_1.", "ln_2.", "ln_f.")  # every norm's parameters and buffers live under these module names
+NORM_NAMES = ("ln_1", "ln_2", "ln_f")  # model.py's norm layers: their parameters and buffers live under these names
 RANDOM_MODEL = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=64)
+Logits = list[torch.Tensor]  # the logits [B, V] each decoded step chose its token from
+CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
+HEADER = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
 
 WHY_BATCHNORM_FAILS = (
     "batchnorm fails because it normalizes each feature with the mean and variance over every token of the batch: "
@@ -67,37 +56,6 @@ LEGEND = (
 )
 
 
-@dataclass
-class Check:
-    max_abs_diff: float | None = None  # None when the check could not run (error)
-    error: str | None = None
-
-
-@dataclass
-class AloneVsBatch(Check):
-    per_step_max_abs_diff: list[float] = field(default_factory=list)
-    steps_compared: int = 0
-    tokens_agree: bool | None = None
-    first_divergent_step: int | None = None  # the first step whose greedy token differs
-
-
-@dataclass
-class NormAlone(Check):
-    bit_exact: bool | None = None
-
-
-@dataclass
-class Row:
-    name: str  # the norm, or EVAL_ROW
-    norm: str
-    statistics: str  # what the norm normalizes with: per token, batch statistics, running statistics
-    required: bool = False
-    alone_vs_batch: AloneVsBatch = field(default_factory=AloneVsBatch)
-    cached_vs_full: Check = field(default_factory=Check)
-    norm_alone: NormAlone = field(default_factory=NormAlone)
-    passed: bool = False
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Measure whether each norm's outputs depend on the rest of the batch (LayerNorm vs BatchNorm)."
@@ -108,7 +66,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--require",
         nargs="+",
-        default=None,
         help="rows that must pass, else exit 1 (default: every LayerNorm and rmsnorm run); e.g. --require batchnorm",
     )
     p.add_argument("--prompt_len", type=int, default=16, help="tokens per prompt (default 16)")
@@ -119,33 +76,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     args = p.parse_args(argv)
-    args.norms = _split(args.norms)
+    split = lambda values: list(dict.fromkeys(s for v in values for s in v.split(",") if s))  # 'a,b a' -> [a, b]
+    args.norms = split(args.norms)
     bad = [n for n in args.norms if n not in NORMS]
     if bad or not args.norms:
         p.error(f"--norms: unknown {', '.join(map(repr, bad)) or 'empty list'}; valid: {', '.join(NORMS)}")
     if args.require is not None:
-        args.require = _split(args.require)
-        valid = list(args.norms) + ([EVAL_ROW] if "batchnorm" in args.norms else [])
-        bad = [n for n in args.require if n not in valid]
-        if bad:
+        args.require = split(args.require)
+        valid = args.norms + ([EVAL_ROW] if "batchnorm" in args.norms else [])
+        if bad := [n for n in args.require if n not in valid]:
             p.error(f"--require: {', '.join(map(repr, bad))} not among the rows run; valid: {', '.join(valid)}")
-    for name in ("prompt_len", "new_tokens", "batch_size"):
-        if getattr(args, name) < (2 if name == "batch_size" else 1):
-            p.error(f"--{name} must be >= {2 if name == 'batch_size' else 1}, got {getattr(args, name)}")
-    if not args.tol >= 0:
-        p.error(f"--tol must be >= 0, got {args.tol}")
+    for name, least in (("prompt_len", 1), ("new_tokens", 1), ("batch_size", 2), ("tol", 0)):
+        if not getattr(args, name) >= least:  # written `not >=` so that a nan tolerance is refused too
+            p.error(f"--{name} must be >= {least}, got {getattr(args, name)}")
     return args
-
-
-def _split(values: Sequence[str]) -> list[str]:
-    """'a,b c' -> ['a', 'b', 'c'], without duplicates, in order."""
-    out: list[str] = []
-    for v in values:
-        out += [s for s in v.split(",") if s and s not in out]
-    return out
-
-
-# --- the model -----------------------------------------------------------------------------------------------------
 
 
 def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:
@@ -174,168 +118,124 @@ def build_model(config: GPTConfig, state: dict[str, torch.Tensor], norm: str, de
     """GPT with `norm`, the shared weights loaded; only norm entries may be missing or left over."""
     model = GPT(replace(config, norm=norm))
     result = model.load_state_dict(state, strict=False)
-    stray = [k for k in result.missing_keys + result.unexpected_keys if not _is_norm_key(k)]
+    stray = [k for k in result.missing_keys + result.unexpected_keys if not any(f"{n}." in k for n in NORM_NAMES)]
     if stray:
         raise SystemExit(f"error: the weights do not fit a GPT with norm={norm!r}: {stray[:5]}")
     return model.to(device).eval()
 
 
-def _is_norm_key(key: str) -> bool:
-    return any(part in key for part in NORM_KEYS)
-
-
-def norm_layers(model: GPT) -> list[nn.Module]:
-    blocks = list(model.transformer.h)
-    return [b.ln_1 for b in blocks] + [b.ln_2 for b in blocks] + [model.transformer.ln_f]
-
-
-def triton_skip_reason(device: str) -> str | None:
-    """Why the Triton norm can't run here (layernorm's own answer, first sentence), or None when it can."""
+def attempt(measure: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
+    """The checks' one error path: (measure(...), None), or (None, 'Kind: first line') when it raised a ValueError
+    or RuntimeError. TritonUnavailableError is not a measurement: it propagates, and the row is skipped."""
     try:
-        make_norm("triton", 8)  # is triton importable
-        check_triton_device(device)  # and can its kernels run on this device
-    except TritonUnavailableError as e:
-        return str(e).split(". To fix")[0]
-    return None
+        return measure(*args, **kwargs), None
+    except TritonUnavailableError:
+        raise
+    except (ValueError, RuntimeError) as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-# --- the checks ----------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def decode_greedy(model: GPT, prompts: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor, str | None]:
+def decode_greedy(model: GPT, prompts: torch.Tensor, steps: int) -> tuple[Logits, str | None]:
     """Greedy decoding, token by token with the KV cache: what GPT.generate(temperature=0) does within block_size.
-
-    Prefill the prompts [B, P] once, then feed each new token alone ([B, 1]). Returns the tokens [B, P + n], the
-    logits each step chose from [B, n, V], and the error that stopped it early (n < steps), if any.
-    """
+    Prefill the prompts [B, P] once, then feed each new token alone ([B, 1]). Returns the logits [B, V] each step
+    chose its token from (their argmax), and the error that stopped it before `steps`, if any."""
     cache = KVCache(model.config, prompts.size(0), prompts.device, model.lm_head.weight.dtype)
-    tokens, step_logits, error = prompts, [], None
-    try:
-        logits = model(prompts, kv_cache=cache)[0][:, -1]
-        for step in range(steps):
-            step_logits.append(logits)
-            tokens = torch.cat((tokens, logits.argmax(-1, keepdim=True)), dim=1)
-            if step + 1 < steps:
-                logits = model(tokens[:, -1:], kv_cache=cache)[0][:, -1]
-    except TritonUnavailableError:
-        raise  # not a measurement: the row is skipped
-    except (ValueError, RuntimeError) as e:
-        error = f"step {len(step_logits)}: {_first_line(e)}"
-    empty = torch.zeros(prompts.size(0), 0, model.config.vocab_size, device=prompts.device)
-    return tokens, torch.stack(step_logits, dim=1) if step_logits else empty, error
+    logits: Logits = []
+    error = None
+    while len(logits) < steps and error is None:
+        out, error = attempt(model, logits[-1].argmax(-1, keepdim=True) if logits else prompts, kv_cache=cache)
+        logits += [] if out is None else [out[0][:, -1]]
+    return logits, error and f"step {len(logits)}: {error}"
 
 
-def check_alone_vs_batch(model: GPT, prompts: torch.Tensor, steps: int) -> tuple[AloneVsBatch, tuple | None]:
-    """Check (1); also returns the batch's decoding (tokens, logits) for check (2), or None if it failed."""
-    alone_tokens, alone_logits, alone_error = decode_greedy(model, prompts[:1], steps)
-    batch_tokens, batch_logits, batch_error = decode_greedy(model, prompts, steps)
-    n = min(alone_logits.size(1), batch_logits.size(1))
-    result = AloneVsBatch(steps_compared=n)
-    if alone_error or batch_error:
-        result.error = f"alone, {alone_error}" if alone_error else f"in the batch, {batch_error}"
-    if n > 0:
-        per_step = (alone_logits[0, :n] - batch_logits[0, :n]).abs().amax(dim=-1)
-        result.per_step_max_abs_diff = per_step.tolist()
-        result.max_abs_diff = per_step.max().item()
-        p = prompts.size(1)
-        differ = (alone_tokens[0, p : p + n] != batch_tokens[0, p : p + n]).nonzero()
-        result.first_divergent_step = differ[0].item() if len(differ) else None
-        result.tokens_agree = result.error is None and not len(differ)
-    batch = None if batch_error else (batch_tokens, batch_logits)
-    return result, batch
+def check_alone_vs_batch(model: GPT, prompts: torch.Tensor, steps: int) -> tuple[dict[str, Any], Logits | None]:
+    """Check (1); also returns the batch's step logits for check (2), or None if its decoding failed."""
+    alone, alone_error = decode_greedy(model, prompts[:1], steps)
+    batch, batch_error = decode_greedy(model, prompts, steps)
+    error = f"alone, {alone_error}" if alone_error else batch_error and f"in the batch, {batch_error}"
+    pairs = list(zip(alone, batch, strict=False))  # the steps both decoded: row 0 alone and row 0 in the batch
+    per_step = [(a[0] - b[0]).abs().max().item() for a, b in pairs]
+    differ = [step for step, (a, b) in enumerate(pairs) if a[0].argmax() != b[0].argmax()]
+    result = {
+        "max_abs_diff": max(per_step, default=None),
+        "error": error,
+        "per_step_max_abs_diff": per_step,
+        "steps_compared": len(pairs),
+        "tokens_agree": (error is None and not differ) if pairs else None,
+        "first_divergent_step": differ[0] if differ else None,  # the first step whose greedy token differs
+    }
+    return result, None if batch_error else batch
 
 
-@torch.no_grad()
-def check_cached_vs_full(model: GPT, tokens: torch.Tensor, step_logits: torch.Tensor) -> Check:
-    """Check (2): step s's logits were computed at position P - 1 + s of the sequence; one pass over it all."""
-    steps = step_logits.size(1)
-    p = tokens.size(1) - steps
-    try:
-        full = model(tokens[:, :-1])[0][:, p - 1 :]
-    except TritonUnavailableError:
-        raise  # not a measurement: the row is skipped
-    except (ValueError, RuntimeError) as e:
-        return Check(error=_first_line(e))
-    return Check(max_abs_diff=(full - step_logits).abs().max().item())
+def check_cached_vs_full(model: GPT, prompts: torch.Tensor, step_logits: Logits | None) -> dict[str, Any]:
+    """Check (2): step s chose from the logits at position P - 1 + s; here one forward pass over the whole sequence."""
+    if step_logits is None:
+        return {"max_abs_diff": None, "error": "the batched decoding failed: see (1)"}
+    cached = torch.stack(step_logits, dim=1)  # [B, n, V]
+    tokens = torch.cat((prompts, cached.argmax(-1)[:, :-1]), dim=1)  # the last chosen token is never fed back
+    out, error = attempt(model, tokens)
+    diff = None if out is None else (out[0][:, prompts.size(1) - 1 :] - cached).abs().max().item()
+    return {"max_abs_diff": diff, "error": error}
+
+
+def check_norm_alone(norm: torch.nn.Module, x: torch.Tensor) -> dict[str, Any]:
+    """Check (3): norm(x)[i] against norm(x[i:i+1]) for every i (the model's last use: BatchNorm's buffers may move)."""
+    out, error = attempt(lambda: (norm(x), torch.cat([norm(x[i : i + 1]) for i in range(x.size(0))])))
+    if out is None:
+        return {"max_abs_diff": None, "error": error, "bit_exact": None}
+    return {"max_abs_diff": (out[0] - out[1]).abs().max().item(), "error": None, "bit_exact": torch.equal(*out)}
 
 
 @torch.no_grad()
-def check_norm_alone(norm: nn.Module, x: torch.Tensor) -> NormAlone:
-    """Check (3): norm(x)[i] against norm(x[i:i+1]) for every i, on a copy of the layer (its buffers may move)."""
-    norm = copy.deepcopy(norm)
-    try:
-        together = norm(x)
-        alone = torch.cat([norm(x[i : i + 1]) for i in range(x.size(0))])
-    except TritonUnavailableError:
-        raise  # not a measurement: the row is skipped
-    except (ValueError, RuntimeError) as e:
-        return NormAlone(error=_first_line(e))
-    return NormAlone(max_abs_diff=(together - alone).abs().max().item(), bit_exact=torch.equal(together, alone))
+def run_row(name: str, model: GPT, prompts: torch.Tensor, x: torch.Tensor, args: argparse.Namespace) -> dict[str, Any]:
+    """The three checks on one model; BatchNorm's layers normalize with batch statistics, except in EVAL_ROW."""
+    norm = model.config.norm
+    for layer_name, layer in model.named_modules():
+        if norm == "batchnorm" and layer_name.rsplit(".", 1)[-1] in NORM_NAMES:
+            layer.train(name != EVAL_ROW)  # the rest of the model stays in eval mode (no dropout)
+    alone_vs_batch, batch = check_alone_vs_batch(model, prompts, args.new_tokens)
+    checks = (alone_vs_batch, check_cached_vs_full(model, prompts, batch), check_norm_alone(model.transformer.ln_f, x))
+    within_tol = all(c["error"] is None and c["max_abs_diff"] <= args.tol for c in checks)
+    return {
+        "name": name,
+        "norm": norm,
+        "statistics": {"batchnorm": "batch statistics", EVAL_ROW: "running averages"}.get(name, "per token"),
+        "required": name in args.require if args.require is not None else norm != "batchnorm",
+        **dict(zip(CHECKS, checks, strict=True)),
+        "passed": within_tol and alone_vs_batch["tokens_agree"],  # within_tol: no error, so the tokens were compared
+    }
 
 
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-
-
-def run_row(row: Row, model: GPT, prompts: torch.Tensor, steps: int, x: torch.Tensor, tol: float) -> Row:
-    row.alone_vs_batch, batch = check_alone_vs_batch(model, prompts, steps)
-    if batch is None:
-        row.cached_vs_full = Check(error="the batched decoding failed: see (1)")
-    else:
-        row.cached_vs_full = check_cached_vs_full(model, *batch)
-    row.norm_alone = check_norm_alone(model.transformer.ln_f, x)
-    checks = (row.alone_vs_batch, row.cached_vs_full, row.norm_alone)
-    row.passed = bool(row.alone_vs_batch.tokens_agree) and all(
-        c.error is None and c.max_abs_diff is not None and c.max_abs_diff <= tol for c in checks
-    )
-    return row
-
-
-# --- the report ----------------------------------------------------------------------------------------------------
-
-
-def _diff(check: Check) -> str:
-    if check.max_abs_diff is None:
+def _diff(check: dict[str, Any]) -> str:
+    if check["max_abs_diff"] is None:
         return "error"
-    if isinstance(check, NormAlone) and check.bit_exact:
+    if check.get("bit_exact"):
         return "bit-exact"
-    return "0" if check.max_abs_diff == 0 else f"{check.max_abs_diff:.1e}"
+    return "0" if check["max_abs_diff"] == 0 else f"{check['max_abs_diff']:.1e}"
 
 
-def _tokens(r: AloneVsBatch, steps: int) -> str:
-    if r.tokens_agree:
+def _tokens(check: dict[str, Any], steps: int) -> str:
+    if check["tokens_agree"]:
         return f"{steps}/{steps} agree"
-    if r.first_divergent_step is not None:
-        return f"differ from step {r.first_divergent_step}"
-    if r.error:
-        return f"{'alone' if r.error.startswith('alone') else 'batch'} fails at step {r.steps_compared}"
-    return "-"
+    if check["first_divergent_step"] is not None:
+        return f"differ from step {check['first_divergent_step']}"
+    return f"{'alone' if check['error'].startswith('alone') else 'batch'} fails at step {check['steps_compared']}"
 
 
-def format_table(rows: list[Row], steps: int) -> list[str]:
-    header = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone")
-    header += ("result",)
-    cells = [header] + [
-        (
-            r.name,
-            r.statistics,
-            _diff(r.alone_vs_batch),
-            _tokens(r.alone_vs_batch, steps),
-            _diff(r.cached_vs_full),
-            _diff(r.norm_alone),
-            ("PASS" if r.passed else "FAIL") + ("" if r.required else "  (not required)"),
-        )
-        for r in rows
-    ]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+def format_table(rows: list[dict[str, Any]], steps: int) -> list[str]:
+    cells = [HEADER]
+    for r in rows:
+        ab = r["alone_vs_batch"]
+        checks = (_diff(ab), _tokens(ab, steps), _diff(r["cached_vs_full"]), _diff(r["norm_alone"]))
+        verdict = ("PASS" if r["passed"] else "FAIL") + ("" if r["required"] else "  (not required)")
+        cells.append((r["name"], r["statistics"], *checks, verdict))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths if w))
-    return lines
+    return lines[:1] + ["  ".join("-" * w for w in widths)] + lines[1:]
 
 
-def report(result: dict[str, Any], rows: list[Row]) -> str:
-    m = result["model"]
+def report(result: dict[str, Any]) -> str:
+    m, rows = result["model"], result["rows"]
     out = [
         "Batch independence: does a sequence's output depend on the other sequences in its batch?",
         f"model: {result['source']}",
@@ -343,105 +243,84 @@ def report(result: dict[str, Any], rows: list[Row]) -> str:
         f"vocab {m['vocab_size']}; device {result['device']}, float32, dropout off (eval)",
         f"decoding: prompts of {result['prompt_len']} tokens, {result['new_tokens']} greedy new tokens, a batch of "
         f"{result['batch_size']} different prompts; tolerance {result['tolerance']:g}",
+        *(f"note: {n}" for n in result["notes"]),
+        *(f"skipped {name}: {why}" for name, why in result["skipped"].items()),
+        "",
+        *format_table(rows, result["new_tokens"]),
+        "",
+        *(f"  {line}" for line in LEGEND),
+        *(f"  {r['name']}: {r[c]['error']}" for r in rows for c in CHECKS if r[c]["error"]),
     ]
-    out += [f"note: {n}" for n in result["notes"]]
-    out += [f"skipped {name}: {why}" for name, why in result["skipped"].items()]
-    out += [""] + format_table(rows, result["new_tokens"]) + [""]
-    out += [f"  {line}" for line in LEGEND]
-    errors = [(r.name, c.error) for r in rows for c in (r.alone_vs_batch, r.cached_vs_full, r.norm_alone) if c.error]
-    out += [f"  {name}: {err}" for name, err in errors]
-    if any(r.norm == "batchnorm" for r in rows):
-        out += ["", WHY_BATCHNORM_FAILS]
-        if any(r.name == EVAL_ROW for r in rows):
-            out += [WHY_EVAL]
-    failed = [r.name for r in rows if r.required and not r.passed]
-    required = [r.name for r in rows if r.required]
-    out += [""]
-    if failed:
-        out += [f"FAIL: required rows that failed: {', '.join(failed)}"]
-    else:
-        out += [f"OK: every required row passes ({', '.join(required) or 'none required'})"]
-    return "\n".join(out)
-
-
-# --- main ----------------------------------------------------------------------------------------------------------
+    if any(r["norm"] == "batchnorm" for r in rows):
+        out += ["", WHY_BATCHNORM_FAILS] + ([WHY_EVAL] if any(r["name"] == EVAL_ROW for r in rows) else [])
+    required = ", ".join(r["name"] for r in rows if r["required"]) or "none required"
+    if result["failed"]:
+        return "\n".join([*out, "", f"FAIL: required rows that failed: {', '.join(result['failed'])}"])
+    return "\n".join([*out, "", f"OK: every required row passes ({required})"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks, print the table (or JSON); 0 when every required row passes, else 1."""
     args = parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except DeviceError as e:
+        raise SystemExit(f"error: --device: {e}") from None
     threads = torch.get_num_threads()
     if args.out_dir is None and args.ckpt is None:
         # The random model is tiny: one thread is as fast, and far faster when other work shares the cores
         # (idle OpenMP threads spin-waiting for a busy core).
         torch.set_num_threads(1)
     try:
-        return _run(args)
+        result = run(args, device)
     finally:
         torch.set_num_threads(threads)
+    print(json.dumps(result, indent=2) if args.json else report(result), flush=True)
+    return 0 if result["ok"] else 1
 
 
-def _run(args: argparse.Namespace) -> int:
-    device = pick_device(args.device)
+def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """Every row's checks on the shared weights, and the setting they ran in: what --json prints."""
     torch.set_float32_matmul_precision("highest")  # no TF32: the comparisons are about float32
     config, state, source = base_weights(args)
-    notes: list[str] = []
-    prompt_len, steps = args.prompt_len, args.new_tokens
-    if prompt_len + steps > config.block_size:  # check (2) compares within one block (see model.py)
-        prompt_len = min(prompt_len, max(1, config.block_size // 2))
-        steps = max(1, config.block_size - prompt_len)
-        notes.append(f"prompt {prompt_len} + new {steps} tokens, to fit block_size {config.block_size}")
-
+    notes = []  # from here on, args.prompt_len and args.new_tokens are what ran
+    if args.prompt_len + args.new_tokens > config.block_size:  # check (2) compares within one block (see model.py)
+        args.prompt_len = min(args.prompt_len, max(1, config.block_size // 2))
+        args.new_tokens = max(1, config.block_size - args.prompt_len)
+        notes.append(f"prompt {args.prompt_len} + new {args.new_tokens} tokens, to fit block_size {config.block_size}")
     gen = torch.Generator().manual_seed(args.seed)
-    prompts = torch.randint(config.vocab_size, (args.batch_size, prompt_len), generator=gen).to(device)
-    x = (torch.randn(args.batch_size, prompt_len, config.n_embd, generator=gen) * 2 + 1).to(device)
-
-    skipped: dict[str, str] = {}
-    rows: list[Row] = []
-    plan = [(n, n) for n in args.norms] + ([(EVAL_ROW, "batchnorm")] if "batchnorm" in args.norms else [])
-    for name, norm in plan:
-        if norm == "triton" and (why := triton_skip_reason(device)):
-            skipped[name] = why
-            continue
+    prompts = torch.randint(config.vocab_size, (args.batch_size, args.prompt_len), generator=gen).to(device)
+    x = (torch.randn(args.batch_size, args.prompt_len, config.n_embd, generator=gen) * 2 + 1).to(device)
+    rows, skipped = [], {}
+    for name in args.norms + ([EVAL_ROW] if "batchnorm" in args.norms else []):
+        norm = "batchnorm" if name == EVAL_ROW else name
         try:
-            model = build_model(config, state, norm, device)
-        except TritonUnavailableError as e:
-            skipped[name] = _first_line(e)
-            continue
-        statistics = "per token"
-        if norm == "batchnorm":
-            batch_stats = name != EVAL_ROW
-            for layer in norm_layers(model):
-                layer.train(batch_stats)  # the rest of the model stays in eval mode (no dropout)
-            statistics = "batch statistics" if batch_stats else "running averages"
-        required = (name in args.require) if args.require is not None else norm in LAYERNORMS + ("rmsnorm",)
-        row = Row(name=name, norm=norm, statistics=statistics, required=required)
-        try:
-            rows.append(run_row(row, model, prompts, steps, x, args.tol))
-        except TritonUnavailableError as e:  # the Triton norm built but can't run its kernels here
-            skipped[name] = _first_line(e)
-    missing = [n for n in (args.require or []) if n in skipped]
+            if norm == "triton":  # can triton be imported, and can its kernels run here? If not, skip the row now
+                make_norm("triton", 8)
+                check_triton_device(device)
+            rows.append(run_row(name, build_model(config, state, norm, device), prompts, x, args))
+        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with layernorm's reason
+            skipped[name] = str(e).split(". To fix")[0]
+    missing = [n for n in args.require or [] if n in skipped]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
-
-    ok = all(r.passed for r in rows if r.required) and not missing
-    result = {
+    failed = [r["name"] for r in rows if r["required"] and not r["passed"]] + missing
+    return {
         "source": source,
         "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
         "device": device,
         "dtype": "float32",
-        "prompt_len": prompt_len,
-        "new_tokens": steps,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
         "batch_size": args.batch_size,
         "tolerance": args.tol,
         "notes": notes,
         "skipped": skipped,
         "legend": list(LEGEND),
-        "rows": [asdict(r) for r in rows],
-        "ok": ok,
+        "rows": rows,
+        "failed": failed,
+        "ok": not failed,
     }
-    print(json.dumps(result, indent=2) if args.json else report(result, rows), flush=True)
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -15,6 +15,7 @@ import torch
 
 import batch_independence
 from checkpoint import FORMAT, save_checkpoint
+from layernorm import TritonUnavailableError
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,6 +146,55 @@ def test_bad_arguments_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert fragment in capsys.readouterr().err
 
 
+def test_bad_device_is_one_line() -> None:
+    proc = run_script("--device", "nonsense")
+    assert proc.returncode == 1 and proc.stdout == ""
+    expected = "error: --device: device='nonsense' is not a device here; choose auto, cpu, cuda, cuda:N or mps"
+    assert proc.stderr == expected + "\n"
+
+
+def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """The one error path: a RuntimeError while decoding alone stops that decoding; the steps done are compared, the
+    other checks still run, the row fails with the error's first line, and the run exits 1."""
+    forward = GPT.forward
+
+    def fails_alone_at_step_2(self, idx, targets=None, kv_cache=None):
+        if kv_cache is not None and idx.size(0) == 1 and kv_cache.length > 6:  # prompt 6, then step 1 fed 1 token
+            raise RuntimeError("boom\nsecond line")
+        return forward(self, idx, targets, kv_cache)
+
+    monkeypatch.setattr(GPT, "forward", fails_alone_at_step_2)
+    status, result = run_json(capsys, "--norms", "custom", *SMALL)
+    assert status == 1 and result["ok"] is False and result["failed"] == ["custom"]
+    (row,) = result["rows"]
+    ab = row["alone_vs_batch"]
+    assert ab["error"] == "alone, step 2: RuntimeError: boom" and ab["steps_compared"] == 2
+    assert len(ab["per_step_max_abs_diff"]) == 2 and ab["max_abs_diff"] <= 1e-5 and ab["tokens_agree"] is False
+    assert row["cached_vs_full"]["max_abs_diff"] <= 1e-5 and row["norm_alone"]["bit_exact"] and not row["passed"]
+
+    assert batch_independence.main(["--norms", "custom", *SMALL]) == 1
+    out = capsys.readouterr().out
+    assert "alone fails at step 2" in row_lines(out)["custom"] and " FAIL" in row_lines(out)["custom"]
+    assert "  custom: alone, step 2: RuntimeError: boom\n" in out and "FAIL: required rows that failed: custom" in out
+
+
+def test_triton_unavailable_inside_a_check_skips_the_row(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TritonUnavailableError is no measurement: the row is skipped with its reason, not reported as an error."""
+
+    def unavailable(*args: object, **kwargs: object) -> None:
+        raise TritonUnavailableError("norm 'triton' cannot run here. To fix: do something else")
+
+    monkeypatch.setattr(GPT, "forward", unavailable)
+    status, result = run_json(capsys, "--norms", "custom", "rmsnorm", "--require", "rmsnorm", *SMALL)
+    assert result["rows"] == [] and result["skipped"] == {
+        n: "norm 'triton' cannot run here" for n in ("custom", "rmsnorm")
+    }
+    assert status == 1 and result["failed"] == ["rmsnorm"]
+    assert "rmsnorm is required but was skipped: counted as a failure" in result["notes"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the Triton norm runs")
 def test_triton_is_skipped_with_a_reason_when_it_cannot_run() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -152,3 +202,9 @@ def test_triton_is_skipped_with_a_reason_when_it_cannot_run() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skipped triton" in proc.stdout and "TRITON_INTERPRET" in proc.stdout
     assert sorted(row_lines(proc.stdout)) == ["custom"]
+
+    # required but skipped: a failure, and the last line says so
+    proc = run_script("--norms", "triton", "custom", "--require", "triton", "--new_tokens", "2", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "note: triton is required but was skipped: counted as a failure" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1] == "FAIL: required rows that failed: triton"
