@@ -560,7 +560,8 @@ class Trainer:
         self.device_type = self.device.split(":")[0]
         self.dtype = resolve_dtype(cfg.dtype, self.device_type)
         if self.device_type == "cuda":
-            torch.cuda.set_device(self.device)
+            if torch.device(self.device).index is not None:  # 'cuda' alone is the current device already
+                torch.cuda.set_device(self.device)
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
             torch.cuda.reset_peak_memory_stats(self.device)
