@@ -70,15 +70,11 @@ class _LayerNormFunction(torch.autograd.Function):
         xhat, rstd, weight = ctx.saved_tensors
         C = xhat.shape[-1]
         dy = dy.to(xhat.dtype)  # [..., C]
-        dx = dweight = dbias = None
-        if ctx.needs_input_grad[0]:
-            g = dy * weight  # [..., C]
-            proj = (g * xhat).sum(-1, keepdim=True) / (C - ctx.correction)  # [..., 1]
-            dx = (rstd * (g - g.mean(-1, keepdim=True) - xhat * proj)).to(ctx.x_dtype)
-        if ctx.needs_input_grad[1]:
-            dweight = (dy * xhat).reshape(-1, C).sum(0).to(weight.dtype)  # [C]
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            dbias = dy.reshape(-1, C).sum(0).to(weight.dtype)  # [C]
+        g = dy * weight  # [..., C]
+        proj = (g * xhat).sum(-1, keepdim=True) / (C - ctx.correction)  # [..., 1]
+        dx = (rstd * (g - g.mean(-1, keepdim=True) - xhat * proj)).to(ctx.x_dtype)  # [..., C]
+        dweight = (dy * xhat).reshape(-1, C).sum(0).to(weight.dtype)  # [C]
+        dbias = dy.reshape(-1, C).sum(0).to(weight.dtype) if ctx.has_bias else None  # [C]
         return dx, dweight, dbias, None, None
 
 

@@ -27,8 +27,8 @@
 #   train_report      10 s  both runs' ms/iter (median, warmup and evals left out), tokens/s, val loss
 #   swap_norms        15 s  the triton run's checkpoint sampled greedily with triton, builtin and custom
 #   bench_layernorm   60 s  bench/bench_layernorm.py: bf16 and fp32, C 768..8192, the device's copy bandwidth
-#   overhead          10 s  bench/triton_overhead.py: Python-side cost per call, Triton against F.layer_norm
-#   tests             90 s  pytest tests/test_layernorm*.py on the GPU (SIGINT at the limit: pytest still reports)
+#   overhead          20 s  bench/triton_overhead.py: Python-side cost per call, Triton against F.layer_norm
+#   tests             80 s  pytest tests/test_layernorm*.py on the GPU (SIGINT at the limit: pytest still reports)
 #   report            15 s  summary.md, results.json, gpu_results.tar.gz (reserved: always runs)
 #                   -----
 #                    470 s
@@ -96,7 +96,7 @@ else
     BUILTIN_RUN=(--max_iters=500 --lr_decay_iters=5000)
     CHECK_SHAPES="32768x768,8192x4096,4096x8192"
     BENCH_LN=(--device cuda)
-    OVERHEAD=(--device cuda)
+    OVERHEAD=(--device cuda --calls 300 --repeats 3)
     TESTS=(tests/test_layernorm.py tests/test_layernorm_triton.py)
     # pytest-xdist, where installed, compiles the tests' ~100 kernel variants on several cores at once
     "$PY" -c "import xdist" 2>/dev/null && TESTS+=(-n 8)
@@ -104,7 +104,7 @@ else
     SCALE=1
 fi
 declare -A SHARE=([info]=10 [data]=10 [triton_check]=45 [train_triton]=170 [train_builtin]=35 [train_report]=10 [swap_norms]=15
-                  [bench_layernorm]=60 [overhead]=10 [tests]=90)
+                  [bench_layernorm]=60 [overhead]=20 [tests]=80)
 REPORT_SHARE=15
 DATA_DIR=$WORK/data
 export PYTHONUNBUFFERED=1

@@ -193,7 +193,7 @@ def test_hand_backward_matches_autograd_through_the_formula_with_correction():
             torch.testing.assert_close(gr, gr_ref, rtol=1e-10, atol=1e-10)
 
 
-def test_only_requested_gradients_are_computed():
+def test_gradient_of_the_weight_alone():
     x, w, b, dy = make_inputs((4,), 16)
     w.requires_grad_()
     y = layer_norm(x, w, b)  # x and b do not require grad
@@ -256,8 +256,9 @@ def test_constant_row_gives_exactly_bias(impl, C):
     for value in (0.0, 3.7, -1234.5678, 1e4 / 3):
         x = torch.full((2, C), value, device=w.device)
         y = run_impl(impl, x, w, b)
-        if impl == "builtin" and y.is_cuda:  # PyTorch's GPU kernel is its own business: no NaN, close
-            torch.testing.assert_close(y, b.expand(2, C), rtol=1e-5, atol=1e-5)
+        if impl == "builtin" and y.is_cuda:  # PyTorch's GPU kernel is its own business: no NaN, close (its error
+            # was 2.2e-4 at C=3000 on an H200, torch 2.11: its variance of a constant row is not exactly 0)
+            torch.testing.assert_close(y, b.expand(2, C), rtol=0, atol=1e-3)
         else:  # ours subtract the row's first element first: a constant row is exactly 0 before scaling
             assert torch.equal(y, b.expand(2, C)), (value, (y - b).abs().max())
 
