@@ -1,10 +1,11 @@
-"""Checkpoints: written atomically, read without unpickling code, and every failure explained.
+"""Checkpoints: what they hold, written atomically, read without unpickling code, every failure explained, and
+the checks and the state that let train.py resume a run exactly.
 
-A checkpoint is one dict saved with torch.save:
+A checkpoint is one dict saved with torch.save (see training_checkpoint):
 
     {"format": FORMAT, "model": state_dict, "model_args": asdict(GPTConfig), "optimizer": state_dict,
      "iter_num": int, "best_val_loss": float, "config": {train options}, "tokenizer": {see tokenizer.py},
-     "rng": {...}}
+     "rng": {torch, python, numpy, data (the position in the data stream), cuda}, "scaler": state_dict (float16)}
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
 without running any pickled code.
@@ -12,13 +13,16 @@ without running any pickled code.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import random
 import tempfile
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+import numpy as np
 import torch
 
 from model import GPT, GPTConfig
@@ -27,10 +31,27 @@ FORMAT = "layernorm-gpt/1"
 # The LayerNorm implementations compute the same function from the same parameters, so a checkpoint trained with
 # one can be run with any other. RMSNorm and BatchNorm compute other functions (BatchNorm also has buffers).
 INTERCHANGEABLE_NORMS = ("custom", "builtin", "triton")
+# model_args that fix the shape of the model (and so of its weights): dropout and an interchangeable norm may change
+# on resume, these may not.
+MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+RESUME_KEYS = ("model", "model_args", "optimizer", "iter_num", "best_val_loss", "config", "rng")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, damaged, or does not fit what it is asked to do."""
+
+
+def make_out_dir(path: str | os.PathLike) -> None:
+    """Create the folder for ckpt.pt (and its parents) now, so that a path that can't be one fails before training."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"out_dir {str(out)!r} is a file, not a folder: give a folder for ckpt.pt and metrics")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(
+            f"out_dir {str(out)!r} cannot be created ({e.strerror or e}): give a folder you can write to"
+        ) from None
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
@@ -138,3 +159,119 @@ def _strip_wrappers(key: str) -> str:
 
 def _key_mismatch(expected: dict[str, Any], found: dict[str, Any]) -> tuple[list[str], list[str]]:
     return sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+
+
+# ---- resuming a training run ----
+
+
+def training_checkpoint(*, model: torch.nn.Module, model_args: dict[str, Any], optimizer: torch.optim.Optimizer,
+                        scaler: torch.amp.GradScaler, iter_num: int, best_val_loss: float, config: dict[str, Any],
+                        tokenizer: dict[str, Any] | None, data_gen: torch.Generator) -> dict[str, Any]:
+    """The whole state of a run after `iter_num` iterations: enough to go on as if it had never stopped."""
+    ckpt = {"format": FORMAT, "model": model.state_dict(), "model_args": model_args,
+            "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
+            "config": config, "tokenizer": tokenizer, "rng": rng_state(data_gen)}
+    if scaler.is_enabled():
+        ckpt["scaler"] = scaler.state_dict()
+    return ckpt
+
+
+def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
+    """<out_dir>/ckpt.pt, with every entry a resume needs; CheckpointError otherwise."""
+    path = Path(out_dir) / "ckpt.pt"
+    ckpt = load_checkpoint(path, map_location="cpu")
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path} cannot be resumed: it has no {', '.join(missing)} "
+                              f"(it was not written by train.py, or by an older version)")
+    return ckpt
+
+
+def check_resumable(ckpt: dict[str, Any], explicit: dict[str, Any], vocab_size: int,
+                    tokenizer: dict[str, Any] | None, path: Path) -> None:
+    """The model asked for must be the checkpoint's: same shape, same vocabulary; else CheckpointError naming the
+    keys. Only options given explicitly (config file or flags) are compared; the others come from the checkpoint."""
+    saved = ckpt["model_args"]
+    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
+    wanted["vocab_size"] = vocab_size  # (a change of norm is model_from_checkpoint's to judge)
+    diffs = config_mismatch(saved, wanted)
+    if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
+        diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume from {path}: it does not match what was asked for (checkpoint -> asked): "
+            f"{'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
+            f"or give another --out_dir to start a new run"
+        )
+
+
+def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                           data_gen: torch.Generator, path: Path) -> tuple[int, float]:
+    """Load the optimizer, the scaler and every RNG state from `ckpt`; return (iter_num, best_val_loss)."""
+    try:
+        # The saved moments and step counts; betas and weight decay as configured now (the same unless given
+        # explicitly); the learning rate is set at every iteration.
+        wanted = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
+        optimizer.load_state_dict(ckpt["optimizer"])
+        for group, (betas, weight_decay) in zip(optimizer.param_groups, wanted, strict=True):
+            group["betas"], group["weight_decay"] = betas, weight_decay
+        if scaler.is_enabled() and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        set_rng_state(ckpt["rng"], data_gen)
+        return int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"{path} cannot be resumed: its optimizer or RNG state does not fit "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
+
+
+def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
+    """Every random state the run depends on, as tensors and plain data (loadable with weights_only=True)."""
+    np_state = np.random.get_state(legacy=False)
+    np_state["state"]["key"] = np_state["state"]["key"].tolist()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np_state,
+             "data": data_gen.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], data_gen: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        {**np_state, "state": {**np_state["state"], "key": np.array(np_state["state"]["key"], dtype=np.uint32)}}
+    )
+    data_gen.set_state(state["data"].cpu())
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> TextIO:
+    """metrics.jsonl (one JSON record per line), open for appending: afresh, or as it is (append=True), or on a
+    resume from a checkpoint after `resumed_at` iterations, with what describes the run up to that checkpoint.
+
+    On resume, records of iterations at or after the checkpoint (the tail a killed run wrote after its last
+    checkpoint) and a line cut short by a kill are dropped: the file then reads as one uninterrupted run.
+    """
+    if not append:
+        _trim_metrics(path, resumed_at)
+    return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+
+
+def _trim_metrics(path: Path, iter_num: int | None) -> None:
+    kept = []
+    lines = path.read_text(encoding="utf-8").splitlines() if iter_num is not None and path.exists() else []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        it = rec.get("iter")
+        if it is None or it < iter_num or (rec.get("kind") == "eval" and it == iter_num):
+            kept.append(line + "\n")
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,10 +1,19 @@
-"""Where a run computes: the device (--device), the autocast dtype (--dtype) and this process's place among
-torchrun's processes. train.py, sample.py and batch_independence.py all choose their device here, by one rule."""
+"""Where a run computes: the device (--device), the autocast dtype (--dtype), and this process's place among
+torchrun's processes with their process group. train.py, sample.py and batch_independence.py all choose their
+device here, by one rule."""
 
 from __future__ import annotations
 
 import os
+import resource
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,6 +37,12 @@ class Dist:
     @property
     def master(self) -> bool:
         return self.rank == 0
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` over every process, in place (one process: `t` as it is)."""
+        if self.enabled:
+            torch.distributed.all_reduce(t)
+        return t
 
 
 def dist_from_env() -> Dist:
@@ -78,3 +93,78 @@ def resolve_dtype(name: str, device_type: str) -> str:
     if name == "bfloat16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise DeviceError("dtype='bfloat16' is not supported by this GPU; use --dtype=float16 or --dtype=float32")
     return name
+
+
+@contextmanager
+def use_device(device: str, dist: Dist) -> Iterator[None]:
+    """Compute on `device` for the duration, joined to torchrun's other processes (nccl on CUDA, gloo on the CPU).
+
+    On CUDA the device becomes this process's current one, TF32 matmuls are allowed and peak memory is counted
+    from here.
+    """
+    if device.startswith("cuda"):
+        if torch.device(device).index is not None:  # 'cuda' alone is the current device already (and torch 2.11
+            torch.cuda.set_device(device)  # refuses to set it)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.cuda.reset_peak_memory_stats(device)
+    if not dist.enabled:
+        yield
+        return
+    torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+class StopRequest:
+    """SIGINT and SIGTERM while a run trains (a `with` block; in the main thread, the only one that may catch them).
+
+    The first signal only sets `signum`: the run finishes its iteration, saves a checkpoint and exits. A second
+    one within a second is the same request (torchrun forwards the terminal's Ctrl-C to processes that already
+    got it); a later one raises KeyboardInterrupt: stop now, without saving.
+    """
+
+    def __init__(self, announce: bool) -> None:
+        self.announce = announce  # say so on stderr (one process of several is enough)
+        self.signum: int | None = None
+        self._time = 0.0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if self.signum is not None:
+            if now - self._time < 1.0:
+                return
+            signal.signal(signum, signal.SIG_DFL)
+            raise KeyboardInterrupt
+        self.signum, self._time = signum, now
+        if self.announce:
+            os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
+
+
+def autocast(device: str, dtype: str) -> AbstractContextManager[Any]:
+    """Mixed precision in `dtype` on `device` (a resolve_dtype name); float32 runs as it is."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.split(":")[0], dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
+
+
+def peak_memory_bytes(device: str) -> int:
+    """CUDA: peak allocated by tensors. MPS: driver memory now. CPU: the process's peak resident set."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated(device))
+    if device == "mps" and hasattr(torch.mps, "driver_allocated_memory"):
+        return int(torch.mps.driver_allocated_memory())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, kB on Linux

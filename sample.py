@@ -16,7 +16,6 @@ each followed by a line of dashes. Errors are one line, "error: ...", and a non-
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -26,10 +25,10 @@ from typing import NoReturn
 import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from device import DeviceError, autocast, resolve_device, resolve_dtype
 from layernorm import NORMS, check_triton_device
 from model import GPT
 from tokenizer import tokenizer_from_meta
-from train import ConfigError, Dist, resolve_device
 
 SEPARATOR = "-" * 40
 
@@ -67,11 +66,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def pick_device(name: str) -> str:
-    """'auto' -> cuda, then mps, then cpu; an explicit device must exist here (train.py's rule)."""
+    """'auto' -> cuda, then mps, then cpu; an explicit device must exist here (train.py's rule, device.py)."""
     try:
-        return resolve_device(name, Dist())
-    except ConfigError as e:
+        return resolve_device(name)
+    except DeviceError as e:
         fail(f"--device: {e}")
+
 
 def read_prompt(start: str) -> str:
     """The prompt text: `start` itself, or the contents of the file named after 'FILE:'."""
@@ -141,15 +141,10 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     restrict_to_vocab(model, tokenizer.vocab_size)
 
     torch.manual_seed(args.seed)  # seeds every device's generator
-    device_type = device.split(":")[0]
-    autocast = (
-        torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        if device_type == "cuda" and torch.cuda.is_bf16_supported()
-        else contextlib.nullcontext()
-    )
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
     samples = []
-    with torch.no_grad(), autocast:
+    # bfloat16 autocast on a GPU that has it, as train.py's dtype=auto
+    with torch.no_grad(), autocast(device, resolve_dtype("auto", device.split(":")[0])):
         for _ in range(args.num_samples):
             y = model.generate(
                 x,

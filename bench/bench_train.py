@@ -108,18 +108,12 @@ def resolve_device(device: str) -> str:
 
 
 def train_defaults() -> dict[str, Any]:
-    """Our train.py's defaults (its options dataclass), for keys a config file leaves out."""
+    """Our train.py's defaults (options.TrainConfig), for keys a config file leaves out."""
     import dataclasses
 
-    import train
+    from options import TrainConfig
 
-    for obj in vars(train).values():
-        if dataclasses.is_dataclass(obj) and isinstance(obj, type):
-            names = {f.name for f in dataclasses.fields(obj)}
-            if {"n_layer", "batch_size", "max_iters"} <= names:
-                return {f.name: f.default for f in dataclasses.fields(obj)
-                        if f.default is not dataclasses.MISSING}
-    raise SystemExit("could not find train.py's options dataclass (one with n_layer, batch_size and max_iters)")
+    return dataclasses.asdict(TrainConfig())
 
 
 def size_settings(size: str, overrides: dict[str, Any], defaults: dict[str, Any] | None) -> dict[str, Any]:
@@ -251,7 +245,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     overrides = parse_overrides(args.set)
     try:
         defaults = train_defaults()
-    except (ImportError, SystemExit) as e:  # the config files should hold every shape key anyway
+    except ImportError as e:  # the config files should hold every shape key anyway
         print(f"note: train.py's defaults unavailable ({e}); using the config files only")
         defaults = None
     sizes = [s for s in args.sizes.split(",") if s] if args.sizes else list(SIZES)

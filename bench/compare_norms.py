@@ -70,9 +70,9 @@ STARTUP_S = 5.0
 
 def available_norms() -> tuple[str, ...]:
     """The norms train.py accepts: layernorm.NORMS and "none"."""
-    import train
+    from options import VALID_NORMS
 
-    return train.valid_norms()
+    return VALID_NORMS
 
 
 def plan_norms(args: argparse.Namespace, device: str) -> tuple[list[str], dict[str, str]]:

@@ -1,11 +1,12 @@
-"""Shared logic of the ``data/*/prepare.py`` scripts: find the text, check it, split 90/10, tokenize, write.
+"""The prepared-data format, written by the ``data/*/prepare.py`` scripts (find the text, check it, split 90/10,
+tokenize, write) and read back by train.py through ``PreparedData``.
 
-Each dataset folder ends up with ``train.bin`` and ``val.bin`` (flat ``np.uint16`` token ids, read by train.py)
-and ``meta.json``::
+Each dataset folder ends up with ``train.bin`` and ``val.bin`` (flat ``np.uint16`` token ids) and ``meta.json``::
 
     {"vocab_size": int, "tokenizer": {...tokenizer.py meta...}, "train_tokens": int, "val_tokens": int}
 
-Bad input stops with ``SystemExit("error: ...")``: a one-line message, exit status 1, no traceback.
+Bad input to a prepare script stops with ``SystemExit("error: ...")``: a one-line message, exit status 1, no
+traceback. A dataset train.py cannot use raises ``DataError`` with a message that says how to prepare it.
 """
 
 from __future__ import annotations
@@ -213,3 +214,77 @@ def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_f
     sys.stdout.flush()
     return {"out_dir": str(out_dir), "source": source, "vocab_size": tok.vocab_size, "train_tokens": n_train,
             "val_tokens": n_val}
+
+
+# ---- reading it back (train.py) ----
+
+
+class DataError(RuntimeError):
+    """A prepared dataset that is missing or unusable; the message says how to prepare it."""
+
+
+class PreparedData:
+    """train.bin / val.bin and meta.json of one prepared dataset: data_dir, else data/<dataset>/.
+
+    Windows are read with one os.pread each: nothing of the files stays mapped in the process (a memmap kept open
+    would keep every page it touched resident, and opening one per batch, as nanoGPT does, costs ~4x more).
+    Where os.pread does not exist (Windows), a memmap is opened per batch.
+    """
+
+    def __init__(self, data_dir: str | None, dataset: str, block_size: int) -> None:
+        self.dir = Path(data_dir) if data_dir else ROOT / "data" / dataset
+        self.block_size = block_size
+        prepare = ROOT / "data" / dataset / "prepare.py"
+        if prepare.is_file():
+            out_dir = "" if self.dir == ROOT / "data" / dataset else f" --out_dir {self.dir}"
+            how = f"run `python {prepare.relative_to(ROOT)}{out_dir}` first"
+        else:
+            how = "write train.bin, val.bin (np.uint16 token ids) and meta.json there (see data/README.md)"
+        for name in ("train.bin", "val.bin", "meta.json"):
+            if not (self.dir / name).is_file():
+                raise DataError(f"no {name} in {self.dir} (dataset {dataset!r}): {how}")
+        try:
+            self.meta = json.loads((self.dir / "meta.json").read_text(encoding="utf-8"))
+            self.vocab_size = int(self.meta["vocab_size"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{self.dir / 'meta.json'} is unreadable or has no vocab_size ({e}): {how}") from None
+        self.tokens = {s: (self.dir / f"{s}.bin").stat().st_size // 2 for s in ("train", "val")}
+        for split, n in self.tokens.items():
+            if n <= block_size:
+                raise DataError(
+                    f"{split}.bin in {self.dir} has {n} tokens but block_size is {block_size}: a window needs "
+                    f"block_size + 1 = {block_size + 1} tokens (input and shifted target); use more text or a "
+                    f"smaller --block_size"
+                )
+        self._paths = {s: str(self.dir / f"{s}.bin") for s in ("train", "val")}
+        self._fds: dict[str, int] | None = {} if hasattr(os, "pread") else None  # opened at first use
+
+    def close(self) -> None:
+        for fd in (self._fds or {}).values():
+            os.close(fd)
+        if self._fds:
+            self._fds = {}
+
+    def num_starts(self, split: str) -> int:
+        """How many window start positions the split has (0 .. n - block_size - 1)."""
+        return self.tokens[split] - self.block_size
+
+    def get(self, split: str, starts: Any, device: str) -> tuple[Any, Any]:
+        """Windows at `starts` (an int tensor of any shape S) -> inputs and targets [*S, block_size] on `device`."""
+        import torch  # only here: the prepare scripts never need it
+
+        if self._fds is None:
+            data = np.memmap(self._paths[split], dtype=np.uint16, mode="r")
+            windows = data[starts.numpy()[..., None] + np.arange(self.block_size + 1)]  # one gather
+        else:
+            fd = self._fds.get(split)
+            if fd is None:
+                fd = self._fds[split] = os.open(self._paths[split], os.O_RDONLY)
+            nbytes = 2 * (self.block_size + 1)
+            raw = b"".join([os.pread(fd, nbytes, 2 * i) for i in starts.view(-1).tolist()])
+            windows = np.frombuffer(raw, dtype=np.uint16).reshape(*starts.shape, self.block_size + 1)
+        x = torch.from_numpy(windows[..., :-1].astype(np.int64))
+        y = torch.from_numpy(windows[..., 1:].astype(np.int64))
+        if device.startswith("cuda"):  # from pinned memory the copy runs while the GPU works
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x.to(device), y.to(device)

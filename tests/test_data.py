@@ -246,3 +246,23 @@ def test_char_tokenizer_does_not_import_tiktoken() -> None:
 def test_split_text_matches_nanogpt() -> None:
     assert split_text("abcdefghij") == ("abcdefghi", "j")
     assert split_text("x" * 1_115_394)[0] == "x" * 1_003_854
+
+
+def test_batches_are_windows_of_the_file(tmp_path: Path) -> None:
+    import torch
+
+    from data.common import PreparedData
+    from helpers import make_dataset
+
+    data_dir = make_dataset(tmp_path / "data")
+    data = PreparedData(str(data_dir), "tiny", block_size=16)
+    starts = torch.randint(data.num_starts("train"), (3, 4), generator=torch.Generator().manual_seed(0))
+    x, y = data.get("train", starts, "cpu")
+    ids = np.fromfile(data_dir / "train.bin", dtype=np.uint16).astype(np.int64)
+    assert x.shape == y.shape == (3, 4, 16) and x.dtype == torch.int64
+    for (i, j), s in np.ndenumerate(starts.numpy()):
+        assert x[i, j].tolist() == ids[s : s + 16].tolist() and y[i, j].tolist() == ids[s + 1 : s + 17].tolist()
+    data.close()
+    data._fds = None  # the np.memmap path, used where os.pread does not exist
+    x2, y2 = data.get("train", starts, "cpu")
+    assert torch.equal(x, x2) and torch.equal(y, y2)

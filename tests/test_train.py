@@ -1,88 +1,25 @@
 """train.py: options and their errors, data errors, learning, checkpoints, exact resume, incompatible checkpoints.
 
-Tiny models (2 layers, 32 wide, block 16, batch 4) on a tiny character dataset written by `make_dataset`, so the
-whole file runs in well under a minute. The helpers here are shared by the other tests/test_train_*.py files.
-Runs use one CPU thread (in-process and in subprocesses): with several engineers' processes on two cores, torch's
-multi-threaded kernels slow down badly, and one thread keeps results identical between processes.
+Tiny runs (tests/helpers.py) on a tiny character dataset, so the whole file runs in well under a minute.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
+import options
 import train
-from checkpoint import FORMAT, load_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = "the quick brown fox jumps over the lazy dog; a stitch in time saves nine.\n" * 200
-VOCAB = len(set(TEXT))  # 30
-TINY = [
-    "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-    "--log_interval=1", "--warmup_iters=2", "--lr_decay_iters=40", "--sample_at_end=False", "--device=cpu",
-]
-
-
-# ---- helpers shared with the other test_train_*.py files ----
-
-
-def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> Path:
-    """A character-level dataset in the data/<name>/ format: train.bin, val.bin (uint16), meta.json."""
-    folder.mkdir(parents=True, exist_ok=True)
-    chars = sorted(set(text))
-    ids = np.array([chars.index(c) for c in text], dtype=np.uint16)
-    n = len(ids) - int(len(ids) * val_fraction)
-    ids[:n].tofile(folder / "train.bin")
-    ids[n:].tofile(folder / "val.bin")
-    meta = {"vocab_size": len(chars), "tokenizer": {"kind": "char", "itos": chars},
-            "train_tokens": n, "val_tokens": len(ids) - n}
-    (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-    return folder
-
-
-def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
-    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY, *extra]
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != train.INJECT_NAN_ENV}
-    return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra}
-
-
-def run_cli(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-    """`python train.py ARGS` from the repository root."""
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=ROOT, env=subprocess_env(**env), capture_output=True, text=True,
-        timeout=timeout,
-    )
-
-
-def records(out_dir: Path, kind: str) -> list[dict]:
-    lines = (out_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
-
-
-def train_losses(out_dir: Path) -> dict[int, float]:
-    return {r["iter"]: r["loss"] for r in records(out_dir, "train")}
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    err = proc.stderr.strip()
-    assert "Traceback" not in err, err
-    assert len(err.splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
-
+from checkpoint import FORMAT, CheckpointError, load_checkpoint
+from data.common import DataError
+from helpers import ROOT, TEXT, VOCAB, assert_one_line_error, make_dataset, records, run_cli, tiny_args, train_losses
 
 # ---- fixtures ----
 
@@ -110,10 +47,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]
 def test_help_lists_every_option_with_its_default() -> None:
     proc = run_cli(["--help"])
     assert proc.returncode == 0, proc.stderr
-    for f in train.fields(train.TrainConfig):
+    for f in fields(options.TrainConfig):
         assert f"--{f.name}={f.default}" in proc.stdout, f.name
         assert f.metadata["help"] in proc.stdout
-    for norm in train.valid_norms():
+    for norm in options.VALID_NORMS:
         assert norm in proc.stdout
 
 
@@ -126,7 +63,7 @@ def test_unknown_flag_is_named_with_a_close_match_and_the_valid_options() -> Non
 def test_unknown_key_in_config_file(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.json"
     cfg.write_text(json.dumps({"n_layer": 2, "learnig_rate": 1e-3}))
-    with pytest.raises(train.ConfigError, match=r"unknown option 'learnig_rate' \(in .*bad.json\).*'learning_rate'"):
+    with pytest.raises(options.ConfigError, match=r"unknown option 'learnig_rate' \(in .*bad.json\).*'learning_rate'"):
         train.main([str(cfg)])
 
 
@@ -141,7 +78,7 @@ def test_unknown_key_in_config_file(tmp_path: Path) -> None:
     ],
 )
 def test_wrong_type_on_command_line(arg: str, needles: list[str]) -> None:
-    with pytest.raises(train.ConfigError) as e:
+    with pytest.raises(options.ConfigError) as e:
         train.main([arg])
     for needle in needles:
         assert needle in str(e.value)
@@ -163,7 +100,7 @@ def test_wrong_type_exits_2_with_one_line() -> None:
 def test_wrong_type_in_config_file(tmp_path: Path, content: dict, needles: list[str]) -> None:
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps(content))
-    with pytest.raises(train.ConfigError) as e:
+    with pytest.raises(options.ConfigError) as e:
         train.main([str(cfg)])
     for needle in needles + [str(cfg)]:
         assert needle in str(e.value)
@@ -172,35 +109,33 @@ def test_wrong_type_in_config_file(tmp_path: Path, content: dict, needles: list[
 def test_config_file_that_is_not_json_or_missing(tmp_path: Path) -> None:
     bad = tmp_path / "c.json"
     bad.write_text("{n_layer: 2}")
-    with pytest.raises(train.ConfigError, match="not valid JSON"):
+    with pytest.raises(options.ConfigError, match="not valid JSON"):
         train.main([str(bad)])
-    with pytest.raises(train.ConfigError, match="not found"):
+    with pytest.raises(options.ConfigError, match="not found"):
         train.main([str(tmp_path / "nope.json")])
 
 
 @pytest.mark.parametrize(("text", "value"), [("True", True), ("true", True), ("1", True),
                                              ("False", False), ("false", False), ("0", False)])
 def test_bool_values(text: str, value: bool) -> None:
-    _, explicit = train.parse_args([f"--compile={text}"])
-    assert explicit == {"compile": value}
+    assert options.parse_args([f"--compile={text}"]) == {"compile": value}
 
 
 def test_flags_override_the_config_file_which_overrides_defaults(tmp_path: Path) -> None:
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"n_layer": 3, "n_embd": 64, "learning_rate": 1}))
-    _, explicit = train.parse_args([str(cfg), "--n_layer=5", "--data-dir=x"])
-    config = train.build_config(explicit)
+    config = options.build_config(options.parse_args([str(cfg), "--n_layer=5", "--data-dir=x"]))
     assert (config.n_layer, config.n_embd, config.learning_rate, config.data_dir) == (5, 64, 1.0, "x")
-    assert config.batch_size == train.TrainConfig().batch_size
+    assert config.batch_size == options.TrainConfig().batch_size
     assert isinstance(config.learning_rate, float)
 
 
 def test_unknown_norm_lists_the_valid_ones() -> None:
-    with pytest.raises(train.ConfigError) as e:
+    with pytest.raises(options.ConfigError) as e:
         train.main(["--norm=layernorm"])
     msg = str(e.value)
     assert "norm='layernorm'" in msg
-    for name in train.valid_norms():
+    for name in options.VALID_NORMS:
         assert name in msg
 
 
@@ -217,19 +152,46 @@ def test_unknown_norm_lists_the_valid_ones() -> None:
     ],
 )
 def test_out_of_range_values(args: list[str], needle: str) -> None:
-    with pytest.raises(train.ConfigError) as e:
+    with pytest.raises(train.OPTION_ERRORS) as e:
         train.main(args)
     assert needle in str(e.value)
+
+
+def test_the_models_own_checks_are_one_line_errors() -> None:
+    """GPTConfig checks the model's sizes itself; train.py reports its error as a bad option, before any data."""
+    proc = run_cli(["--n_embd=30", "--n_head=4", "--data_dir=/nonexistent"])
+    assert_one_line_error(proc, 2, "error: n_embd (30) must be divisible by n_head (4)")
+    assert_one_line_error(run_cli(["--n_layer=0"]), 2, "n_layer must be a positive integer, got 0")
+
+
+def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(tmp_path: Path) -> None:
+    proc = run_cli([f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--norm=triton"], drop=("TRITON_INTERPRET",))
+    assert_one_line_error(proc, 2, "error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1",
+                          "'builtin'")
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, data_dir: Path) -> None:
+    (tmp_path / "taken").write_text("not a folder")
+    proc = run_cli(tiny_args(data_dir, tmp_path / "taken", "--max_iters=1"))
+    assert_one_line_error(proc, 1, f"error: out_dir '{tmp_path / 'taken'}' is a file, not a folder")
+    assert (tmp_path / "taken").read_text() == "not a folder"
+
+
+def test_out_dir_that_cannot_be_created_is_a_one_line_error(tmp_path: Path, data_dir: Path) -> None:
+    proc = run_cli(tiny_args(data_dir, Path("/proc/x"), "--max_iters=1"))
+    assert_one_line_error(proc, 1, "error: out_dir '/proc/x' cannot be created (No such file or directory)")
+    (tmp_path / "file").write_text("")
+    proc = run_cli(tiny_args(data_dir, tmp_path / "file" / "out", "--max_iters=1"))
+    assert_one_line_error(proc, 1, "cannot be created (Not a directory)")
 
 
 def test_shipped_configs_are_valid() -> None:
     configs = sorted((ROOT / "configs").glob("*.json"))
     assert {p.stem for p in configs} >= {"shakespeare_char_cpu", "shakespeare_char", "shakespeare"}
     for path in configs:
-        _, explicit = train.parse_args([str(path)])
-        train.build_config(explicit)
-    _, explicit = train.parse_args([str(ROOT / "configs/shakespeare_char_cpu.json")])
-    cpu = train.build_config(explicit)
+        options.build_config(options.parse_args([str(path)]))
+    cpu = options.build_config(options.parse_args([str(ROOT / "configs/shakespeare_char_cpu.json")]))
     assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size, cpu.max_iters) == (
         4, 4, 128, 64, 12, 2000)
     assert (cpu.dropout, cpu.compile, cpu.lr_decay_iters) == (0.0, False, 2000)
@@ -246,7 +208,7 @@ def test_missing_data_says_how_to_prepare_it(tmp_path: Path) -> None:
 
 def test_data_shorter_than_a_block_is_refused(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "d", text="abcdefghij" * 10, val_fraction=0.1)  # val.bin: 10 tokens
-    with pytest.raises(train.TrainError) as e:
+    with pytest.raises(DataError) as e:
         train.main(tiny_args(data, tmp_path / "out"))
     assert "val.bin" in str(e.value) and "has 10 tokens but block_size is 16" in str(e.value)
     assert "--block_size" in str(e.value)
@@ -321,7 +283,7 @@ def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_di
     assert again["final_val_loss"] == rarely["final_val_loss"]
 
 
-@pytest.mark.parametrize("norm", [n for n in ("custom", "rmsnorm", "batchnorm", "none") if n in train.valid_norms()])
+@pytest.mark.parametrize("norm", ["custom", "rmsnorm", "batchnorm", "none"])
 def test_every_norm_trains_and_resumes(tmp_path: Path, data_dir: Path, norm: str) -> None:
     args = tiny_args(data_dir, tmp_path / "out", f"--norm={norm}", "--eval_interval=3")
     train.main(args + ["--max_iters=3"])
@@ -359,23 +321,30 @@ def test_truncated_checkpoint_is_a_clear_error(trained: tuple[Path, Path, dict],
 
 
 def test_missing_checkpoint_on_resume(tmp_path: Path) -> None:
-    with pytest.raises(train.CheckpointError, match="no checkpoint at"):
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
         train.main([f"--out_dir={tmp_path}", "--init_from=resume"])
 
 
 def test_checkpoint_of_another_model_size(trained: tuple[Path, Path, dict]) -> None:
     data, out, _ = trained
-    with pytest.raises(train.TrainError) as e:
+    with pytest.raises(CheckpointError) as e:
         train.main([f"--out_dir={out}", "--init_from=resume", "--n_layer=3", "--n_embd=64", "--max_iters=13"])
     msg = str(e.value)
     assert "n_layer: 2 -> 3" in msg and "n_embd: 32 -> 64" in msg and "n_head" not in msg
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12  # untouched
 
 
+def test_checkpoint_resumed_with_a_norm_that_computes_another_function(trained: tuple[Path, Path, dict]) -> None:
+    _, out, _ = trained
+    with pytest.raises(CheckpointError, match="trained with norm='builtin'.*but not with 'rmsnorm'"):
+        train.main([f"--out_dir={out}", "--init_from=resume", "--norm=rmsnorm", "--max_iters=13"])
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12  # untouched
+
+
 def test_checkpoint_with_another_vocabulary(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
     _, out, _ = trained
     other = make_dataset(tmp_path / "other", text="ABCDEFGH abcdefgh\n" * 200)
-    with pytest.raises(train.TrainError) as e:
+    with pytest.raises(CheckpointError) as e:
         train.main([f"--out_dir={out}", "--init_from=resume", f"--data_dir={other}", "--max_iters=13"])
     assert f"vocab_size: {VOCAB} -> 18" in str(e.value) and "tokenizer" in str(e.value)
 
@@ -389,20 +358,6 @@ def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, da
     assert load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == summary["iters"]
 
 
-def test_batches_are_windows_of_the_file(data_dir: Path) -> None:
-    data = train.Data(data_dir, "tiny", block_size=16, device="cpu")
-    starts = torch.randint(data.num_starts("train"), (3, 4), generator=torch.Generator().manual_seed(0))
-    x, y = data.get("train", starts)
-    ids = np.fromfile(data_dir / "train.bin", dtype=np.uint16).astype(np.int64)
-    assert x.shape == y.shape == (3, 4, 16) and x.dtype == torch.int64
-    for (i, j), s in np.ndenumerate(starts.numpy()):
-        assert x[i, j].tolist() == ids[s : s + 16].tolist() and y[i, j].tolist() == ids[s + 1 : s + 17].tolist()
-    data.close()
-    data._fds = None  # the np.memmap path, used where os.pread does not exist
-    x2, y2 = data.get("train", starts)
-    assert torch.equal(x, x2) and torch.equal(y, y2)
-
-
 def test_checkpoint_whose_optimizer_state_does_not_fit(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
     from checkpoint import save_checkpoint
 
@@ -410,5 +365,5 @@ def test_checkpoint_whose_optimizer_state_does_not_fit(trained: tuple[Path, Path
     ckpt = load_checkpoint(out / "ckpt.pt")
     ckpt["optimizer"] = {"state": {}, "param_groups": []}
     save_checkpoint(tmp_path / "ckpt.pt", ckpt)
-    with pytest.raises(train.CheckpointError, match="cannot be resumed: its optimizer or RNG state does not fit"):
+    with pytest.raises(CheckpointError, match="cannot be resumed: its optimizer or RNG state does not fit"):
         train.main([f"--out_dir={tmp_path}", "--init_from=resume", "--max_iters=13"])

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import ROOT, make_dataset, records, subprocess_env, tiny_args, train_losses
 
 import train
 from checkpoint import load_checkpoint
+from helpers import ROOT, make_dataset, records, subprocess_env, tiny_args, train_losses
+from options import ConfigError
 
 
 def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
@@ -57,6 +58,6 @@ def test_accumulation_steps_must_divide_among_processes(monkeypatch: pytest.Monk
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(train.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         train.main(tiny_args(data, tmp_path / "out", "--gradient_accumulation_steps=3"))
     assert "gradient_accumulation_steps=3" in str(e.value) and "processes (2)" in str(e.value)

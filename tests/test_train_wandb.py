@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_train import assert_one_line_error, make_dataset, run_cli, tiny_args, train_losses
+
+from helpers import assert_one_line_error, make_dataset, run_cli, tiny_args, train_losses
 
 
 def wandb_log_records(path: Path) -> Iterator[bytes]:

@@ -1,0 +1,208 @@
+"""train.py's options: one dataclass (each option's default and meaning), a JSON config file that sets some of
+them, and `--key=value` flags that override both. Every bad value is one ConfigError naming the option."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import layernorm
+from model import GPTConfig
+
+
+class ConfigError(ValueError):
+    """A bad option: unknown, of the wrong type, out of range, or impossible on this machine (exit status 2)."""
+
+    exit_code = 2
+
+
+# layernorm.NORMS, plus "none" (no normalization at all: the baseline of bench/compare_norms.py).
+VALID_NORMS = (*layernorm.NORMS, layernorm.NO_NORM)
+
+
+def opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A TrainConfig option: its default, its one-line meaning and, for some strings, the valid values."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class TrainConfig:
+    # I/O
+    out_dir: str = opt("out", "folder for ckpt.pt and metrics.jsonl")
+    dataset: str = opt("shakespeare_char", "dataset name: its data is data/<dataset>/ unless data_dir is given")
+    data_dir: str | None = opt(None, "folder holding train.bin, val.bin and meta.json (None: data/<dataset>)")
+    init_from: str = opt("scratch", "scratch: a new model; resume: continue from <out_dir>/ckpt.pt",
+                         ("scratch", "resume"))
+    eval_interval: int = opt(250, "estimate train/val loss (and maybe checkpoint) every this many iterations")
+    log_interval: int = opt(10, "print a log line and a metrics record every this many iterations")
+    eval_iters: int = opt(200, "batches per split in each loss estimate")
+    eval_only: bool = opt(False, "estimate the losses once and exit (no training)")
+    always_save_checkpoint: bool = opt(True, "checkpoint after every evaluation; False: only when val loss improves")
+    # data
+    batch_size: int = opt(12, "sequences per micro-batch (per process)")
+    block_size: int = opt(64, "context length in tokens")
+    gradient_accumulation_steps: int = opt(1, "micro-batches per step, over all processes (divisible by their number)")
+    # model
+    n_layer: int = opt(4, "transformer blocks")
+    n_head: int = opt(4, "attention heads per block")
+    n_embd: int = opt(128, "model width (divisible by n_head)")
+    dropout: float = opt(0.0, "dropout probability, in [0, 1)")
+    bias: bool = opt(True, "bias in the Linear layers and the norms")
+    norm: str = opt("builtin", "normalization layer: a name from layernorm.NORMS, or none", VALID_NORMS)
+    # optimizer and schedule
+    learning_rate: float = opt(1e-3, "peak learning rate")
+    max_iters: int = opt(2000, "optimizer steps in the whole run")
+    weight_decay: float = opt(0.1, "AdamW weight decay (Linear weights only)")
+    beta1: float = opt(0.9, "AdamW beta1")
+    beta2: float = opt(0.99, "AdamW beta2")
+    grad_clip: float = opt(1.0, "clip the gradient norm to this; 0 disables")
+    decay_lr: bool = opt(True, "warmup then cosine decay; False: constant learning_rate")
+    warmup_iters: int = opt(100, "iterations of linear warmup")
+    lr_decay_iters: int = opt(2000, "iteration at which the cosine reaches min_lr (usually max_iters)")
+    min_lr: float = opt(1e-4, "learning rate at the end of the decay (about learning_rate / 10)")
+    # system
+    device: str = opt("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    dtype: str = opt("auto", "auto: bfloat16 autocast on CUDA where supported, else float32; float16 uses a "
+                     "GradScaler", ("auto", "float32", "bfloat16", "float16"))
+    compile: bool = opt(False, "wrap the model in torch.compile")
+    seed: int = opt(1337, "seeds the weights, dropout, the data stream and the eval batches")
+    max_wall_s: float | None = opt(None, "stop (evaluate, checkpoint) once training has run this many seconds")
+    # logging and sampling
+    wandb_log: bool = opt(False, "log to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline works)")
+    wandb_project: str = opt("layernorm-gpt", "wandb project")
+    wandb_run_name: str | None = opt(None, "wandb run name (None: <dataset>-<norm>-<time>)")
+    sample_at_end: bool = opt(True, "print a sample from the final model when training ends")
+    sample_tokens: int = opt(300, "tokens in that sample")
+
+
+TYPES = {f.name: f.type for f in fields(TrainConfig)}  # "int", "float | None", ... (annotations are strings)
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout", "norm")  # and the data's vocab_size
+# The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
+RANGES = {
+    **dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters",
+                     "lr_decay_iters"), (lambda v: v >= 1, "a positive integer")),
+    **dict.fromkeys(("max_iters", "warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr"),
+                    (lambda v: v >= 0, ">= 0")),
+    "learning_rate": (lambda v: v > 0, "> 0"),
+    "max_wall_s": (lambda v: v is None or v > 0, "> 0 or None"),
+    **dict.fromkeys(("beta1", "beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),
+}
+
+
+def _did_you_mean(word: str, names: list[str] | tuple[str, ...], form: str) -> str:
+    close = difflib.get_close_matches(word, names, n=1)
+    return form.format(close[0]) if close else ""
+
+
+def _typed(key: str, value: Any, source: str | None = None) -> Any:
+    """A flag's text (source None), or a value from a JSON `source`, as the option's type; else ConfigError."""
+    if key not in TYPES:
+        names = list(TYPES)
+        hint = _did_you_mean(key, names, " Did you mean {!r}?")
+        where = f"in {source}" if source else "on the command line"
+        raise ConfigError(f"unknown option {key!r} ({where}).{hint} Valid options: {', '.join(names)}")
+    base = {"str": str, "int": int, "float": float, "bool": bool}[TYPES[key].split(" | ")[0]]
+    optional = TYPES[key].endswith("| None")
+    expected = "bool (true/false/1/0)" if base is bool else TYPES[key].replace(" | ", " or ")
+    if source is None:
+        try:
+            if optional and value in ("None", "none", "null"):
+                return None
+            return {"true": True, "1": True, "false": False, "0": False}[value.lower()] if base is bool else base(value)
+        except (KeyError, ValueError):
+            raise ConfigError(f"--{key}={value}: expected {expected}, got {value!r}") from None
+    if (value is None and optional) or (isinstance(value, base) and isinstance(value, bool) == (base is bool)):
+        return value
+    if base is float and isinstance(value, int) and not isinstance(value, bool):  # an int is a fine float
+        return float(value)
+    raise ConfigError(f"{key}={value!r} in {source}: expected {expected}, got {type(value).__name__}")
+
+
+def usage() -> str:
+    lines = [
+        "usage: python train.py [CONFIG.json] [--key=value ...]",
+        "",
+        "Train a GPT. A JSON config file sets some options, --key=value flags override it; the rest keep their",
+        "defaults. With --init_from=resume the checkpoint's saved options are the defaults. Options (=default):",
+    ]
+    for f in fields(TrainConfig):
+        choices = f.metadata["choices"]
+        extra = f" [{'|'.join(choices)}]" if choices else ""
+        lines.append(f"{'  --' + f.name + '=' + str(f.default):<36} ({f.type}) {f.metadata['help']}{extra}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> dict[str, Any]:
+    """argv -> {key: typed value} from the config file (if one is given), then the flags; ConfigError if one is
+    bad. `--help` prints the options and raises SystemExit(0)."""
+    config_file, from_file, from_flags = None, {}, {}
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(usage())
+            raise SystemExit(0)
+        if arg.startswith("--"):
+            key, eq, text = arg[2:].partition("=")
+            key = key.replace("-", "_")
+            if not eq and TYPES.get(key, "bool") != "bool":
+                raise ConfigError(f"--{key} needs a value: --{key}=VALUE ({TYPES[key]})")
+            from_flags[key] = _typed(key, text if eq else "true")  # a bare --flag turns a bool option on
+        elif arg.startswith("-"):
+            raise ConfigError(f"unknown argument {arg!r}: options are written --key=value (see --help)")
+        elif config_file is not None:
+            raise ConfigError(f"only one config file may be given, got {config_file!r} and {arg!r}")
+        else:
+            config_file, from_file = arg, read_config_file(arg)
+    return {**from_file, **from_flags}
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """A JSON object of options -> {key: typed value}; ConfigError says what is wrong with it."""
+    if not Path(path).is_file():
+        raise ConfigError(f"config file {path!r} not found (config files are JSON, e.g. configs/shakespeare_char.json)")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a JSON object of options, not {type(data).__name__}")
+    return {key: _typed(key, value, path) for key, value in data.items()}
+
+
+def validate(cfg: TrainConfig, processes: int = 1) -> None:
+    """The checks GPTConfig does not make; ConfigError names the option, its value and what is valid."""
+    for name, (ok, rule) in RANGES.items():
+        if not ok(getattr(cfg, name)):  # `not ok` also catches NaN
+            raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)}")
+    steps = cfg.gradient_accumulation_steps
+    if steps % processes:
+        raise ConfigError(f"gradient_accumulation_steps={steps} is the global number of micro-batches and must be "
+                          f"divisible by the number of processes ({processes}); e.g. "
+                          f"--gradient_accumulation_steps={processes * max(1, steps // processes)}")
+    if cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters:
+        raise ConfigError(f"lr_decay_iters ({cfg.lr_decay_iters}) must be greater than warmup_iters "
+                          f"({cfg.warmup_iters}) when decay_lr=True")
+    for f in fields(TrainConfig):
+        value, choices = getattr(cfg, f.name), f.metadata["choices"]
+        if choices and value not in choices:
+            hint = _did_you_mean(value, choices, " (did you mean {!r}?)")
+            raise ConfigError(f"{f.name}={value!r} is not {'a norm' if f.name == 'norm' else 'valid'}{hint}; "
+                              f"choose one of {', '.join(choices)}")
+    if not cfg.dataset or not cfg.out_dir:
+        raise ConfigError("dataset and out_dir must not be empty")
+    try:  # the model's own checks: sizes, n_embd divisible by n_head, dropout in [0, 1)
+        GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def build_config(explicit: dict[str, Any], base: dict[str, Any] | None = None, source: str = "",
+                 processes: int = 1) -> TrainConfig:
+    """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
+    checked (for a run of that many processes)."""
+    known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES}
+    cfg = replace(TrainConfig(), **{**known, **explicit})
+    validate(cfg, processes)
+    return cfg
