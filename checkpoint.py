@@ -18,7 +18,7 @@ import os
 import pickle
 import random
 import tempfile
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -164,11 +164,11 @@ def _key_mismatch(expected: dict[str, Any], found: dict[str, Any]) -> tuple[list
 # ---- resuming a training run ----
 
 
-def training_checkpoint(*, model: torch.nn.Module, model_args: dict[str, Any], optimizer: torch.optim.Optimizer,
-                        scaler: torch.amp.GradScaler, iter_num: int, best_val_loss: float, config: dict[str, Any],
-                        tokenizer: dict[str, Any] | None, data_gen: torch.Generator) -> dict[str, Any]:
+def training_checkpoint(*, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                        iter_num: int, best_val_loss: float, config: dict[str, Any], tokenizer: dict[str, Any] | None,
+                        data_gen: torch.Generator) -> dict[str, Any]:
     """The whole state of a run after `iter_num` iterations: enough to go on as if it had never stopped."""
-    ckpt = {"format": FORMAT, "model": model.state_dict(), "model_args": model_args,
+    ckpt = {"format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config),
             "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
             "config": config, "tokenizer": tokenizer, "rng": rng_state(data_gen)}
     if scaler.is_enabled():

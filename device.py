@@ -38,6 +38,11 @@ class Dist:
     def master(self) -> bool:
         return self.rank == 0
 
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """print() on rank 0 only: the other processes say the same."""
+        if self.master:
+            print(*args, **kwargs, flush=True)
+
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over every process, in place (one process: `t` as it is)."""
         if self.enabled:
@@ -160,7 +165,7 @@ def autocast(device: str, dtype: str) -> AbstractContextManager[Any]:
     return torch.autocast(device.split(":")[0], dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
 
 
-def peak_memory_bytes(device: str) -> int:
+def peak_memory(device: str) -> int:
     """CUDA: peak allocated by tensors. MPS: driver memory now. CPU: the process's peak resident set."""
     if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated(device))

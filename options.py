@@ -192,6 +192,13 @@ def validate(cfg: TrainConfig, processes: int = 1) -> None:
                               f"choose one of {', '.join(choices)}")
     if not cfg.dataset or not cfg.out_dir:
         raise ConfigError("dataset and out_dir must not be empty")
+    if cfg.wandb_log:  # only then: a run without it never imports wandb
+        try:
+            import wandb  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(
+                f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, or drop --wandb_log"
+            ) from None
     try:  # the model's own checks: sizes, n_embd divisible by n_head, dropout in [0, 1)
         GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS})
     except ValueError as e:

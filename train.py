@@ -6,35 +6,29 @@
     torchrun --standalone --nproc_per_node=4 train.py configs/shakespeare_char.json
     python train.py --help
 
-Options: the defaults are the TrainConfig dataclass in options.py (each with its meaning); a JSON config file sets
-some of them; `--key=value` flags override both. With --init_from=resume the options saved in the checkpoint are
-the defaults instead, so `python train.py --init_from=resume --out_dir=DIR` continues a run as it was configured.
+The options are options.TrainConfig: a JSON config file sets some of them, `--key=value` flags override both;
+with --init_from=resume the options saved in the checkpoint are the defaults instead, so
+`python train.py --init_from=resume --out_dir=DIR` continues a run as it was configured.
 
 The loop is nanoGPT's: AdamW, linear warmup then cosine decay to min_lr, gradient clipping, gradient accumulation,
-an estimate of train and val loss every eval_interval iterations, a checkpoint after it. Some things differ:
+an estimate of train and val loss every eval_interval iterations, a checkpoint after it. What differs:
+- A resumed run continues exactly the run it was cut from: batches come from a generator of their own, whose
+  state (the position in the data stream) is checkpointed with every other RNG state. One process or N processes
+  see the same data, and evaluation never disturbs the stream.
+- The hot loop reads nothing back from the device: the losses are read (one sync) at the next log line or
+  checkpoint, and a NaN or inf among them stops the run before it can reach a checkpoint (`_read_back`).
+- Faults: checkpoints are written atomically; Ctrl-C (SIGINT) or SIGTERM saves one after the current iteration and
+  exits with 130 (143), a second Ctrl-C quits at once (device.StopRequest); a NaN or inf loss exits with 1.
 
-- Data. Batches are windows at random offsets of train.bin, drawn from a dedicated torch.Generator seeded from
-  `seed`; its state is the position in the data stream and goes into the checkpoint with every other RNG state,
-  so a resumed run continues exactly the run it was cut from. Each iteration draws the offsets of the whole global
-  batch at once, [gradient_accumulation_steps, batch_size], and each process takes its own rows: one process or
-  N processes see the same data. Evaluation draws from its own generator, re-seeded at every evaluation: the same
-  batches every time, and the training stream is never disturbed.
-- The hot loop reads nothing back from the device: the loss of every iteration is kept as a device tensor and
-  read (one sync) every log_interval iterations and before every checkpoint. That read also checks that every
-  loss was finite, so a NaN stops training before it can reach a checkpoint, with the iteration it appeared at.
-- Faults. Checkpoints are written atomically (checkpoint.save_checkpoint). Ctrl-C (SIGINT) or SIGTERM finishes
-  the current iteration, saves a checkpoint and exits with 128 + the signal number (130, 143); a second Ctrl-C
-  aborts at once without saving. A NaN or inf loss stops with exit status 1 and leaves the last checkpoint alone.
-
-Beside this file: options.py (the options and their checks), checkpoint.py (what a checkpoint holds, the resume
-checks and the RNG state), device.py (device, dtype, torchrun's processes), data/common.py (the prepared data).
-
-Exit status: 0 done, 1 a data, checkpoint or divergence error, 2 a bad option, 130/143 interrupted.
-Every error is one line on stderr ("error: ..."), never a traceback.
+Exit status: 0 done, 1 a data, checkpoint or divergence error, 2 a bad option, 130/143 interrupted. Every error is
+one line on stderr ("error: ..."), never a traceback. Beside this file: options.py (the options and their checks),
+checkpoint.py (the checkpoint, resume checks, RNG state), device.py (device, dtype, torchrun's processes, signals)
+and data/common.py (the prepared data).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -55,11 +49,10 @@ import checkpoint
 from data.common import DataError, PreparedData
 from device import (
     DeviceError,
-    Dist,
     StopRequest,
     autocast,
     dist_from_env,
-    peak_memory_bytes,
+    peak_memory,
     resolve_device,
     resolve_dtype,
     use_device,
@@ -102,10 +95,11 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 class Trainer:
     """One training run: the constructor sets it up, `run()` trains and returns the summary record."""
 
-    def __init__(self, cfg: TrainConfig, explicit: dict[str, Any], dist: Dist, device: str, dtype: str,
+    def __init__(self, cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str,
                  ckpt: dict[str, Any] | None) -> None:
         self.t_start = time.perf_counter()
-        self.cfg, self.dist, self.device, self.dtype = cfg, dist, device, dtype
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.dist = dist = dist_from_env()  # this process among torchrun's (one process: rank 0 of 1)
         self.ckpt_path = Path(cfg.out_dir) / "ckpt.pt"
         self.data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
         self.micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
@@ -117,10 +111,10 @@ class Trainer:
         np.random.seed(cfg.seed)
         self.data_gen = torch.Generator().manual_seed(cfg.seed)
 
-        self.model_args = {**{k: getattr(cfg, k) for k in MODEL_KEYS}, "vocab_size": self.data.vocab_size}
         if ckpt is None:
             torch.manual_seed(cfg.seed)  # the same initial weights on every process
-            self.raw_model = GPT(GPTConfig(**self.model_args)).to(device)
+            model_args = {k: getattr(cfg, k) for k in MODEL_KEYS}
+            self.raw_model = GPT(GPTConfig(**model_args, vocab_size=self.data.vocab_size)).to(device)
             torch.manual_seed(cfg.seed + dist.rank)
         else:
             tokenizer = self.data.meta.get("tokenizer")
@@ -128,7 +122,6 @@ class Trainer:
             # The checkpoint's shape, with dropout as asked now; the norm may be swapped for an interchangeable one.
             ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": cfg.dropout}}
             self.raw_model = checkpoint.model_from_checkpoint(ckpt, norm=cfg.norm, device=device).train()
-            self.model_args = asdict(self.raw_model.config)
         device_type = device.split(":")[0]
         self.optimizer = self.raw_model.configure_optimizers(
             cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type
@@ -151,6 +144,9 @@ class Trainer:
 
             self.train_model = DDP(self.model, device_ids=[dist.local_rank] if device_type == "cuda" else None)
 
+        # What the run is, for the first log line and the summary.
+        self.facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
+                      "world_size": dist.world_size, "n_params": self.raw_model.get_num_params()}
         self.window: list[tuple[int, torch.Tensor, float]] = []  # (iteration, loss on the device, lr) not yet read
         self.n_timed = 0  # iterations read back since t_window
         self.paused_s = 0.0  # time spent evaluating/checkpointing inside the current timing window
@@ -159,24 +155,30 @@ class Trainer:
         self.stop = StopRequest(announce=dist.master)  # SIGINT and SIGTERM
         self.stop_reason: str | None = None
         self.last_val: float | None = None
-        self.metrics: Any = None
-        self.wandb: Any = None
+        self.metrics: Any = None  # metrics.jsonl (rank 0)
+        self.wandb: Any = None  # the wandb run, when asked for (rank 0)
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        try:
+        with contextlib.ExitStack() as closing:
+            closing.callback(self.data.close)
             if self.dist.master:
                 # On resume, what describes the run up to the checkpoint is kept; eval_only adds to the record.
-                resumed_at = self.iter_num if self.resumed else None
-                self.metrics = checkpoint.open_metrics(self.ckpt_path.parent / "metrics.jsonl", resumed_at,
-                                                       append=cfg.eval_only)
-                self.wandb = init_wandb(cfg) if cfg.wandb_log else None
+                path, resumed_at = self.ckpt_path.parent / "metrics.jsonl", self.iter_num if self.resumed else None
+                self.metrics = closing.enter_context(checkpoint.open_metrics(path, resumed_at, append=cfg.eval_only))
+                if cfg.wandb_log:  # (options.validate made sure that wandb can be imported)
+                    import wandb
+
+                    name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
+                    self.wandb = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
+                    closing.callback(self.wandb.finish)
             where = f"resuming {self.ckpt_path} at iteration {self.iter_num}" if self.resumed else "from scratch"
-            self.log(
-                f"training {where}: norm={cfg.norm}, {self.raw_model.get_num_params() / 1e6:.2f}M parameters, "
-                f"device={self.device}, dtype={self.dtype}, compile={cfg.compile}, processes={self.dist.world_size}"
+            f = self.facts
+            self.dist.print(
+                f"training {where}: norm={f['norm']}, {f['n_params'] / 1e6:.2f}M parameters, device={f['device']}, "
+                f"dtype={f['dtype']}, compile={f['compile']}, processes={f['world_size']}"
             )
-            self.log(
+            self.dist.print(
                 f"data {self.data.dir}: {self.data.tokens['train']:,} train / {self.data.tokens['val']:,} val "
                 f"tokens, vocab {self.data.vocab_size}; {self.tokens_per_iter:,} tokens per iteration"
             )
@@ -189,12 +191,6 @@ class Trainer:
             if cfg.sample_at_end and self.dist.master and not cfg.eval_only:
                 self._sample()
             return summary
-        finally:
-            self.data.close()
-            if self.metrics is not None:
-                self.metrics.close()
-            if self.wandb is not None:
-                self.wandb.finish()
 
     # ---- the loop ----
 
@@ -273,7 +269,7 @@ class Trainer:
         self.ms_per_iter.append(ms)
         (it, _, lr), loss = window[-1], sums[-1] / self.dist.world_size
         tok_s = self.tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
-        self.log(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
+        self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
         self.record({"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
                     wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s})
 
@@ -291,7 +287,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean loss over eval_iters batches of each split; the same batches at every call (own generator)."""
+        """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
+        own, so that evaluating never moves the training data stream."""
         cfg = self.cfg
         gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
         self.model.eval()
@@ -313,7 +310,7 @@ class Trainer:
         t0 = time.perf_counter()
         self._read_back()  # never evaluate or save weights that a NaN went through
         losses = self.evaluate()
-        self.log(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        self.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         self.record({"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
                     wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]})
         if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
@@ -323,7 +320,7 @@ class Trainer:
         self.best_val_loss = min(self.best_val_loss, losses["val"])
         if may_save and (improved or self.cfg.always_save_checkpoint):
             self._checkpoint(it)
-            self.log(f"saved checkpoint {self.ckpt_path}")
+            self.dist.print(f"saved checkpoint {self.ckpt_path}")
         self.paused_s += time.perf_counter() - t0
 
     def _checkpoint(self, it: int, path: Path | None = None) -> None:
@@ -336,7 +333,7 @@ class Trainer:
             return
         path = path or self.ckpt_path
         checkpoint.save_checkpoint(path, checkpoint.training_checkpoint(
-            model=self.raw_model, model_args=self.model_args, optimizer=self.optimizer, scaler=self.scaler,
+            model=self.raw_model, optimizer=self.optimizer, scaler=self.scaler,
             iter_num=it, best_val_loss=self.best_val_loss, config=asdict(self.cfg),
             tokenizer=self.data.meta.get("tokenizer"), data_gen=self.data_gen,
         ))
@@ -361,10 +358,6 @@ class Trainer:
 
     # ---- output (rank 0 only) and the end ----
 
-    def log(self, message: str) -> None:
-        if self.dist.master:
-            print(message, flush=True)
-
     def record(self, rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
         """One line of metrics.jsonl and, if given and wandb is on, the same figures under wandb's names."""
         if self.metrics is not None:
@@ -381,16 +374,11 @@ class Trainer:
             "iters": self.iter_num,
             "final_val_loss": self.last_val,
             "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
-            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_bytes": peak_memory(self.device),
             "median_ms_per_iter": median_ms,
             "median_tokens_per_s": self.tokens_per_iter / (median_ms / 1000) if median_ms else None,
             "wall_s": time.perf_counter() - self.t_start,
-            "norm": self.cfg.norm,
-            "device": self.device,
-            "dtype": self.dtype,
-            "compile": self.cfg.compile,
-            "world_size": self.dist.world_size,
-            "n_params": self.raw_model.get_num_params(),
+            **self.facts,
             "stop_reason": self.stop_reason,
         }
 
@@ -402,7 +390,7 @@ class Trainer:
         try:
             tok = tokenizer_from_meta(self.data.meta["tokenizer"])
         except (KeyError, TypeError, ValueError, ImportError, RuntimeError) as e:
-            self.log(f"note: no sample at the end, the dataset's tokenizer cannot be built here ({e})")
+            self.dist.print(f"note: no sample at the end, the dataset's tokenizer cannot be built here ({e})")
             return
         try:
             start = tok.encode("\n")
@@ -417,18 +405,6 @@ class Trainer:
             )
         print(f"--- sample ({self.cfg.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
         print(tok.decode(out[0].tolist()), flush=True)
-
-
-def init_wandb(cfg: TrainConfig) -> Any:
-    """A wandb run for `cfg`; wandb is imported only when it is asked for."""
-    try:
-        import wandb
-    except ImportError as e:
-        raise ConfigError(
-            f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, or drop --wandb_log"
-        ) from None
-    name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -451,21 +427,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         check_triton_device(device)  # before any data or model is loaded
     checkpoint.make_out_dir(cfg.out_dir)
     with use_device(device, dist):
-        return Trainer(cfg, explicit, dist, device, dtype, ckpt).run()
+        return Trainer(cfg, explicit, device, dtype, ckpt).run()
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """main() with every expected failure as one line on stderr and an exit status (no traceback)."""
-    master = dist_from_env().master
+    dist = dist_from_env()
     try:
         main(argv)
     except Interrupted as e:
-        if master:
-            print(str(e), file=sys.stderr)
+        dist.print(e, file=sys.stderr)
         return 128 + e.signum
     except (*OPTION_ERRORS, DataError, checkpoint.CheckpointError, TrainError) as e:
-        if master:
-            print(f"error: {e}", file=sys.stderr)
+        dist.print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, OPTION_ERRORS) else 1
     except KeyboardInterrupt:
         print("\ninterrupted: quit without saving", file=sys.stderr)
