@@ -226,6 +226,27 @@ def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimize
         ) from None
 
 
+def seed_rngs(seed: int, rank: int = 0) -> torch.Generator:
+    """Seed every random state a run depends on; return the data stream's own generator.
+
+    Weights and dropout draw from the global torch RNG (one stream per process: seed + rank), the data from the
+    returned generator (the same on every process), so its state is the position in the data stream.
+    """
+    torch.manual_seed(seed + rank)
+    random.seed(seed)
+    np.random.seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, dropout: float, vocab_size: int,
+                 tokenizer: dict[str, Any] | None, path: Path, device: str) -> GPT:
+    """The model a resumed run continues with: the checkpoint's (check_resumable), with dropout as asked now and
+    the norm swapped, if asked, for an interchangeable one (model_from_checkpoint refuses any other); train mode."""
+    check_resumable(ckpt, explicit, vocab_size, tokenizer, path)
+    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": dropout}}
+    return model_from_checkpoint(ckpt, norm=norm, device=device).train()
+
+
 def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
     """Every random state the run depends on, as tensors and plain data (loadable with weights_only=True)."""
     np_state = np.random.get_state(legacy=False)

@@ -43,6 +43,14 @@ class Dist:
         if self.master:
             print(*args, **kwargs, flush=True)
 
+    def wrap(self, model: torch.nn.Module, device: str) -> torch.nn.Module:
+        """The model as it trains here: wrapped in DistributedDataParallel when there are several processes."""
+        if not self.enabled:
+            return model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[self.local_rank] if device.startswith("cuda") else None)
+
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over every process, in place (one process: `t` as it is)."""
         if self.enabled:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import random
 import signal
 import statistics
 import sys
@@ -42,7 +41,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import checkpoint
@@ -105,11 +103,7 @@ class Trainer:
         self.micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
 
-        # Seeds: weights and dropout from the global torch RNG (one stream per process), data from its own.
-        torch.manual_seed(cfg.seed + dist.rank)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        self.data_gen = torch.Generator().manual_seed(cfg.seed)
+        self.data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)  # the data stream's own generator
 
         if ckpt is None:
             torch.manual_seed(cfg.seed)  # the same initial weights on every process
@@ -117,11 +111,8 @@ class Trainer:
             self.raw_model = GPT(GPTConfig(**model_args, vocab_size=self.data.vocab_size)).to(device)
             torch.manual_seed(cfg.seed + dist.rank)
         else:
-            tokenizer = self.data.meta.get("tokenizer")
-            checkpoint.check_resumable(ckpt, explicit, self.data.vocab_size, tokenizer, self.ckpt_path)
-            # The checkpoint's shape, with dropout as asked now; the norm may be swapped for an interchangeable one.
-            ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": cfg.dropout}}
-            self.raw_model = checkpoint.model_from_checkpoint(ckpt, norm=cfg.norm, device=device).train()
+            self.raw_model = checkpoint.resume_model(ckpt, explicit, cfg.norm, cfg.dropout, self.data.vocab_size,
+                                                     self.data.meta.get("tokenizer"), self.ckpt_path, device)
         device_type = device.split(":")[0]
         self.optimizer = self.raw_model.configure_optimizers(
             cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type
@@ -138,11 +129,7 @@ class Trainer:
 
         self.autocast = autocast(device, dtype)
         self.model = torch.compile(self.raw_model) if cfg.compile else self.raw_model  # evaluates
-        self.train_model = self.model  # trains: with several processes, wrapped in DDP
-        if dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            self.train_model = DDP(self.model, device_ids=[dist.local_rank] if device_type == "cuda" else None)
+        self.train_model = dist.wrap(self.model, device)  # trains: with several processes, wrapped in DDP
 
         # What the run is, for the first log line and the summary.
         self.facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
@@ -178,10 +165,7 @@ class Trainer:
                 f"training {where}: norm={f['norm']}, {f['n_params'] / 1e6:.2f}M parameters, device={f['device']}, "
                 f"dtype={f['dtype']}, compile={f['compile']}, processes={f['world_size']}"
             )
-            self.dist.print(
-                f"data {self.data.dir}: {self.data.tokens['train']:,} train / {self.data.tokens['val']:,} val "
-                f"tokens, vocab {self.data.vocab_size}; {self.tokens_per_iter:,} tokens per iteration"
-            )
+            self.dist.print(f"{self.data.describe()}; {self.tokens_per_iter:,} tokens per iteration")
             with self.stop:
                 self._loop()
             summary = self._summary()
@@ -257,10 +241,8 @@ class Trainer:
                 self._diverged(f"loss is {total / self.dist.world_size} at iteration {it}")
         if stop and self.stop.signum is None:  # another process got the signal
             self.stop.signum = signal.SIGINT
-        if wall and self.stop_reason is None:
-            self.stop_reason = "max_wall_s"
-        if self.dist.enabled and stop:
-            self.stop_reason = self.stop_reason or "signal"
+        if wall or stop:  # (one process acts on a signal at once, several only on this agreement)
+            self.stop_reason = self.stop_reason or ("max_wall_s" if wall else "signal")
         self.n_timed += len(window)
         if not log or not self.n_timed:
             return
@@ -385,12 +367,10 @@ class Trainer:
     @torch.no_grad()
     def _sample(self) -> None:
         """Print a sample of the final model, if the dataset's tokenizer can be built here (else a note)."""
-        from tokenizer import tokenizer_from_meta  # only here: training itself never needs tiktoken
-
         try:
-            tok = tokenizer_from_meta(self.data.meta["tokenizer"])
-        except (KeyError, TypeError, ValueError, ImportError, RuntimeError) as e:
-            self.dist.print(f"note: no sample at the end, the dataset's tokenizer cannot be built here ({e})")
+            tok = self.data.tokenizer()
+        except DataError as e:
+            self.dist.print(f"note: no sample at the end, {e}")
             return
         try:
             start = tok.encode("\n")

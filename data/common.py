@@ -259,6 +259,19 @@ class PreparedData:
         self._paths = {s: str(self.dir / f"{s}.bin") for s in ("train", "val")}
         self._fds: dict[str, int] | None = {} if hasattr(os, "pread") else None  # opened at first use
 
+    def describe(self) -> str:
+        return (f"data {self.dir}: {self.tokens['train']:,} train / {self.tokens['val']:,} val tokens, "
+                f"vocab {self.vocab_size}")
+
+    def tokenizer(self) -> Any:
+        """The dataset's tokenizer (tokenizer.py, from meta.json); DataError if it cannot be built here."""
+        from tokenizer import tokenizer_from_meta  # only here: reading batches never needs tiktoken
+
+        try:
+            return tokenizer_from_meta(self.meta["tokenizer"])
+        except (KeyError, TypeError, ValueError, ImportError, RuntimeError) as e:
+            raise DataError(f"the dataset's tokenizer cannot be built here ({e})") from None
+
     def close(self) -> None:
         for fd in (self._fds or {}).values():
             os.close(fd)
