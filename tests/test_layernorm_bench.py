@@ -40,7 +40,7 @@ def test_targets_are_checked_on_the_issue_shapes(bench):
                 "fwd_bwd_ms": fb, "bwd_ms": fb - fwd, "fwd_pct_copy": pct}
 
     checks = bench.targets([row("custom", 2.0, 9.0), row("builtin", 1.0, 4.0), row("naive", 3.0, 30.0)])
-    assert [c["ok"] for c in checks] == [True, True]  # 2.25x of builtin; 7 ms backward vs 27 ms
+    assert [c["ok"] for c in checks] == [True]  # 7 ms backward vs 27 ms; the ratio to builtin is not a target
     cuda = [row("triton", 1.0, 3.0, 85.0, 32768, 4096, "bfloat16", "cuda"),
             row("builtin", 1.1, 2.9, 80.0, 32768, 4096, "bfloat16", "cuda")]
     assert [c["ok"] for c in bench.targets(cuda)] == [True, False, True]
