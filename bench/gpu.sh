@@ -8,7 +8,7 @@
 # TINY_SHAKESPEARE_TXT defaults to .gpu_data/tinyshakespeare.txt (the GPU machine has no network: bring the text).
 # --dry-run runs every step on the CPU at tiny sizes (Triton's interpreter) and leaves the same files: it checks
 # the plumbing here before GPU time is spent. GPU_SH_COMMIT names the commit measured (the machine may have no
-# .git); OUT is the results folder (default bench/results/gpu); GPU_SH_BUDGET_S the total (default 470).
+# .git); OUT is the results folder (default bench/results/gpu); GPU_SH_BUDGET_S the total (default 480).
 #
 # The files in $OUT, and nothing else (tests/test_gpu_sh.py checks the set):
 #   summary.md          each step's exit code, seconds and limit, and the headline figures
@@ -20,18 +20,18 @@
 #   step             share  what
 #   info              10 s  nvidia-smi, machine and versions
 #   data              10 s  prepare Tiny Shakespeare (char) from the carried text
-#   triton_check      45 s  Triton against F.layer_norm, forward and backward, fp32 and bf16, judged against float64
-#   train_triton     170 s  configs/shakespeare_char.json with norm=triton, 5000 iterations (max_wall_s stops it
-#                           cleanly, with a final eval, a checkpoint and a sample, 20 s before its timeout)
-#   train_builtin     35 s  the same config with builtin for 500 iterations: ms/iter, tokens/s
+#   triton_check      30 s  Triton against F.layer_norm, forward and backward, fp32 and bf16, judged against float64
+#   train_triton     240 s  configs/shakespeare_char.json with norm=triton, 5000 iterations (max_wall_s stops it
+#                           cleanly, with a final eval, a checkpoint and a sample, 35 s before its timeout)
+#   train_builtin     30 s  the same config with builtin for 500 iterations: ms/iter, tokens/s
 #   train_report      10 s  both runs' ms/iter (median, warmup and evals left out), tokens/s, val loss
 #   swap_norms        15 s  the triton run's checkpoint sampled greedily with triton, builtin and custom
-#   bench_layernorm   60 s  bench/bench_layernorm.py: bf16 and fp32, C 768..8192, the device's copy bandwidth
+#   bench_layernorm   40 s  bench/bench_layernorm.py: bf16 and fp32, C 768..8192, the device's copy bandwidth
 #   overhead          20 s  bench/triton_overhead.py: Python-side cost per call, Triton against F.layer_norm
-#   tests             80 s  pytest tests/test_layernorm*.py on the GPU (SIGINT at the limit: pytest still reports)
+#   tests             60 s  pytest tests/test_layernorm*.py on the GPU (SIGINT at the limit: pytest still reports)
 #   report            15 s  summary.md, results.json, gpu_results.tar.gz (reserved: always runs)
 #                   -----
-#                    470 s
+#                    480 s
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
@@ -46,7 +46,7 @@ if [[ $DRY == 1 && -z "${1:-}" && ! -f "$DATA" ]]; then
 fi
 OUT=${OUT:-bench/results/gpu}
 PY=${PY:-python3}
-BUDGET=${GPU_SH_BUDGET_S:-470}
+BUDGET=${GPU_SH_BUDGET_S:-480}
 COMMIT=${GPU_SH_COMMIT:-unknown}
 
 # --- preflight: everything the run needs, checked in seconds, before any of the budget is spent ------------------
@@ -103,8 +103,8 @@ else
     REPORT_WARMUP=10
     SCALE=1
 fi
-declare -A SHARE=([info]=10 [data]=10 [triton_check]=45 [train_triton]=170 [train_builtin]=35 [train_report]=10 [swap_norms]=15
-                  [bench_layernorm]=60 [overhead]=20 [tests]=80)
+declare -A SHARE=([info]=10 [data]=10 [triton_check]=30 [train_triton]=240 [train_builtin]=30 [train_report]=10 [swap_norms]=15
+                  [bench_layernorm]=40 [overhead]=20 [tests]=60)
 REPORT_SHARE=15
 DATA_DIR=$WORK/data
 export PYTHONUNBUFFERED=1
@@ -145,7 +145,7 @@ step info "$PY" bench/gpu_report.py machine "$RES/machine.json"
 step data "$PY" data/shakespeare_char/prepare.py --input "$DATA" --out_dir "$DATA_DIR"
 step triton_check "$PY" bench/gpu_report.py triton-check "$CHECK_SHAPES" "$DEVICE" "$RES/triton_check.json"
 step train_triton "${TRAIN[@]}" --norm=triton --out_dir="$WORK/triton" ${TRITON_RUN[@]+"${TRITON_RUN[@]}"} \
-    --max_wall_s=$(($(limit_for train_triton) - 20))
+    --max_wall_s=$(($(limit_for train_triton) - 35))
 step train_builtin "${TRAIN[@]}" --norm=builtin --out_dir="$WORK/builtin" --sample_at_end=False \
     ${BUILTIN_RUN[@]+"${BUILTIN_RUN[@]}"} --max_wall_s=$(($(limit_for train_builtin) - 20))
 step train_report "$PY" bench/bench_train.py report "$WORK/triton" "$WORK/builtin" --warmup "$REPORT_WARMUP" \

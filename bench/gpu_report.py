@@ -140,9 +140,10 @@ def summary_markdown(results: dict[str, Any], res: Path) -> str:
     train = (results.get("train_report") or {}).get("report", {}).get("runs")
     if train:
         lines += ["", markdown_table(
-            ["run", "norm", "iters", "ms/iter (median)", "tokens/s", "final val loss", "wall s"],
+            ["run", "norm", "iters", "ms/iter (median)", "tokens/s", "final val loss", "best val loss", "wall s"],
             [[Path(r["run"]).name, r.get("norm"), r.get("iters"), fmt(r.get("ms_per_iter")),
-              fmt(r.get("tokens_per_s"), ".0f"), fmt(r.get("final_val_loss"), ".4f"), fmt(r.get("wall_s"), ".1f")]
+              fmt(r.get("tokens_per_s"), ".0f"), fmt(r.get("final_val_loss"), ".4f"),
+              fmt(r.get("best_val_loss"), ".4f"), fmt(r.get("wall_s"), ".1f")]
              for r in train])]
     swap = results.get("swap_norms")
     if swap:
