@@ -2,7 +2,8 @@
 
 Read it top to bottom: the formula; `layer_norm`, its forward in plain torch ops and its backward derived beside
 the code; PyTorch's built-in and the fused Triton kernels (layernorm_triton.py) as drop-in equals; RMSNorm and
-BatchNorm as contrasts; the registry `make_norm(name, dim)` / `NORMS` that model.py asks for a norm.
+BatchNorm as contrasts; the registry `make_norm(name, dim)` / `NORMS` that model.py asks for a norm; last, the
+check of where the Triton kernels can run.
 
 For one row x of C features (a token's activations), LayerNorm is
 
@@ -143,62 +144,7 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. Where the Triton kernels can run. The kernels live in layernorm_triton.py, imported the first time the Triton
-# norm is asked for: `import layernorm` never imports triton.
-
-
-class TritonUnavailableError(RuntimeError):
-    """The Triton norm was chosen where Triton cannot run."""
-
-
-_WHAT_TO_DO = (
-    "use a machine with a CUDA GPU, or set TRITON_INTERPRET=1 in the environment before starting Python to run the "
-    "Triton kernels on the CPU through Triton's (slow) interpreter, or choose another norm such as 'builtin' or "
-    "'custom'"
-)
-
-
-def check_triton_device(device: torch.device | str) -> None:
-    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
-    Scripts call it to refuse before loading a model; layer_norm_triton calls it on a device it cannot use."""
-    device = torch.device(device)
-    kernels = sys.modules.get("layernorm_triton")  # once imported, the mode its kernels were defined in decides
-    interpret = kernels.INTERPRET if kernels else os.environ.get("TRITON_INTERPRET") == "1"
-    if device.type == "cuda" or (device.type == "cpu" and interpret):
-        return
-    setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        setting = "'1', but only after this process had compiled the kernels for a GPU"
-    raise TritonUnavailableError(
-        f"norm 'triton' cannot run on device {device}: its kernels run on a CUDA GPU, or on the CPU only "
-        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
-        f"data to a CUDA device, or {_WHAT_TO_DO}"
-    )
-
-
-def _triton_module():
-    """layernorm_triton, imported on first use; TritonUnavailableError, saying what to do, without triton."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        raise TritonUnavailableError(
-            f"norm 'triton' needs the triton package, which cannot be imported here ({e}); triton ships for "
-            f"Linux only (not macOS or Windows). To fix: pip install triton on Linux, or {_WHAT_TO_DO}"
-        ) from None
-    import layernorm_triton
-
-    return layernorm_triton
-
-
-def layer_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
-) -> torch.Tensor:
-    """`layernorm_triton.layer_norm_triton`: the same LayerNorm as two fused Triton kernels (imports triton)."""
-    return _triton_module().layer_norm_triton(x, weight, bias, eps)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 3. Modules and the registry. The three LayerNorms share one parameter layout: `weight` [dim] and `bias` [dim]
+# 2. Modules and the registry. The three LayerNorms share one parameter layout: `weight` [dim] and `bias` [dim]
 # (or None), so a state_dict saved with one loads into any other.
 
 
@@ -344,3 +290,57 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5) -> n
         return _triton_module().TritonLayerNorm(dim, bias=bias, eps=eps)
     return _CLASSES[name](dim, bias=bias, eps=eps)
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. Where the Triton kernels can run. The kernels live in layernorm_triton.py, imported the first time the Triton
+# norm is asked for: `import layernorm` never imports triton.
+
+
+class TritonUnavailableError(RuntimeError):
+    """The Triton norm was chosen where Triton cannot run."""
+
+
+_WHAT_TO_DO = (
+    "use a machine with a CUDA GPU, or set TRITON_INTERPRET=1 in the environment before starting Python to run the "
+    "Triton kernels on the CPU through Triton's (slow) interpreter, or choose another norm such as 'builtin' or "
+    "'custom'"
+)
+
+
+def check_triton_device(device: torch.device | str) -> None:
+    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
+    Scripts call it to refuse before loading a model; layer_norm_triton calls it on a device it cannot use."""
+    device = torch.device(device)
+    kernels = sys.modules.get("layernorm_triton")  # once imported, the mode its kernels were defined in decides
+    interpret = kernels.INTERPRET if kernels else os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type == "cuda" or (device.type == "cpu" and interpret):
+        return
+    setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        setting = "'1', but only after this process had compiled the kernels for a GPU"
+    raise TritonUnavailableError(
+        f"norm 'triton' cannot run on device {device}: its kernels run on a CUDA GPU, or on the CPU only "
+        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
+        f"data to a CUDA device, or {_WHAT_TO_DO}"
+    )
+
+
+def _triton_module():
+    """layernorm_triton, imported on first use; TritonUnavailableError, saying what to do, without triton."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise TritonUnavailableError(
+            f"norm 'triton' needs the triton package, which cannot be imported here ({e}); triton ships for "
+            f"Linux only (not macOS or Windows). To fix: pip install triton on Linux, or {_WHAT_TO_DO}"
+        ) from None
+    import layernorm_triton
+
+    return layernorm_triton
+
+
+def layer_norm_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
+) -> torch.Tensor:
+    """`layernorm_triton.layer_norm_triton`: the same LayerNorm as two fused Triton kernels (imports triton)."""
+    return _triton_module().layer_norm_triton(x, weight, bias, eps)
