@@ -253,7 +253,7 @@ def backward(
         with launch_device(x.device):
             layer_norm_bwd_kernel[(programs,)](
                 dy2, x2, weight.contiguous(), mean_s, rstd, dx, partial[0], partial[-1],
-                dy2.stride(0), x2.stride(0), C, N, C, triton.cdiv(N, programs),
+                dy2.stride(0), x2.stride(0), C, N, C, -(-N // programs),  # rows per program, rounded up
                 HAS_BIAS=has_bias, BLOCK_SIZE=block, ONE_BLOCK=one_block, PIPELINE=PIPELINE,
                 num_warps=warps,
             )
