@@ -55,11 +55,8 @@ def make_out_dir(path: str | os.PathLike) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
-    """Write to a temporary file beside `path`, flush it to disk, then rename it over `path`.
-
-    A rename within one directory is atomic, so a crash or a kill at any moment leaves either the old
-    checkpoint or the new one, never half of one.
-    """
+    """Write to a temporary file beside `path`, flush it to disk, then rename it over `path`: a rename within one
+    directory is atomic, so a crash at any moment leaves either the old checkpoint or the new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -78,27 +75,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """Read a checkpoint written by save_checkpoint; CheckpointError says what is wrong if it can't."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(
-            f"no checkpoint at {path}: train one first (python train.py ... --out_dir={path.parent}) "
-            f"or point --out_dir at the folder holding ckpt.pt"
-        )
+        raise CheckpointError(f"no checkpoint at {path}: train one first (python train.py ... --out_dir={path.parent}) "
+                              f"or point --out_dir at the folder holding ckpt.pt")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load fails in many ways on damaged bytes; each gets the same clear answer
-        first_line = str(e).splitlines()[0] if str(e) else ""
         if isinstance(e, pickle.UnpicklingError) and "Unsupported global" in str(e):
-            raise CheckpointError(
-                f"{path} holds objects other than tensors and plain data, which are not loaded "
-                f"(weights_only=True): it was not written by this project's train.py"
-            ) from None
-        raise CheckpointError(
-            f"{path} is truncated or corrupt ({type(e).__name__}: {first_line}); "
-            f"it may come from an interrupted copy: use another checkpoint or train again"
-        ) from None
+            raise CheckpointError(f"{path} holds objects other than tensors and plain data, which are not loaded "
+                                  f"(weights_only=True): it was not written by this project's train.py") from None
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "
+                              f"it may come from an interrupted copy: use another checkpoint or train again") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise CheckpointError(f"{path} is not a checkpoint of this project (format {found!r}, expected {FORMAT!r})")
     return checkpoint
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else ""
 
 
 def config_mismatch(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
@@ -113,13 +107,17 @@ def checkpoint_config(checkpoint: dict[str, Any]) -> GPTConfig:
 
 
 def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The model's state_dict, with the prefixes torch.compile and DDP add taken off."""
-    return {_strip_wrappers(k): v for k, v in checkpoint["model"].items()}
+    """The model's state_dict, with the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add taken off."""
+    state = {}
+    for key, value in checkpoint["model"].items():
+        while key.startswith(("_orig_mod.", "module.")):
+            key = key.split(".", 1)[1]
+        state[key] = value
+    return state
 
 
-def model_from_checkpoint(
-    checkpoint: dict[str, Any], norm: str | None = None, device: str | torch.device = "cpu"
-) -> GPT:
+def model_from_checkpoint(checkpoint: dict[str, Any], norm: str | None = None,
+                          device: str | torch.device = "cpu") -> GPT:
     """Build the GPT a checkpoint describes, load its weights, and put it in eval mode.
 
     `norm` swaps the normalization implementation: any of INTERCHANGEABLE_NORMS for a checkpoint trained with
@@ -136,12 +134,10 @@ def model_from_checkpoint(
         config = replace(config, norm=norm)
     model = GPT(config)
     state = checkpoint_weights(checkpoint)
-    missing, unexpected = _key_mismatch(model.state_dict(), state)
+    missing, unexpected = sorted(model.state_dict().keys() - state), sorted(state.keys() - model.state_dict())
     if missing or unexpected:
-        raise CheckpointError(
-            f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]})"
-        )
+        raise CheckpointError(f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]})")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -149,28 +145,34 @@ def model_from_checkpoint(
     return model.to(device).eval()
 
 
-def _strip_wrappers(key: str) -> str:
-    """State-dict keys of a torch.compile'd or DDP-wrapped model carry a prefix; the plain model's do not."""
-    for prefix in ("_orig_mod.", "module."):
-        while key.startswith(prefix):
-            key = key[len(prefix) :]
-    return key
-
-
-def _key_mismatch(expected: dict[str, Any], found: dict[str, Any]) -> tuple[list[str], list[str]]:
-    return sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
-
-
 # ---- resuming a training run ----
+
+
+def seed_rngs(seed: int, rank: int = 0) -> torch.Generator:
+    """Seed every random state a run depends on; return the data stream's own generator.
+
+    Weights and dropout draw from the global torch RNG (one stream per process: seed + rank), the data from the
+    returned generator (the same on every process), so its state is the position in the data stream.
+    """
+    torch.manual_seed(seed + rank)
+    random.seed(seed)
+    np.random.seed(seed)
+    return torch.Generator().manual_seed(seed)
 
 
 def training_checkpoint(*, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                         iter_num: int, best_val_loss: float, config: dict[str, Any], tokenizer: dict[str, Any] | None,
                         data_gen: torch.Generator) -> dict[str, Any]:
     """The whole state of a run after `iter_num` iterations: enough to go on as if it had never stopped."""
+    np_state = np.random.get_state(legacy=False)
+    np_state["state"]["key"] = np_state["state"]["key"].tolist()  # plain data, loadable with weights_only=True
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np_state,
+           "data": data_gen.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
     ckpt = {"format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config),
             "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-            "config": config, "tokenizer": tokenizer, "rng": rng_state(data_gen)}
+            "config": config, "tokenizer": tokenizer, "rng": rng}
     if scaler.is_enabled():
         ckpt["scaler"] = scaler.state_dict()
     return ckpt
@@ -187,14 +189,16 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
     return ckpt
 
 
-def check_resumable(ckpt: dict[str, Any], explicit: dict[str, Any], vocab_size: int,
-                    tokenizer: dict[str, Any] | None, path: Path) -> None:
-    """The model asked for must be the checkpoint's: same shape, same vocabulary; else CheckpointError naming the
-    keys. Only options given explicitly (config file or flags) are compared; the others come from the checkpoint."""
-    saved = ckpt["model_args"]
+def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, dropout: float, vocab_size: int,
+                 tokenizer: dict[str, Any] | None, path: Path, device: str) -> GPT:
+    """The model a resumed run continues with, in train mode: the checkpoint's, with dropout as asked now and the
+    norm swapped, if asked, for an interchangeable one (model_from_checkpoint refuses any other).
+
+    The model asked for must be the checkpoint's: same shape, same vocabulary; else CheckpointError naming the
+    keys. Only options given explicitly (config file or flags) are compared; the others come from the checkpoint.
+    """
     wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
-    wanted["vocab_size"] = vocab_size  # (a change of norm is model_from_checkpoint's to judge)
-    diffs = config_mismatch(saved, wanted)
+    diffs = config_mismatch(ckpt["model_args"], {**wanted, "vocab_size": vocab_size})
     if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
         diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
     if diffs:
@@ -203,6 +207,8 @@ def check_resumable(ckpt: dict[str, Any], explicit: dict[str, Any], vocab_size: 
             f"{'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
             f"or give another --out_dir to start a new run"
         )
+    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": dropout}}
+    return model_from_checkpoint(ckpt, norm=norm, device=device).train()
 
 
 def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
@@ -217,57 +223,19 @@ def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimize
             group["betas"], group["weight_decay"] = betas, weight_decay
         if scaler.is_enabled() and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
-        set_rng_state(ckpt["rng"], data_gen)
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"].cpu())
+        random.setstate(rng["python"])
+        np_state = rng["numpy"]
+        key = np.array(np_state["state"]["key"], dtype=np.uint32)
+        np.random.set_state({**np_state, "state": {**np_state["state"], "key": key}})
+        data_gen.set_state(rng["data"].cpu())
+        if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
         return int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(
-            f"{path} cannot be resumed: its optimizer or RNG state does not fit "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        ) from None
-
-
-def seed_rngs(seed: int, rank: int = 0) -> torch.Generator:
-    """Seed every random state a run depends on; return the data stream's own generator.
-
-    Weights and dropout draw from the global torch RNG (one stream per process: seed + rank), the data from the
-    returned generator (the same on every process), so its state is the position in the data stream.
-    """
-    torch.manual_seed(seed + rank)
-    random.seed(seed)
-    np.random.seed(seed)
-    return torch.Generator().manual_seed(seed)
-
-
-def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, dropout: float, vocab_size: int,
-                 tokenizer: dict[str, Any] | None, path: Path, device: str) -> GPT:
-    """The model a resumed run continues with: the checkpoint's (check_resumable), with dropout as asked now and
-    the norm swapped, if asked, for an interchangeable one (model_from_checkpoint refuses any other); train mode."""
-    check_resumable(ckpt, explicit, vocab_size, tokenizer, path)
-    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": dropout}}
-    return model_from_checkpoint(ckpt, norm=norm, device=device).train()
-
-
-def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
-    """Every random state the run depends on, as tensors and plain data (loadable with weights_only=True)."""
-    np_state = np.random.get_state(legacy=False)
-    np_state["state"]["key"] = np_state["state"]["key"].tolist()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np_state,
-             "data": data_gen.get_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any], data_gen: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    np_state = state["numpy"]
-    np.random.set_state(
-        {**np_state, "state": {**np_state["state"], "key": np.array(np_state["state"]["key"], dtype=np.uint32)}}
-    )
-    data_gen.set_state(state["data"].cpu())
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        raise CheckpointError(f"{path} cannot be resumed: its optimizer or RNG state does not fit "
+                              f"({type(e).__name__}: {_first_line(e)})") from None
 
 
 def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> TextIO:
@@ -278,21 +246,16 @@ def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> Te
     checkpoint) and a line cut short by a kill are dropped: the file then reads as one uninterrupted run.
     """
     if not append:
-        _trim_metrics(path, resumed_at)
+        kept = []
+        lines = path.read_text(encoding="utf-8").splitlines() if resumed_at is not None and path.exists() else []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            it = rec.get("iter")
+            if it is None or it < resumed_at or (rec.get("kind") == "eval" and it == resumed_at):
+                kept.append(line + "\n")
+        path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
+        os.replace(path.with_suffix(".jsonl.tmp"), path)
     return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
-
-
-def _trim_metrics(path: Path, iter_num: int | None) -> None:
-    kept = []
-    lines = path.read_text(encoding="utf-8").splitlines() if iter_num is not None and path.exists() else []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        it = rec.get("iter")
-        if it is None or it < iter_num or (rec.get("kind") == "eval" and it == iter_num):
-            kept.append(line + "\n")
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)

@@ -1,6 +1,6 @@
-"""Where a run computes: the device (--device), the autocast dtype (--dtype), and this process's place among
-torchrun's processes with their process group. train.py, sample.py and batch_independence.py all choose their
-device here, by one rule."""
+"""Where a run computes: the device (--device), the autocast dtype (--dtype), this process's place among
+torchrun's processes with their process group, and the stop that SIGINT/SIGTERM request. train.py, sample.py and
+batch_independence.py all choose their device here, by one rule."""
 
 from __future__ import annotations
 
@@ -43,6 +43,25 @@ class Dist:
         if self.master:
             print(*args, **kwargs, flush=True)
 
+    @contextmanager
+    def use(self, device: str) -> Iterator[None]:
+        """Compute on `device` for the duration, joined to the other processes (nccl on CUDA, gloo on the CPU).
+        On CUDA the device becomes this process's current one, TF32 matmuls are allowed and peak memory is
+        counted from here."""
+        if device.startswith("cuda"):
+            if torch.device(device).index is not None:  # 'cuda' alone is the current device already (and torch
+                torch.cuda.set_device(device)  # 2.11 refuses to set it)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.cuda.reset_peak_memory_stats(device)
+        if self.enabled:
+            torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        try:
+            yield
+        finally:
+            if self.enabled:
+                torch.distributed.destroy_process_group()
+
     def wrap(self, model: torch.nn.Module, device: str) -> torch.nn.Module:
         """The model as it trains here: wrapped in DistributedDataParallel when there are several processes."""
         if not self.enabled:
@@ -69,12 +88,8 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
     """The torch device string for --device ('auto': cuda, then mps, then cpu); DeviceError if it is not here."""
     dist = dist or Dist()
     if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif torch.backends.mps.is_available() and not dist.enabled:
-            name = "mps"
-        else:
-            name = "cpu"
+        mps = torch.backends.mps.is_available() and not dist.enabled
+        name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
     try:
         kind = torch.device(name).type
     except RuntimeError:
@@ -83,10 +98,8 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
         raise DeviceError(f"device={name!r} is not a device here; choose auto, cpu, cuda, cuda:N or mps")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(
-                f"device={name!r} but CUDA is not available here (torch {torch.__version__}); "
-                f"use --device=cpu or --device=auto"
-            )
+            raise DeviceError(f"device={name!r} but CUDA is not available here (torch {torch.__version__}); "
+                              f"use --device=cpu or --device=auto")
         if dist.enabled:
             name = f"cuda:{dist.local_rank}"  # one GPU per process
         if (torch.device(name).index or 0) >= torch.cuda.device_count():
@@ -108,27 +121,21 @@ def resolve_dtype(name: str, device_type: str) -> str:
     return name
 
 
-@contextmanager
-def use_device(device: str, dist: Dist) -> Iterator[None]:
-    """Compute on `device` for the duration, joined to torchrun's other processes (nccl on CUDA, gloo on the CPU).
+def autocast(device: str, dtype: str) -> AbstractContextManager[Any]:
+    """Mixed precision in `dtype` on `device` (a resolve_dtype name); float32 runs as it is."""
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.split(":")[0], dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
 
-    On CUDA the device becomes this process's current one, TF32 matmuls are allowed and peak memory is counted
-    from here.
-    """
+
+def peak_memory(device: str) -> int:
+    """CUDA: peak allocated by tensors. MPS: driver memory now. CPU: the process's peak resident set."""
     if device.startswith("cuda"):
-        if torch.device(device).index is not None:  # 'cuda' alone is the current device already (and torch 2.11
-            torch.cuda.set_device(device)  # refuses to set it)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.cuda.reset_peak_memory_stats(device)
-    if not dist.enabled:
-        yield
-        return
-    torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
+        return int(torch.cuda.max_memory_allocated(device))
+    if device == "mps" and hasattr(torch.mps, "driver_allocated_memory"):
+        return int(torch.mps.driver_allocated_memory())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, kB on Linux
 
 
 class StopRequest:
@@ -155,29 +162,11 @@ class StopRequest:
             signal.signal(s, handler)
 
     def _handle(self, signum: int, frame: object) -> None:
-        now = time.monotonic()
         if self.signum is not None:
-            if now - self._time < 1.0:
+            if time.monotonic() - self._time < 1.0:
                 return
             signal.signal(signum, signal.SIG_DFL)
             raise KeyboardInterrupt
-        self.signum, self._time = signum, now
+        self.signum, self._time = signum, time.monotonic()
         if self.announce:
             os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
-
-
-def autocast(device: str, dtype: str) -> AbstractContextManager[Any]:
-    """Mixed precision in `dtype` on `device` (a resolve_dtype name); float32 runs as it is."""
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device.split(":")[0], dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
-
-
-def peak_memory(device: str) -> int:
-    """CUDA: peak allocated by tensors. MPS: driver memory now. CPU: the process's peak resident set."""
-    if device.startswith("cuda"):
-        return int(torch.cuda.max_memory_allocated(device))
-    if device == "mps" and hasattr(torch.mps, "driver_allocated_memory"):
-        return int(torch.mps.driver_allocated_memory())
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, kB on Linux

@@ -16,8 +16,6 @@ from model import GPTConfig
 class ConfigError(ValueError):
     """A bad option: unknown, of the wrong type, out of range, or impossible on this machine (exit status 2)."""
 
-    exit_code = 2
-
 
 # layernorm.NORMS, plus "none" (no normalization at all: the baseline of bench/compare_norms.py).
 VALID_NORMS = (*layernorm.NORMS, layernorm.NO_NORM)
@@ -100,10 +98,9 @@ def _did_you_mean(word: str, names: list[str] | tuple[str, ...], form: str) -> s
 def _typed(key: str, value: Any, source: str | None = None) -> Any:
     """A flag's text (source None), or a value from a JSON `source`, as the option's type; else ConfigError."""
     if key not in TYPES:
-        names = list(TYPES)
-        hint = _did_you_mean(key, names, " Did you mean {!r}?")
         where = f"in {source}" if source else "on the command line"
-        raise ConfigError(f"unknown option {key!r} ({where}).{hint} Valid options: {', '.join(names)}")
+        raise ConfigError(f"unknown option {key!r} ({where}).{_did_you_mean(key, list(TYPES), ' Did you mean {!r}?')}"
+                          f" Valid options: {', '.join(TYPES)}")
     base = {"str": str, "int": int, "float": float, "bool": bool}[TYPES[key].split(" | ")[0]]
     optional = TYPES[key].endswith("| None")
     expected = "bool (true/false/1/0)" if base is bool else TYPES[key].replace(" | ", " or ")
@@ -122,15 +119,11 @@ def _typed(key: str, value: Any, source: str | None = None) -> Any:
 
 
 def usage() -> str:
-    lines = [
-        "usage: python train.py [CONFIG.json] [--key=value ...]",
-        "",
-        "Train a GPT. A JSON config file sets some options, --key=value flags override it; the rest keep their",
-        "defaults. With --init_from=resume the checkpoint's saved options are the defaults. Options (=default):",
-    ]
+    lines = ["usage: python train.py [CONFIG.json] [--key=value ...]", "",
+             "Train a GPT. A JSON config file sets some options, --key=value flags override it; the rest keep their",
+             "defaults. With --init_from=resume the checkpoint's saved options are the defaults. Options (=default):"]
     for f in fields(TrainConfig):
-        choices = f.metadata["choices"]
-        extra = f" [{'|'.join(choices)}]" if choices else ""
+        extra = f" [{'|'.join(f.metadata['choices'])}]" if f.metadata["choices"] else ""
         lines.append(f"{'  --' + f.name + '=' + str(f.default):<36} ({f.type}) {f.metadata['help']}{extra}")
     return "\n".join(lines)
 
@@ -171,8 +164,12 @@ def read_config_file(path: str) -> dict[str, Any]:
     return {key: _typed(key, value, path) for key, value in data.items()}
 
 
-def validate(cfg: TrainConfig, processes: int = 1) -> None:
-    """The checks GPTConfig does not make; ConfigError names the option, its value and what is valid."""
+def build_config(explicit: dict[str, Any], base: dict[str, Any] | None = None, source: str = "",
+                 processes: int = 1) -> TrainConfig:
+    """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
+    checked for a run of that many processes: the checks GPTConfig does not make, then GPTConfig's own."""
+    known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES}
+    cfg = replace(TrainConfig(), **{**known, **explicit})
     for name, (ok, rule) in RANGES.items():
         if not ok(getattr(cfg, name)):  # `not ok` also catches NaN
             raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)}")
@@ -196,20 +193,10 @@ def validate(cfg: TrainConfig, processes: int = 1) -> None:
         try:
             import wandb  # noqa: F401
         except ImportError as e:
-            raise ConfigError(
-                f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, or drop --wandb_log"
-            ) from None
+            raise ConfigError(f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, "
+                              f"or drop --wandb_log") from None
     try:  # the model's own checks: sizes, n_embd divisible by n_head, dropout in [0, 1)
         GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS})
     except ValueError as e:
         raise ConfigError(str(e)) from None
-
-
-def build_config(explicit: dict[str, Any], base: dict[str, Any] | None = None, source: str = "",
-                 processes: int = 1) -> TrainConfig:
-    """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
-    checked (for a run of that many processes)."""
-    known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES}
-    cfg = replace(TrainConfig(), **{**known, **explicit})
-    validate(cfg, processes)
     return cfg

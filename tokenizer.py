@@ -6,36 +6,21 @@ Two kinds, both stored as plain JSON (never pickle) under meta.json's "tokenizer
   The vocabulary is the sorted set of characters of the training text.
 - ``{"kind": "tiktoken", "encoding": "r50k_base"}``: GPT-2's byte-level BPE through tiktoken. tiktoken is
   imported only when such a tokenizer is built, so character-level work does not need it.
+
+Both have ``vocab_size``, ``encode``, ``decode`` (which refuses ids outside the vocabulary) and ``to_meta``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
-
-KINDS: tuple[str, ...] = ("char", "tiktoken")
-
-
-class Tokenizer(Protocol):
-    kind: str
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    def to_meta(self) -> dict[str, Any]: ...
+from typing import Any
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int) -> None:
     for pos, i in enumerate(ids):
         if not 0 <= i < vocab_size:
-            raise ValueError(
-                f"token id {i} at position {pos} is outside the vocabulary (0..{vocab_size - 1})"
-            )
+            raise ValueError(f"token id {i} at position {pos} is outside the vocabulary (0..{vocab_size - 1})")
 
 
 class CharTokenizer:
@@ -44,16 +29,15 @@ class CharTokenizer:
     kind = "char"
 
     def __init__(self, itos: Sequence[str]) -> None:
-        itos = list(itos)
-        for i, ch in enumerate(itos):
+        self.itos = list(itos)
+        for i, ch in enumerate(self.itos):
             if not isinstance(ch, str) or len(ch) != 1:
                 raise ValueError(f"char vocabulary entry {i} must be a single character, got {ch!r}")
-        if len(set(itos)) != len(itos):
+        if len(set(self.itos)) != len(self.itos):
             raise ValueError("char vocabulary has duplicate characters")
-        if not itos:
+        if not self.itos:
             raise ValueError("char vocabulary is empty")
-        self.itos: list[str] = itos
-        self.stoi: dict[str, int] = {ch: i for i, ch in enumerate(itos)}
+        self.stoi = {ch: i for i, ch in enumerate(self.itos)}
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -65,11 +49,10 @@ class CharTokenizer:
         return len(self.itos)
 
     def encode(self, text: str) -> list[int]:
-        stoi = self.stoi
         try:
-            return [stoi[ch] for ch in text]
+            return [self.stoi[ch] for ch in text]
         except KeyError:
-            pos, ch = next((p, c) for p, c in enumerate(text) if c not in stoi)
+            pos, ch = next((p, c) for p, c in enumerate(text) if c not in self.stoi)
             raise ValueError(
                 f"character {ch!r} (U+{ord(ch):04X}) at position {pos} is not in the vocabulary; "
                 f"the vocabulary is the {self.vocab_size} characters of the training text"
@@ -77,17 +60,15 @@ class CharTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(ids, self.vocab_size)  # a negative id would otherwise index from the end, silently
-        itos = self.itos
-        return "".join(itos[i] for i in ids)
+        return "".join(self.itos[i] for i in ids)
 
     def to_meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "itos": list(self.itos)}
 
 
 class TiktokenTokenizer:
-    """GPT-2 BPE through tiktoken.
-
-    ``r50k_base`` has the same ranks, split pattern and ``<|endoftext|>`` token as tiktoken's ``gpt2``."""
+    """GPT-2 BPE through tiktoken. ``r50k_base`` has the same ranks, split pattern and ``<|endoftext|>`` token as
+    tiktoken's ``gpt2``."""
 
     kind = "tiktoken"
 
@@ -108,14 +89,8 @@ class TiktokenTokenizer:
                 f"(TIKTOKEN_CACHE_DIR={cache}; the project's tests use ../shared/tiktoken)"
             ) from None
         self.encoding = encoding
-
-    @property
-    def vocab_size(self) -> int:
-        return self._enc.n_vocab
-
-    @property
-    def eot_token(self) -> int:
-        return self._enc.eot_token
+        self.vocab_size = self._enc.n_vocab
+        self.eot_token = self._enc.eot_token
 
     def encode(self, text: str) -> list[int]:
         # encode_ordinary: a literal "<|endoftext|>" in the text is plain text, never the special token.
@@ -133,15 +108,13 @@ def tokenizer_from_meta(tok: dict[str, Any]) -> CharTokenizer | TiktokenTokenize
     """Rebuild the tokenizer that meta.json's (or a checkpoint's) ``"tokenizer"`` entry describes."""
     if not isinstance(tok, dict):
         raise TypeError(f"tokenizer meta must be a dict with a 'kind' key, got {type(tok).__name__}")
-    kind = tok.get("kind")
-    if kind == "char":
-        itos = tok.get("itos")
-        if not isinstance(itos, list):
+    if tok.get("kind") == "char":
+        if not isinstance(tok.get("itos"), list):
             raise ValueError("char tokenizer meta needs 'itos': a list of characters")
-        return CharTokenizer(itos)
-    if kind == "tiktoken":
+        return CharTokenizer(tok["itos"])
+    if tok.get("kind") == "tiktoken":
         encoding = tok.get("encoding", "r50k_base")
         if not isinstance(encoding, str):
             raise ValueError(f"tiktoken tokenizer meta 'encoding' must be a string, got {encoding!r}")
         return TiktokenTokenizer(encoding)
-    raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    raise ValueError(f"unknown tokenizer kind {tok.get('kind')!r}; valid kinds: char, tiktoken")

@@ -1,14 +1,9 @@
 """Train a GPT on a prepared dataset: one process, or several with torchrun.
 
-    python train.py [configs/NAME.json] [--key=value ...]
+    python train.py [configs/NAME.json] [--key=value ...]        (--help lists the options: options.py)
     python train.py configs/shakespeare_char_cpu.json --norm=custom
-    python train.py configs/shakespeare_char_cpu.json --init_from=resume --max_iters=3000
+    python train.py --init_from=resume --out_dir=DIR --max_iters=3000   (the checkpoint's options are the defaults)
     torchrun --standalone --nproc_per_node=4 train.py configs/shakespeare_char.json
-    python train.py --help
-
-The options are options.TrainConfig: a JSON config file sets some of them, `--key=value` flags override both;
-with --init_from=resume the options saved in the checkpoint are the defaults instead, so
-`python train.py --init_from=resume --out_dir=DIR` continues a run as it was configured.
 
 The loop is nanoGPT's: AdamW, linear warmup then cosine decay to min_lr, gradient clipping, gradient accumulation,
 an estimate of train and val loss every eval_interval iterations, a checkpoint after it. What differs:
@@ -17,13 +12,9 @@ an estimate of train and val loss every eval_interval iterations, a checkpoint a
   see the same data, and evaluation never disturbs the stream.
 - The hot loop reads nothing back from the device: the losses are read (one sync) at the next log line or
   checkpoint, and a NaN or inf among them stops the run before it can reach a checkpoint (`_read_back`).
-- Faults: checkpoints are written atomically; Ctrl-C (SIGINT) or SIGTERM saves one after the current iteration and
-  exits with 130 (143), a second Ctrl-C quits at once (device.StopRequest); a NaN or inf loss exits with 1.
-
-Exit status: 0 done, 1 a data, checkpoint or divergence error, 2 a bad option, 130/143 interrupted. Every error is
-one line on stderr ("error: ..."), never a traceback. Beside this file: options.py (the options and their checks),
-checkpoint.py (the checkpoint, resume checks, RNG state), device.py (device, dtype, torchrun's processes, signals)
-and data/common.py (the prepared data).
+- Ctrl-C (SIGINT) or SIGTERM saves a checkpoint after the current iteration and exits with 130 (143); a second
+  Ctrl-C quits at once. Other exit statuses: 0 done, 1 a data, checkpoint or divergence error, 2 a bad option.
+  Every error is one line on stderr ("error: ..."), never a traceback.
 """
 
 from __future__ import annotations
@@ -36,7 +27,6 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -45,16 +35,7 @@ import torch
 
 import checkpoint
 from data.common import DataError, PreparedData
-from device import (
-    DeviceError,
-    StopRequest,
-    autocast,
-    dist_from_env,
-    peak_memory,
-    resolve_device,
-    resolve_dtype,
-    use_device,
-)
+from device import DeviceError, StopRequest, autocast, dist_from_env, peak_memory, resolve_device, resolve_dtype
 from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 from options import MODEL_KEYS, ConfigError, TrainConfig, build_config, parse_args
@@ -96,15 +77,13 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str,
                  ckpt: dict[str, Any] | None) -> None:
         self.t_start = time.perf_counter()
-        self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.cfg, self.device, self.dtype, self.resumed = cfg, device, dtype, ckpt is not None
         self.dist = dist = dist_from_env()  # this process among torchrun's (one process: rank 0 of 1)
         self.ckpt_path = Path(cfg.out_dir) / "ckpt.pt"
         self.data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
         self.micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
         self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-
         self.data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)  # the data stream's own generator
-
         if ckpt is None:
             torch.manual_seed(cfg.seed)  # the same initial weights on every process
             model_args = {k: getattr(cfg, k) for k in MODEL_KEYS}
@@ -119,18 +98,16 @@ class Trainer:
         )
         # Loss scaling is for float16 only; disabled, each of its calls passes straight through.
         self.scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-        self.iter_num, self.best_val_loss, self.resumed = 0, math.inf, ckpt is not None
+        self.iter_num, self.best_val_loss = 0, math.inf
         if ckpt is not None:
             self.iter_num, self.best_val_loss = checkpoint.restore_training_state(
                 ckpt, self.optimizer, self.scaler, self.data_gen, self.ckpt_path
             )
             if dist.rank:  # only rank 0's dropout stream is saved; the others get a fresh, deterministic one
                 torch.manual_seed(cfg.seed + dist.rank + 7919 * self.iter_num)
-
         self.autocast = autocast(device, dtype)
         self.model = torch.compile(self.raw_model) if cfg.compile else self.raw_model  # evaluates
         self.train_model = dist.wrap(self.model, device)  # trains: with several processes, wrapped in DDP
-
         # What the run is, for the first log line and the summary.
         self.facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
                       "world_size": dist.world_size, "n_params": self.raw_model.get_num_params()}
@@ -146,21 +123,20 @@ class Trainer:
         self.wandb: Any = None  # the wandb run, when asked for (rank 0)
 
     def run(self) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, f = self.cfg, self.facts
         with contextlib.ExitStack() as closing:
             closing.callback(self.data.close)
             if self.dist.master:
                 # On resume, what describes the run up to the checkpoint is kept; eval_only adds to the record.
                 path, resumed_at = self.ckpt_path.parent / "metrics.jsonl", self.iter_num if self.resumed else None
                 self.metrics = closing.enter_context(checkpoint.open_metrics(path, resumed_at, append=cfg.eval_only))
-                if cfg.wandb_log:  # (options.validate made sure that wandb can be imported)
+                if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
                     import wandb
 
                     name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
                     self.wandb = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
                     closing.callback(self.wandb.finish)
             where = f"resuming {self.ckpt_path} at iteration {self.iter_num}" if self.resumed else "from scratch"
-            f = self.facts
             self.dist.print(
                 f"training {where}: norm={f['norm']}, {f['n_params'] / 1e6:.2f}M parameters, device={f['device']}, "
                 f"dtype={f['dtype']}, compile={f['compile']}, processes={f['world_size']}"
@@ -182,7 +158,7 @@ class Trainer:
         cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
         it = start = self.iter_num
         rows = slice(self.dist.rank * self.micro_steps, (self.dist.rank + 1) * self.micro_steps)  # this process's
-        no_sync = self.train_model.no_sync if self.dist.enabled else nullcontext
+        no_sync = self.train_model.no_sync if self.dist.enabled else contextlib.nullcontext
         n_starts = self.data.num_starts("train")
         self.t_window = time.perf_counter()
         while True:
@@ -204,7 +180,7 @@ class Trainer:
             loss_sum = 0.0
             for m in range(self.micro_steps):
                 # Gradients are all-reduced only after the last micro-step (DDP).
-                with no_sync() if m < self.micro_steps - 1 else nullcontext():
+                with no_sync() if m < self.micro_steps - 1 else contextlib.nullcontext():
                     with self.autocast:
                         _, loss = self.train_model(xs[m], ys[m])
                     loss = loss / self.micro_steps
@@ -221,8 +197,7 @@ class Trainer:
                 self._read_back(log=True)
             it += 1
         self.iter_num = it
-        if self.stop_reason is None:
-            self.stop_reason = "eval_only" if cfg.eval_only else "max_iters"
+        self.stop_reason = self.stop_reason or ("eval_only" if cfg.eval_only else "max_iters")
 
     def _read_back(self, log: bool = False) -> None:
         """Read back the losses of the iterations since the last read (one sync); stop if one is not finite.
@@ -260,10 +235,8 @@ class Trainer:
             kept = f"the last good checkpoint, {self.ckpt_path} (iteration {self.last_saved_iter}), was kept"
         else:
             kept = "no checkpoint had been written by this run"
-        raise TrainError(
-            f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
-            f"with a lower --learning_rate or a longer --warmup_iters"
-        )
+        raise TrainError(f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
+                         f"with a lower --learning_rate or a longer --warmup_iters")
 
     # ---- evaluation and checkpoints ----
 
@@ -332,11 +305,8 @@ class Trainer:
         resume = f"python train.py --init_from=resume --out_dir={self.cfg.out_dir}"
         if path != self.ckpt_path:
             resume = f"mv {path} {self.ckpt_path} && {resume}"
-        raise Interrupted(
-            f"interrupted ({signal.Signals(signum).name}) after {it} iterations; saved {path}. "
-            f"To continue the run: {resume}",
-            signum,
-        )
+        raise Interrupted(f"interrupted ({signal.Signals(signum).name}) after {it} iterations; saved {path}. "
+                          f"To continue the run: {resume}", signum)
 
     # ---- output (rank 0 only) and the end ----
 
@@ -374,15 +344,13 @@ class Trainer:
             return
         try:
             start = tok.encode("\n")
-        except ValueError:
+        except ValueError:  # a vocabulary without a newline
             start = [0]
         gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
         self.raw_model.eval()
         with self.autocast:
-            out = self.raw_model.generate(
-                torch.tensor([start], device=self.device), self.cfg.sample_tokens,
-                temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, generator=gen,
-            )
+            out = self.raw_model.generate(torch.tensor([start], device=self.device), self.cfg.sample_tokens,
+                                          temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, generator=gen)
         print(f"--- sample ({self.cfg.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
         print(tok.decode(out[0].tolist()), flush=True)
 
@@ -406,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if cfg.norm == "triton":
         check_triton_device(device)  # before any data or model is loaded
     checkpoint.make_out_dir(cfg.out_dir)
-    with use_device(device, dist):
+    with dist.use(device):
         return Trainer(cfg, explicit, device, dtype, ckpt).run()
 
 

@@ -36,23 +36,6 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(f"error: {message}")
 
 
-def parse_args(
-    argv: Sequence[str] | None, description: str | None, default_out_dir: Path
-) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--input", type=Path, default=None,
-                        help="a UTF-8 text file to use (default: <out_dir>/input.txt, downloaded if missing)")
-    parser.add_argument("--out_dir", type=Path, default=default_out_dir,
-                        help="where train.bin, val.bin and meta.json go "
-                             f"(default: {_display(default_out_dir)})")
-    parser.add_argument("--url", default=TINY_SHAKESPEARE_URL,
-                        help="where to download input.txt from when there is no --input and no input.txt "
-                             "(default: the canonical Tiny Shakespeare)")
-    return parser.parse_args(argv)
-
-
 def _display(path: Path) -> str:
     """``path`` relative to the repository root when it is inside it (shorter messages), else as given."""
     try:
@@ -93,6 +76,13 @@ def read_text_file(path: Path) -> str:
     return decode_text(data, str(path))
 
 
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write a temporary file beside ``path``, then rename it over ``path``: never half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def download(url: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> bytes:
     """The bytes at ``url``; raises OSError (or ValueError for a malformed URL) on failure."""
     try:
@@ -100,12 +90,6 @@ def download(url: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> bytes:
             return response.read()
     except http.client.HTTPException as e:  # not an OSError: a broken or truncated response
         raise OSError(f"bad HTTP response: {e!r}") from e
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: str) -> tuple[str, str]:
@@ -125,7 +109,7 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
         fail(f"no input text: no --input, no {local}, and downloading {url} failed ({reason}). "
              f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})")
     text = decode_text(data, url)
-    _write_bytes_atomic(local, data)
+    _write_atomic(local, data)
     print(f"saved {len(data):,} bytes to {local}")
     return text, str(local)
 
@@ -136,43 +120,6 @@ def split_text(text: str, train_fraction: float = TRAIN_FRACTION) -> tuple[str, 
     return text[:n], text[n:]
 
 
-def check_vocab_size(vocab_size: int, source: str) -> None:
-    if vocab_size > UINT16_IDS:
-        fail(f"{source} has {vocab_size:,} distinct characters, more than the {UINT16_IDS:,} token ids "
-             f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
-             f"(data/shakespeare/prepare.py) for this text")
-
-
-def check_split_sizes(train_tokens: int, val_tokens: int, source: str) -> None:
-    if min(train_tokens, val_tokens) < MIN_SPLIT_TOKENS:
-        fail(f"{source} is too short: {train_tokens + val_tokens:,} tokens give {train_tokens:,} train and "
-             f"{val_tokens:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
-             f"(train.py further needs more than block_size tokens in each); give a longer text")
-
-
-def write_split(ids: Sequence[int] | np.ndarray, path: Path) -> int:
-    """Write token ids as flat np.uint16, atomically (a temporary file, then rename); returns the count."""
-    arr = np.asarray(ids, dtype=np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() >= UINT16_IDS):
-        raise ValueError(f"token ids must be in 0..{UINT16_IDS - 1} to be stored as uint16, got "
-                         f"{arr.min()}..{arr.max()}")
-    tmp = path.with_name(path.name + ".tmp")
-    arr.astype(np.uint16).tofile(tmp)
-    os.replace(tmp, path)
-    return int(arr.size)
-
-
-def write_meta(out_dir: Path, tokenizer_meta: dict[str, Any], vocab_size: int, train_tokens: int,
-               val_tokens: int) -> Path:
-    meta = {"vocab_size": vocab_size, "tokenizer": tokenizer_meta, "train_tokens": train_tokens,
-            "val_tokens": val_tokens}
-    path = out_dir / "meta.json"
-    # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
-    _write_bytes_atomic(path, (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8"))
-    return path
-
-
-
 def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_file: str,
                 make_tokenizer: Callable[[str], Any]) -> dict[str, Any]:
     """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``), 90/10 split, files.
@@ -180,37 +127,51 @@ def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_f
     ``make_tokenizer`` returns an object with ``encode``, ``vocab_size`` and ``to_meta`` (see tokenizer.py);
     it may raise ValueError/RuntimeError with a message (e.g. tiktoken's ranks file missing offline)."""
     script_dir = Path(script_file).resolve().parent
-    script = _display(Path(script_file))
-    args = parse_args(argv, description, script_dir)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", type=Path, default=None,
+                        help="a UTF-8 text file to use (default: <out_dir>/input.txt, downloaded if missing)")
+    parser.add_argument("--out_dir", type=Path, default=script_dir,
+                        help=f"where train.bin, val.bin and meta.json go (default: {_display(script_dir)})")
+    parser.add_argument("--url", default=TINY_SHAKESPEARE_URL,
+                        help="where to download input.txt from when there is no --input and no input.txt "
+                             "(default: the canonical Tiny Shakespeare)")
+    args = parser.parse_args(argv)
     out_dir: Path = args.out_dir
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         fail(f"cannot create --out_dir {out_dir}: {e.strerror or e}")
 
-    text, source = read_text_source(args.input, out_dir, args.url, script)
+    text, source = read_text_source(args.input, out_dir, args.url, _display(Path(script_file)))
     try:
         tok = make_tokenizer(text)
     except (ValueError, RuntimeError) as e:
         fail(str(e))
-    check_vocab_size(tok.vocab_size, source)  # a char vocabulary grows with the text's distinct characters
-
-    train_text, val_text = split_text(text)
-    train_ids, val_ids = tok.encode(train_text), tok.encode(val_text)
-    check_split_sizes(len(train_ids), len(val_ids), source)
-
+    # Every id is below vocab_size, so this check keeps them all within np.uint16. (A char vocabulary grows with
+    # the text's distinct characters.)
+    if tok.vocab_size > UINT16_IDS:
+        fail(f"{source} has {tok.vocab_size:,} distinct characters, more than the {UINT16_IDS:,} token ids "
+             f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
+             f"(data/shakespeare/prepare.py) for this text")
+    ids = [np.asarray(tok.encode(part), dtype=np.int64) for part in split_text(text)]
+    n_train, n_val = (int(a.size) for a in ids)
+    if min(n_train, n_val) < MIN_SPLIT_TOKENS:
+        fail(f"{source} is too short: {n_train + n_val:,} tokens give {n_train:,} train and "
+             f"{n_val:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
+             f"(train.py further needs more than block_size tokens in each); give a longer text")
+    meta = {"vocab_size": tok.vocab_size, "tokenizer": tok.to_meta(), "train_tokens": n_train, "val_tokens": n_val}
     try:
-        n_train = write_split(train_ids, out_dir / "train.bin")
-        n_val = write_split(val_ids, out_dir / "val.bin")
-        meta_path = write_meta(out_dir, tok.to_meta(), tok.vocab_size, n_train, n_val)
+        for split, arr in zip(("train", "val"), ids, strict=True):
+            _write_atomic(out_dir / f"{split}.bin", arr.astype(np.uint16).tobytes())
+        # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
+        _write_atomic(out_dir / "meta.json", (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8"))
     except OSError as e:
         fail(f"cannot write to {out_dir}: {e.strerror or e}")
 
-    kind = tok.to_meta()["kind"]
     print(f"source: {source} ({len(text):,} characters)")
-    print(f"tokenizer: {kind}, vocab size {tok.vocab_size:,}")
+    print(f"tokenizer: {meta['tokenizer']['kind']}, vocab size {tok.vocab_size:,}")
     print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
-    print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {meta_path}")
+    print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}")
     sys.stdout.flush()
     return {"out_dir": str(out_dir), "source": source, "vocab_size": tok.vocab_size, "train_tokens": n_train,
             "val_tokens": n_val}
