@@ -191,12 +191,9 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
 
 def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, dropout: float, vocab_size: int,
                  tokenizer: dict[str, Any] | None, path: Path, device: str) -> GPT:
-    """The model a resumed run continues with, in train mode: the checkpoint's, with dropout as asked now and the
-    norm swapped, if asked, for an interchangeable one (model_from_checkpoint refuses any other).
-
-    The model asked for must be the checkpoint's: same shape, same vocabulary; else CheckpointError naming the
-    keys. Only options given explicitly (config file or flags) are compared; the others come from the checkpoint.
-    """
+    """The checkpoint's model in train mode, with dropout as asked now and, if asked, an interchangeable norm.
+    CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
+    the other options come from the checkpoint) is not the checkpoint's."""
     wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
     diffs = config_mismatch(ckpt["model_args"], {**wanted, "vocab_size": vocab_size})
     if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
@@ -239,12 +236,9 @@ def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimize
 
 
 def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> TextIO:
-    """metrics.jsonl (one JSON record per line), open for appending: afresh, or as it is (append=True), or on a
-    resume from a checkpoint after `resumed_at` iterations, with what describes the run up to that checkpoint.
-
-    On resume, records of iterations at or after the checkpoint (the tail a killed run wrote after its last
-    checkpoint) and a line cut short by a kill are dropped: the file then reads as one uninterrupted run.
-    """
+    """metrics.jsonl open for appending: afresh, or as it is (append=True), or on a resume after `resumed_at`
+    iterations without the records at or after it (the tail a killed run wrote after its last checkpoint) and
+    without a line cut short by a kill, so that the file reads as one uninterrupted run."""
     if not append:
         kept = []
         lines = path.read_text(encoding="utf-8").splitlines() if resumed_at is not None and path.exists() else []

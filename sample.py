@@ -4,13 +4,10 @@
     python sample.py --out_dir=out-shakespeare-char --temperature=0 --norm=custom     # greedy, another LayerNorm
     python sample.py --ckpt=path/to/ckpt.pt --start=FILE:prompt.txt
 
-The checkpoint is read with torch.load(weights_only=True) (checkpoint.load_checkpoint): tensors and plain data
-only, never pickled code. Its "tokenizer" entry says how to turn text into tokens (character-level or tiktoken
-BPE). `--norm` runs the same weights with another LayerNorm implementation (custom, builtin, triton); a norm that
-computes a different function (rmsnorm, batchnorm) is refused.
-
-Every sample is the prompt followed by max_new_tokens generated tokens; samples are printed one after the other,
-each followed by a line of dashes. Errors are one line, "error: ...", and a non-zero exit status.
+The checkpoint is read without unpickling code (checkpoint.load_checkpoint); its "tokenizer" entry turns text into
+tokens. `--norm` runs the same weights with another LayerNorm implementation (custom, builtin, triton); a norm that
+computes a different function (rmsnorm, batchnorm) is refused. Each sample (the prompt, then max_new_tokens
+generated tokens) is printed followed by a line of dashes. Errors are one line, "error: ...", exit status 1.
 """
 
 from __future__ import annotations
@@ -49,9 +46,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens; 0 = all (default 200)")
     p.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    p.add_argument(
-        "--norm", default=None, choices=NORMS, help="run with this norm instead of the checkpoint's (same weights)"
-    )
+    p.add_argument("--norm", choices=NORMS, help="run with this norm instead of the checkpoint's (same weights)")
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context every step")
     args = p.parse_args(argv)
     if args.num_samples < 1:
@@ -63,14 +58,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.top_k < 0:
         fail(f"--top_k must be >= 0 (0 means no top-k cut), got {args.top_k}")
     return args
-
-
-def pick_device(name: str) -> str:
-    """'auto' -> cuda, then mps, then cpu; an explicit device must exist here (train.py's rule, device.py)."""
-    try:
-        return resolve_device(name)
-    except DeviceError as e:
-        fail(f"--device: {e}")
 
 
 def read_prompt(start: str) -> str:
@@ -120,7 +107,10 @@ def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
 def main(argv: Sequence[str] | None = None) -> list[str]:
     """Draw the samples, print them, and return them (each: the prompt followed by the generated text)."""
     args = parse_args(argv)
-    device = pick_device(args.device)
+    try:
+        device = resolve_device(args.device)  # train.py's rule
+    except DeviceError as e:
+        fail(f"--device: {e}")
     prompt = read_prompt(args.start)
     model, checkpoint = load_model(args, device)
 
@@ -146,13 +136,8 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     # bfloat16 autocast on a GPU that has it, as train.py's dtype=auto
     with torch.no_grad(), autocast(device, resolve_dtype("auto", device.split(":")[0])):
         for _ in range(args.num_samples):
-            y = model.generate(
-                x,
-                args.max_new_tokens,
-                temperature=args.temperature,
-                top_k=args.top_k or None,
-                use_kv_cache=not args.no_kv_cache,
-            )
+            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                               use_kv_cache=not args.no_kv_cache)
             text = prompt + tokenizer.decode(y[0, len(ids) :].tolist())
             samples.append(text)
             print(text)
