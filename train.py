@@ -93,16 +93,14 @@ class Trainer:
             self.raw_model = checkpoint.resume_model(ckpt, explicit, cfg.norm, cfg.dropout, self.data.vocab_size,
                                                      self.data.meta.get("tokenizer"), self.ckpt_path, device)
         device_type = device.split(":")[0]
-        self.optimizer = self.raw_model.configure_optimizers(
-            cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type
-        )
+        self.optimizer = self.raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate,
+                                                             (cfg.beta1, cfg.beta2), device_type)
         # Loss scaling is for float16 only; disabled, each of its calls passes straight through.
         self.scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
         self.iter_num, self.best_val_loss = 0, math.inf
         if ckpt is not None:
-            self.iter_num, self.best_val_loss = checkpoint.restore_training_state(
-                ckpt, self.optimizer, self.scaler, self.data_gen, self.ckpt_path
-            )
+            self.iter_num, self.best_val_loss = checkpoint.restore_training_state(ckpt, self.optimizer, self.scaler,
+                                                                                  self.data_gen, self.ckpt_path)
             if dist.rank:  # only rank 0's dropout stream is saved; the others get a fresh, deterministic one
                 torch.manual_seed(cfg.seed + dist.rank + 7919 * self.iter_num)
         self.autocast = autocast(device, dtype)
