@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -306,7 +307,11 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    return {"device": device, "sides": sides, "threads": args.threads, "results": results}
+    commit = None
+    if nanogpt is not None:  # which nanoGPT was measured
+        git = subprocess.run(["git", "-C", str(nanogpt), "rev-parse", "HEAD"], capture_output=True, text=True)
+        commit = git.stdout.strip() or None
+    return {"device": device, "sides": sides, "threads": args.threads, "nanogpt_commit": commit, "results": results}
 
 
 def train_table(train: dict[str, Any]) -> str:
