@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -50,6 +51,31 @@ model.GPT.forward = diverging_forward
 sys.argv = ["train.py", *sys.argv[3:]]
 runpy.run_path("train.py", run_name="__main__")
 """
+
+
+class RunsCodeOnLoad:
+    """Pickled, this object is the call `function(*args)`: unpickling it makes that call."""
+
+    def __init__(self, function: Callable[..., object], *args: object) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
+        return self.function, self.args
+
+
+# What a malicious checkpoint could hold: an object whose unpickling writes `marker`. torch's weights_only loader
+# refuses both, with different errors: Path.touch is a global it does not allow, os.system comes from a module it
+# blocks outright.
+PAYLOADS: dict[str, Callable[[Path], RunsCodeOnLoad]] = {
+    "Path.touch": lambda marker: RunsCodeOnLoad(Path.touch, marker),
+    "os.system": lambda marker: RunsCodeOnLoad(os.system, f"echo ran > {shlex.quote(str(marker))}"),
+}
+
+
+def save_with_payload(path: Path, checkpoint: dict, marker: Path, payload: str = "Path.touch") -> None:
+    """`checkpoint` (otherwise valid) saved to `path` with one more entry whose unpickling would write `marker`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**checkpoint, "note": PAYLOADS[payload](marker)}, path)
 
 
 def skip_unless_runs(norm: str) -> None:

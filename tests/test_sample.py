@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import sample
-from checkpoint import FORMAT, save_checkpoint
+from checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from helpers import assert_one_line_error, save_with_payload, subprocess_env
 from layernorm import TritonUnavailableError, make_norm
 from model import GPT, GPTConfig
 
@@ -173,6 +174,19 @@ def test_truncated_checkpoint(out_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "ckpt.pt").write_bytes(data[: len(data) // 2])  # an interrupted copy
     with pytest.raises(SystemExit, match=r"^error: .*ckpt\.pt is truncated or corrupt"):
         sample.main(["--out_dir", str(tmp_path), *CPU])
+
+
+def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothing(
+    out_dir: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    save_with_payload(tmp_path / "ckpt.pt", load_checkpoint(out_dir / "ckpt.pt"), marker)  # a valid one, plus code
+    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--out_dir", str(tmp_path), *CPU], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert not marker.exists()
+    assert_one_line_error(proc, 1, f"error: {tmp_path / 'ckpt.pt'} holds objects other than tensors",
+                          "weights_only=True", "not written by this project's train.py")
+    assert proc.stdout == ""
 
 
 @pytest.mark.parametrize(

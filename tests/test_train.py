@@ -19,7 +19,18 @@ import options
 import train
 from checkpoint import FORMAT, CheckpointError, load_checkpoint
 from data.common import DataError
-from helpers import ROOT, TEXT, VOCAB, assert_one_line_error, make_dataset, records, run_cli, tiny_args, train_losses
+from helpers import (
+    ROOT,
+    TEXT,
+    VOCAB,
+    assert_one_line_error,
+    make_dataset,
+    records,
+    run_cli,
+    save_with_payload,
+    tiny_args,
+    train_losses,
+)
 
 # ---- fixtures ----
 
@@ -261,16 +272,20 @@ def test_resume_continues_the_run(trained: tuple[Path, Path, dict], tmp_path: Pa
     assert load_checkpoint(resumed / "ckpt.pt")["iter_num"] == 15
 
 
-def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path: Path, data_dir: Path) -> None:
+@pytest.mark.parametrize("norm", ["builtin", "custom", "rmsnorm", "batchnorm", "none"])
+def test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run(tmp_path: Path, data_dir: Path, norm: str) -> None:
     # dropout > 0 so that the torch RNG state matters too, not only the data stream
-    args = [*tiny_args(data_dir, tmp_path / "x"), "--dropout=0.1", "--eval_interval=4"]
-    train.main(args + [f"--out_dir={tmp_path / 'whole'}", "--max_iters=10"])
+    args = [*tiny_args(data_dir, tmp_path / "x"), f"--norm={norm}", "--dropout=0.1", "--eval_interval=4"]
+    whole = train.main(args + [f"--out_dir={tmp_path / 'whole'}", "--max_iters=10"])
     train.main(args + [f"--out_dir={tmp_path / 'cut'}", "--max_iters=6"])
-    train.main(args + [f"--out_dir={tmp_path / 'cut'}", "--max_iters=10", "--init_from=resume"])
-    whole, cut = train_losses(tmp_path / "whole"), train_losses(tmp_path / "cut")
-    assert sorted(whole) == list(range(10))
-    assert cut == whole  # exactly
+    # No other option: the norm, the dropout and the rest come from the checkpoint.
+    summary = train.main([f"--out_dir={tmp_path / 'cut'}", "--init_from=resume", "--max_iters=10"])
+    assert summary["norm"] == norm
+    cut, uncut = train_losses(tmp_path / "cut"), train_losses(tmp_path / "whole")
+    assert sorted(uncut) == list(range(10))
+    assert cut == uncut  # exactly
     assert records(tmp_path / "cut", "eval")[-1] == records(tmp_path / "whole", "eval")[-1]
+    assert summary["final_val_loss"] == whole["final_val_loss"] and math.isfinite(whole["final_val_loss"])
 
 
 def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_dir: Path) -> None:
@@ -281,14 +296,6 @@ def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_di
     # The same batches at every evaluation: re-evaluating the same weights gives the same numbers.
     again = train.main([f"--out_dir={tmp_path / 'rarely'}", "--init_from=resume", "--eval_only=True"])
     assert again["final_val_loss"] == rarely["final_val_loss"]
-
-
-@pytest.mark.parametrize("norm", ["custom", "rmsnorm", "batchnorm", "none"])
-def test_every_norm_trains_and_resumes(tmp_path: Path, data_dir: Path, norm: str) -> None:
-    args = tiny_args(data_dir, tmp_path / "out", f"--norm={norm}", "--eval_interval=3")
-    train.main(args + ["--max_iters=3"])
-    summary = train.main(args + ["--max_iters=5", "--init_from=resume"])
-    assert summary["norm"] == norm and math.isfinite(summary["final_val_loss"])
 
 
 def test_prepare_script_then_train(tmp_path: Path, shakespeare_path: Path) -> None:
@@ -318,6 +325,20 @@ def test_truncated_checkpoint_is_a_clear_error(trained: tuple[Path, Path, dict],
     (bad / "ckpt.pt").write_bytes(blob[: len(blob) // 2])
     proc = run_cli([f"--out_dir={bad}", "--init_from=resume"])
     assert_one_line_error(proc, 1, "truncated or corrupt", str(bad / "ckpt.pt"))
+
+
+def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothing(
+    trained: tuple[Path, Path, dict], tmp_path: Path
+) -> None:
+    _, out, _ = trained
+    bad, marker = tmp_path / "bad", tmp_path / "marker"
+    save_with_payload(bad / "ckpt.pt", load_checkpoint(out / "ckpt.pt"), marker)  # a resumable checkpoint, plus code
+    blob = (bad / "ckpt.pt").read_bytes()
+    proc = run_cli([f"--out_dir={bad}", "--init_from=resume", "--max_iters=13"])
+    assert not marker.exists()
+    assert_one_line_error(proc, 1, f"error: {bad / 'ckpt.pt'} holds objects other than tensors", "weights_only=True",
+                          "not written by this project's train.py")
+    assert (bad / "ckpt.pt").read_bytes() == blob and sorted(p.name for p in bad.iterdir()) == ["ckpt.pt"]
 
 
 def test_missing_checkpoint_on_resume(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""train.py under faults: kill -9 then resume, Ctrl-C (SIGINT) and SIGTERM, a NaN or an inf loss.
+"""train.py under faults: kill -9 then resume, Ctrl-C (SIGINT) and SIGTERM then resume, a NaN or an inf loss.
 
 Each interrupted run is a real subprocess; the uninterrupted reference runs in-process with the same single
 thread, and the resumed run must give exactly its losses, iteration by iteration. A diverging run is train.py
@@ -8,7 +8,10 @@ itself, started through a wrapper that makes the model's loss NaN or inf at one 
 from __future__ import annotations
 
 import math
+import shlex
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ import torch
 import train
 from checkpoint import load_checkpoint
 from helpers import (
+    ROOT,
     assert_one_line_error,
     make_dataset,
     n_train_records,
@@ -24,6 +28,7 @@ from helpers import (
     run_cli,
     run_diverging,
     start,
+    subprocess_env,
     tiny_args,
     wait_for,
 )
@@ -35,8 +40,11 @@ def data_dir(tmp_path: Path) -> Path:
     return make_dataset(tmp_path / "data")
 
 
-def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Path) -> None:
-    args = tiny_args(data_dir, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200")
+# dropout > 0: the dropout masks draw from the torch RNG, whose state must come back from the checkpoint too
+@pytest.mark.parametrize("norm", ["builtin", "custom"])
+def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Path, norm: str) -> None:
+    args = tiny_args(data_dir, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", f"--norm={norm}",
+                     "--dropout=0.1")
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: (tmp_path / "run" / "ckpt.pt").exists(), proc)
     wait_for(lambda: n_train_records(tmp_path / "run") >= 15, proc)  # well past the checkpoint, mid-run
@@ -50,7 +58,7 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Pat
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {tmp_path / 'run' / 'ckpt.pt'} at iteration {k}" in resumed.stdout
     train.main(tiny_args(data_dir, tmp_path / "whole", "--eval_interval=10", "--lr_decay_iters=200",
-                         f"--max_iters={n}"))
+                         f"--norm={norm}", "--dropout=0.1", f"--max_iters={n}"))
     whole = losses(tmp_path / "whole")
     assert sorted(whole) == list(range(n))
     # metrics.jsonl of the killed-and-resumed run reads as one run: the killed tail was replaced.
@@ -58,30 +66,43 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Pat
     assert losses(tmp_path / "run") == whole
 
 
-@pytest.mark.parametrize("always_save", [True, False])
-def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path, data_dir: Path, always_save: bool) -> None:
-    args = tiny_args(data_dir, tmp_path / "run", "--eval_interval=1000", "--lr_decay_iters=200",
+@pytest.mark.parametrize(
+    ("sig", "always_save"),
+    [(signal.SIGINT, True), (signal.SIGINT, False), (signal.SIGTERM, True)],
+    ids=["ctrl-c", "ctrl-c-best-only", "sigterm"],
+)
+def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
+    tmp_path: Path, data_dir: Path, sig: signal.Signals, always_save: bool
+) -> None:
+    """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
+    run with exactly the losses of an uninterrupted one."""
+    out = tmp_path / "run"
+    args = tiny_args(data_dir, out, "--eval_interval=1000", "--lr_decay_iters=200", "--dropout=0.1",
                      f"--always_save_checkpoint={always_save}")
     proc = start(args + ["--max_iters=100000"])
-    wait_for(lambda: n_train_records(tmp_path / "run") >= 5, proc)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (out[-1000:], err[-2000:])
+    wait_for(lambda: n_train_records(out) >= 5, proc)
+    proc.send_signal(sig)
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, (stdout[-1000:], err[-2000:])
     assert "Traceback" not in err
-    saved = tmp_path / "run" / ("ckpt.pt" if always_save else "ckpt_interrupted.pt")
-    assert f"saved {saved}" in err and "--init_from=resume" in err
-    ckpt = load_checkpoint(saved)
-    k = ckpt["iter_num"]
+    # In best-only mode ckpt.pt is never overwritten by an interruption: the state goes beside it.
+    saved = out / ("ckpt.pt" if always_save else "ckpt_interrupted.pt")
+    assert (out / "ckpt.pt").exists() == always_save
+    k = load_checkpoint(saved)["iter_num"]  # eval_interval=1000: only the interruption saved one
     assert k >= 5
-    if not always_save:  # best-only mode: ckpt.pt is never overwritten by an interruption
-        assert not (tmp_path / "run" / "ckpt.pt").exists()
-        return
+    assert f"interrupted ({sig.name}) after {k} iterations; saved {saved}. To continue the run: " in err
+    command = err.split("To continue the run: ")[1].strip()
+    assert "--init_from=resume" in command and ("mv " in command) != always_save
     n = k + 4
-    resumed = run_cli(args + ["--init_from=resume", f"--max_iters={n}"])
+    command = command.replace("python train.py", f"{shlex.quote(sys.executable)} train.py") + f" --max_iters={n}"
+    resumed = subprocess.run(command, shell=True, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                             timeout=120)
     assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed.stdout
     train.main(tiny_args(data_dir, tmp_path / "whole", "--eval_interval=1000", "--lr_decay_iters=200",
-                         f"--max_iters={n}"))
-    assert losses(tmp_path / "run") == losses(tmp_path / "whole")
+                         "--dropout=0.1", f"--max_iters={n}"))
+    assert sorted(losses(tmp_path / "whole")) == list(range(n))
+    assert losses(out) == losses(tmp_path / "whole")
 
 
 @pytest.mark.parametrize("factor", ["nan", "inf"])
@@ -108,15 +129,3 @@ def test_a_nan_before_the_first_checkpoint_says_none_was_written(tmp_path: Path,
     proc = run_diverging(2, "nan", tiny_args(data_dir, tmp_path / "run", "--max_iters=30", "--eval_interval=10"))
     assert_one_line_error(proc, 1, "loss is nan at iteration 2", "no checkpoint had been written by this run")
     assert not (tmp_path / "run" / "ckpt.pt").exists()
-
-
-def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path: Path, data_dir: Path) -> None:
-    args = tiny_args(data_dir, tmp_path / "run", "--eval_interval=1000", "--lr_decay_iters=200")
-    proc = start(args + ["--max_iters=100000"])
-    wait_for(lambda: n_train_records(tmp_path / "run") >= 3, proc)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, (out[-1000:], err[-2000:])
-    assert "Traceback" not in err and "interrupted (SIGTERM)" in err and "--init_from=resume" in err
-    k = load_checkpoint(tmp_path / "run" / "ckpt.pt")["iter_num"]
-    assert k >= 3 and f"after {k} iterations" in err
