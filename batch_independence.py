@@ -22,6 +22,7 @@ from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig, KVCache
 
 EVAL_ROW = "batchnorm-eval"
+STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
 NORM_NAMES = ("ln_1", "ln_2", "ln_f")  # model.py's norm layers: their parameters and buffers live under these names
 RANDOM_MODEL = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=64, norm="custom")
 CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
@@ -154,7 +155,7 @@ def run_row(name: str, config: GPTConfig, state: dict[str, torch.Tensor], prompt
     within_tol = all(c["error"] is None and c["max_abs_diff"] <= args.tol for c in checks)
     return {
         "name": name,
-        "statistics": {"batchnorm": "batch statistics", EVAL_ROW: "running averages"}.get(name, "per token"),
+        "statistics": STATISTICS.get(name, "per token"),
         "required": name in args.require if args.require is not None else model.config.norm != "batchnorm",
         **dict(zip(CHECKS, checks, strict=True)),
         "passed": within_tol and alone_vs_batch["tokens_agree"],  # within_tol: no error, so the tokens were compared

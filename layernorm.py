@@ -16,8 +16,8 @@ For one row x of C features (a token's activations), LayerNorm is
     y_i    = xhat_i * weight_i + bias_i                     (a learned scale and shift per feature)
 
 Every row is normalized on its own: no statistic crosses rows, so a token's output does not depend on the other
-tokens of the batch. `BatchNorm` below is the counter-example (statistics per feature over the batch) and
-`RMSNorm` the simplification (no mean subtraction, no shift).
+tokens of the batch. `BatchNorm` below is the counter-example (statistics per feature over the batch), `RMSNorm`
+the simplification (no mean subtraction, no shift) and `DyT` the question whether statistics are needed at all.
 """
 
 import os
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-NORMS: tuple[str, ...] = ("custom", "builtin", "triton", "rmsnorm", "batchnorm")
+NORMS: tuple[str, ...] = ("custom", "builtin", "triton", "rmsnorm", "batchnorm", "dyt")
 # Not a norm: make_norm("none", dim) is the identity, the no-normalization baseline of bench/compare_norms.py.
 NO_NORM = "none"
 
@@ -266,11 +266,41 @@ class BatchNorm(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu, Chen, He, LeCun and Liu 2025, "Transformers without Normalization"):
+
+        y = tanh(alpha * x) * weight + bias,    alpha one learned scalar
+
+    No statistics at all: nothing is reduced over features or rows, each element is squashed on its own, so it is
+    batch independent like LayerNorm but does not centre or rescale a token. The paper's observation: trained
+    LayerNorms map their inputs along tanh-like S curves, linear in the middle and flat for outliers. alpha starts
+    at 0.5, the paper's default; it lowers it only for its large language models, where wider models needed
+    smaller values, and this GPT is far narrower than those. `eps` is accepted, for the shared signature, and unused.
+    """
+
+    def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float = 0.5) -> None:
+        super().__init__()
+        _init_affine(self, dim, bias, eps)
+        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+
+    extra_repr = LayerNorm.extra_repr
+    _check_input = LayerNorm._check_input
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        y = torch.tanh(self.alpha * xf) * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+
 _CLASSES: dict[str, type[nn.Module]] = {
     "custom": LayerNorm,
     "builtin": BuiltinLayerNorm,
     "rmsnorm": RMSNorm,
     "batchnorm": BatchNorm,
+    "dyt": DyT,
 }
 
 
@@ -278,7 +308,7 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5) -> n
     """Build the norm called `name` (one of NORMS) over `dim` features.
 
     custom, builtin and triton are the same LayerNorm (same function, same parameters `weight` and `bias`);
-    rmsnorm and batchnorm are the two contrasts. bias=False drops the additive `bias` parameter.
+    rmsnorm, batchnorm and dyt are the contrasts. bias=False drops the additive `bias` parameter.
     """
     if name == NO_NORM:
         return nn.Identity()

@@ -3,7 +3,7 @@
     python bench/compare_norms.py                 # CPU: shakespeare_char_cpu, 2000 iterations, about 10 min
     python bench/compare_norms.py --full          # GPU: shakespeare_char (6 layers, 384 wide), 5000 iterations
 
-Each norm (custom, builtin, triton, rmsnorm, batchnorm and none, the no-norm baseline) is one `train.py` child
+Each norm (custom, builtin, triton, rmsnorm, batchnorm, dyt and none, the no-norm baseline) is one `train.py` child
 process with its own out_dir, the same config, the same seed (so the same initial weights wherever the layouts
 agree, the same batches and the same eval batches). Its log lines are streamed with the norm's name in front.
 Collected from each run's metrics.jsonl and rusage: train and val loss at every eval, ms/iter (median of the
@@ -52,7 +52,7 @@ from common import (  # noqa: E402
     write_json,
 )
 
-ALL_NORMS = ("custom", "builtin", "triton", "rmsnorm", "batchnorm", "none")
+ALL_NORMS = ("custom", "builtin", "triton", "rmsnorm", "batchnorm", "dyt", "none")
 LAYERNORMS = ("custom", "builtin", "triton")
 TOLERANCE = 0.02  # acceptance: the three LayerNorms' val losses agree within this at every eval
 

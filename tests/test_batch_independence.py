@@ -42,17 +42,17 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
 
 
 def test_default_run_passes_and_shows_batchnorm_failing() -> None:
-    """The script as a user runs it: exit 0, every LayerNorm and RMSNorm PASS, batchnorm FAIL with its reason."""
+    """The script as a user runs it: exit 0, every LayerNorm, RMSNorm and DyT PASS, batchnorm FAIL with its reason."""
     proc = run_script()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = row_lines(proc.stdout)
-    expected = ["custom", "builtin", "rmsnorm", "batchnorm", "batchnorm-eval"]
+    expected = ["custom", "builtin", "rmsnorm", "batchnorm", "dyt", "batchnorm-eval"]
     if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
         expected.append("triton")
     else:
         assert "skipped triton" in proc.stdout
     assert sorted(rows) == sorted(expected), proc.stdout
-    for name in ("custom", "builtin", "rmsnorm", "triton"):
+    for name in ("custom", "builtin", "rmsnorm", "triton", "dyt"):
         if name in rows:
             assert rows[name].split()[-1] == "PASS" and "agree" in rows[name], rows[name]
     # batchnorm: numbers, not an error: (1) and (3) far above the tolerance, the greedy tokens part ways

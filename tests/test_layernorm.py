@@ -316,7 +316,7 @@ def test_empty_batch(impl):
 
 
 def test_norms_registry():
-    assert NORMS == ("custom", "builtin", "triton", "rmsnorm", "batchnorm")
+    assert NORMS == ("custom", "builtin", "triton", "rmsnorm", "batchnorm", "dyt")
     for name in NORMS:
         m = make_norm(name, 12).to(_device())
         assert m.weight.shape == (12,) and m.bias.shape == (12,)
@@ -344,7 +344,7 @@ def test_state_dict_interchange_between_the_layernorms(bias):
         torch.testing.assert_close(back(x), y_src, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["custom", "builtin", "triton", "rmsnorm"])
+@pytest.mark.parametrize("name", ["custom", "builtin", "triton", "rmsnorm", "dyt"])
 def test_batch_independence(name):
     """norm(x)[i] == norm(x[i:i+1]): a token's output never depends on the rest of the batch."""
     torch.manual_seed(0)
@@ -458,8 +458,32 @@ def test_rmsnorm_formula(bias):
         torch.testing.assert_close(m(x) - (m.bias if bias else 0), y_pt, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_dyt_against_float64(bias):
+    """DyT's forward and its gradients (x, weight, bias and the scalar alpha) against the formula in float64."""
+    torch.manual_seed(0)
+    m = make_norm("dyt", 20, bias=bias)
+    assert m.alpha.item() == 0.5 and m.alpha.shape == ()  # the paper's default, one scalar
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p))
+    x = (torch.randn(3, 4, 20) * 2).requires_grad_()
+    dy = torch.randn(3, 4, 20)
+    params = [m.alpha, m.weight] + ([m.bias] if bias else [])
+    grads = torch.autograd.grad(m(x), [x, *params], dy)
+    x64, p64 = x.detach().double().requires_grad_(), [p.detach().double().requires_grad_() for p in params]
+    ref = torch.tanh(p64[0] * x64) * p64[1] + (p64[2] if bias else 0)
+    refs = torch.autograd.grad(ref, [x64, *p64], dy.double())
+    assert rel_err(m(x), ref.detach()) < 1e-6
+    for g, r in zip(grads, refs, strict=True):
+        assert rel_err(g, r) < 1e-5
+    m64 = make_norm("dyt", 6).double()  # gradcheck through the module (its parameters at their init)
+    xs = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(m64, (xs,))
+
+
 def test_modules_half_precision():
-    for name in ("custom", "builtin", "rmsnorm", "batchnorm"):
+    for name in ("custom", "builtin", "rmsnorm", "batchnorm", "dyt"):
         m = make_norm(name, 16).to(torch.bfloat16)
         y = m(torch.randn(2, 3, 16, dtype=torch.bfloat16))
         assert y.dtype == torch.bfloat16 and torch.isfinite(y).all(), name
