@@ -1,0 +1,149 @@
+"""Inside a trained model: the residual stream's scale, what each norm does to it, and the norms' learned parameters.
+
+    python experiments/inside_norms.py                       # the Quickstart's checkpoint, out-shakespeare-char-cpu
+    python experiments/inside_norms.py --ckpt=path/to/ckpt.pt --data_dir=data/shakespeare_char
+
+Runs the checkpoint on the CPU over windows of its dataset's val.bin; forward hooks on transformer.h[i], its ln_1 and
+ln_2, and transformer.ln_f (found by name, wherever norm_position puts them) give every token's RMS over features:
+of the residual stream entering each block and of each norm's output. Writes to --results_dir inside_norms.json
+(every number, the percentiles of every norm's parameters, the command, checkpoint, config, machine, run time) and
+inside_norms.png (the RMS per layer; the learned weight and bias of each norm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import machine_info  # noqa: E402
+
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+
+
+def stats(values: torch.Tensor) -> dict[str, float]:
+    """Mean, RMS, min, max and percentiles of a flat set of numbers."""
+    v = values.detach().double().flatten().numpy()
+    out = {"mean": v.mean(), "rms": np.sqrt((v**2).mean()), "min": v.min(), "max": v.max(),
+           **{f"p{q}": np.percentile(v, q) for q in (5, 10, 25, 50, 75, 90, 95)}}
+    return {k: round(float(x), 6) for k, x in out.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out_dir", default="out-shakespeare-char-cpu", help="folder holding ckpt.pt")
+    p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
+    p.add_argument("--data_dir", help="folder with val.bin (default: the checkpoint's data_dir, else data/<dataset>)")
+    p.add_argument("--batches", type=int, default=16, help="batches of validation windows (default 16)")
+    p.add_argument("--batch_size", type=int, default=32, help="windows of block_size tokens per batch (default 32)")
+    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "inside_norms"))
+    p.add_argument("--smoke", action="store_true", help="one batch of two windows (for tests)")
+    args, t0 = p.parse_args(), time.perf_counter()
+    n_batches, batch_size = (1, 2) if args.smoke else (args.batches, args.batch_size)
+    ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+    ckpt = load_checkpoint(ckpt_path)
+    model = model_from_checkpoint(ckpt)  # on the CPU, in eval mode
+    cfg, train_cfg = model.config, ckpt.get("config") or {}
+    data_dir = Path(args.data_dir or train_cfg.get("data_dir") or ROOT / "data" / train_cfg.get("dataset", ""))
+    meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
+    if ckpt.get("tokenizer") is not None and meta.get("tokenizer") != ckpt["tokenizer"]:
+        raise SystemExit(f"error: {data_dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
+    val = np.fromfile(data_dir / "val.bin", dtype=np.uint16).astype(np.int64)
+    print(f"{ckpt_path}: {cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}; {len(val):,} val tokens "
+          f"in {data_dir}", flush=True)
+
+    # Per-token RMS over features, collected by hooks, keyed by what was measured.
+    rms: dict[str, list[torch.Tensor]] = {}
+
+    def keep(key: str, x: torch.Tensor) -> None:
+        rms.setdefault(key, []).append(x.detach().float().pow(2).mean(-1).sqrt().flatten())
+
+    h = model.transformer.h
+    named = {f"{i}.{n}": getattr(b, n, None) for i, b in enumerate(h) for n in ("ln_1", "ln_2")}
+    named["ln_f"] = getattr(model.transformer, "ln_f", None)
+    norms = {k: m for k, m in named.items() if m is not None and not isinstance(m, torch.nn.Identity)}  # a real norm
+    if named["ln_f"] is not None:  # the stream after the last block (an Identity ln_f too: post-norm keeps none)
+        named["ln_f"].register_forward_pre_hook(lambda m, a: keep("final", a[0]))
+    for i, block in enumerate(h):
+        block.register_forward_pre_hook(lambda m, a, i=i: keep(f"resid.{i}", a[0]))
+    for name, norm in norms.items():
+        norm.register_forward_hook(lambda m, a, out, name=name: keep(name, out))
+
+    T = cfg.block_size
+    starts = torch.linspace(0, len(val) - T - 1, n_batches * batch_size).long()
+    losses = []
+    with torch.no_grad():
+        for b, chunk in enumerate(starts.split(batch_size)):
+            x = torch.stack([torch.from_numpy(val[s : s + T]) for s in chunk.tolist()])
+            _, loss = model(x, torch.stack([torch.from_numpy(val[s + 1 : s + T + 1]) for s in chunk.tolist()]))
+            losses.append(loss.item())
+            print(f"batch {b + 1}/{n_batches}: {x.numel()} tokens, loss {loss.item():.4f}", flush=True)
+    measured = {k: stats(torch.cat(v)) for k, v in rms.items()}
+    result = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "checkpoint": str(ckpt_path.resolve()), "iter_num": ckpt.get("iter_num"), "model_args": ckpt["model_args"],
+        "config": train_cfg, "data_dir": str(data_dir), "tokens": len(starts) * T,
+        "val_loss": round(float(np.mean(losses)), 4),
+        "token_rms": {"resid_in": [measured[f"resid.{i}"] for i in range(cfg.n_layer)],  # per layer; None: no norm
+                      **{f"{n}_out": [measured.get(f"{i}.{n}") for i in range(cfg.n_layer)] for n in ("ln_1", "ln_2")},
+                      "final_resid": measured.get("final"), "ln_f_out": measured.get("ln_f")},
+        "params": {name: {pn: stats(pv) for pn, pv in m.named_parameters()} for name, m in norms.items()},
+        "machine": machine_info(),
+    }
+    out = Path(args.results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, norms, out / "inside_norms.png")
+    result["run_time_s"] = round(time.perf_counter() - t0, 2)
+    (out / "inside_norms.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}/inside_norms.json and .png; total time {result['run_time_s']:.1f} s", flush=True)
+
+
+def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
+    tr, n = result["token_rms"], len(result["token_rms"]["resid_in"])
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1]})
+    ax = axes[0]
+    series = [("residual entering block", tr["resid_in"] + [tr["final_resid"]], "k"),
+              ("ln_1 output", tr["ln_1_out"], "tab:blue"), ("ln_2 output", tr["ln_2_out"], "tab:orange"),
+              ("ln_f output", [None] * n + [tr["ln_f_out"]], "tab:green")]
+    for label, vals, color in series:
+        pts = {i: v for i, v in enumerate(vals) if v}  # x -> stats, where measured
+        if pts:
+            q = np.array([[v["p10"], v["p50"], v["p90"]] for v in pts.values()])
+            ax.errorbar(list(pts), q[:, 1], [q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]], fmt="o-", color=color,
+                        capsize=3, label=f"{label} (median, p10-p90)")
+    ax.axhline(1, color="gray", ls=":", lw=1)
+    ax.set_xticks(range(n + 1), [*map(str, range(n)), "final"])
+    ax.set(yscale="log", xlabel="block (the stream after the last block enters ln_f)",
+           ylabel="per-token RMS over features (log scale)", title="Residual stream and norm outputs")
+    ax.legend(fontsize=8)
+    for ax, pname in zip(axes[1:], ("weight", "bias"), strict=True):
+        names = [k for k, m in norms.items() if getattr(m, pname, None) is not None]
+        data = [getattr(norms[k], pname).detach().float().numpy() for k in names]
+        if data:
+            ax.boxplot(data, whis=(5, 95), showfliers=False)
+            ax.set_xticks(range(1, len(names) + 1), names, rotation=60 if len(names) > 10 else 30, fontsize=8)
+        ax.axhline(1 if pname == "weight" else 0, color="gray", ls=":", lw=1)
+        ax.set_title(f"Learned {pname} of each norm (box: quartiles, whiskers p5-p95)", fontsize=10)
+    m = result["model_args"]
+    fig.suptitle(f"Inside the trained model: {m['n_layer']} layers x {m['n_embd']}, norm={m['norm']}, "
+                 f"{m.get('norm_position', 'pre')}-norm, iter {result['iter_num']}, {result['tokens']:,} val tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
