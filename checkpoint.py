@@ -31,9 +31,9 @@ FORMAT = "layernorm-gpt/1"
 # The LayerNorm implementations compute the same function from the same parameters, so a checkpoint trained with
 # one can be run with any other. RMSNorm and BatchNorm compute other functions (BatchNorm also has buffers).
 INTERCHANGEABLE_NORMS = ("custom", "builtin", "triton")
-# model_args that fix the shape of the model (and so of its weights): dropout and an interchangeable norm may change
-# on resume, these may not.
-MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+# model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
+# interchangeable norm may change on resume, these may not.
+MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position")
 RESUME_KEYS = ("model", "model_args", "optimizer", "iter_num", "best_val_loss", "config", "rng")
 
 
@@ -195,7 +195,7 @@ def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, drop
     CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
     the other options come from the checkpoint) is not the checkpoint's."""
     wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
-    diffs = config_mismatch(ckpt["model_args"], {**wanted, "vocab_size": vocab_size})
+    diffs = config_mismatch(asdict(checkpoint_config(ckpt)), {**wanted, "vocab_size": vocab_size})
     if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
         diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
     if diffs:

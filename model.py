@@ -1,13 +1,14 @@
-"""A GPT in nanoGPT's shape, with a pluggable pre-norm and a KV cache for decoding.
+"""A GPT in nanoGPT's shape, with a pluggable norm, placed before or after each sublayer, and a KV cache.
 
-Every block is pre-norm over activations of shape [B, T, C]:
+Every block is pre-norm (GPT-2, the default) or post-norm (the original Transformer, norm_position="post") over
+activations of shape [B, T, C]:
 
-    x = x + attn(ln_1(x))
-    x = x + mlp(ln_2(x))
+    pre:  x = x + attn(ln_1(x))        post:  x = ln_1(x + attn(x))
+          x = x + mlp(ln_2(x))                x = ln_2(x + mlp(x))
 
-and a final ln_f sits before the LM head. Which normalization those three kinds of layer compute is the one choice
-this file leaves open: it asks `layernorm.make_norm(config.norm, ...)` and knows nothing else about norms. The
-LayerNorms in layernorm.py share one parameter layout, so a checkpoint trained with one loads into any other.
+and a pre-norm model has a final ln_f before the LM head. Which normalization these layers compute is the one
+choice this file leaves open: it asks `layernorm.make_norm(config.norm, ...)` and knows nothing else about norms.
+The LayerNorms in layernorm.py share one parameter layout, so a checkpoint trained with one loads into any other.
 
 Decoding with a KV cache (`GPT.generate(..., use_kv_cache=True)`, the default): the prompt runs through the model
 once (prefill), each layer keeps its keys and values, and every later token runs through the model alone, as
@@ -50,6 +51,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # bias in the Linear layers and the norms, as in GPT-2; False is a little faster and smaller
     norm: str = "builtin"  # any name in layernorm.NORMS
+    norm_position: str = "pre"  # "pre": x + f(ln(x)), as GPT-2; "post": ln(x + f(x)), as the original Transformer
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -63,6 +65,8 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
 
 
 class KVCache:
@@ -146,11 +150,14 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = make_norm(config.norm, config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
+        self.post = config.norm_position == "post"
 
     def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, layer)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        if self.post:  # normalize the residual stream after each add
+            x = self.ln_1(x + self.attn(x, kv_cache, layer))
+            return self.ln_2(x + self.mlp(x))
+        x = x + self.attn(self.ln_1(x), kv_cache, layer)  # normalize only what each sublayer reads
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -163,7 +170,11 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=make_norm(config.norm, config.n_embd, bias=config.bias),
+                # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm,
+                # and a second one straight after it would only add a redundant scale and shift. Identity keeps
+                # the name, so code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
+                ln_f=make_norm(config.norm, config.n_embd, bias=config.bias)
+                if config.norm_position == "pre" else nn.Identity(),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)

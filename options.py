@@ -50,6 +50,8 @@ class TrainConfig:
     dropout: float = opt(0.0, "dropout probability, in [0, 1)")
     bias: bool = opt(True, "bias in the Linear layers and the norms")
     norm: str = opt("builtin", "normalization layer: a name from layernorm.NORMS, or none", VALID_NORMS)
+    norm_position: str = opt("pre", "pre: x + f(norm(x)), as GPT-2; post: norm(x + f(x)), as the original Transformer",
+                             ("pre", "post"))
     # optimizer and schedule
     learning_rate: float = opt(1e-3, "peak learning rate")
     max_iters: int = opt(2000, "optimizer steps in the whole run")
@@ -77,7 +79,8 @@ class TrainConfig:
 
 
 TYPES = {f.name: f.type for f in fields(TrainConfig)}  # "int", "float | None", ... (annotations are strings)
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout", "norm")  # and the data's vocab_size
+# and the data's vocab_size
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout", "norm", "norm_position")
 # The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
 RANGES = {
     **dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters",

@@ -42,3 +42,25 @@ def test_inside_norms_smoke(tmp_path, norm_position):
     assert ("ln_f" in result["params"]) == (norm_position == "pre")
     if norm_position == "pre":  # at init (weight 1, bias 0): RMS 1 (a little less: eps)
         assert result["token_rms"]["ln_1_out"][0]["p50"] == pytest.approx(1, abs=0.02)
+
+
+def test_norm_placement_smoke(tmp_path):
+    """Both parts end to end on a 2-layer model: gradient norms per block, four short train.py runs, two plots."""
+    data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
+    proc = subprocess.run([sys.executable, "experiments/norm_placement.py", "--smoke", f"--data_dir={data}",
+                           f"--results_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=subprocess_env(MPLBACKEND="Agg"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    assert "total time" in proc.stdout
+    assert (out / "grad_norms.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
+    result = json.loads((out / "norm_placement.json").read_text())
+    assert result["run_time_s"] > 0 and "--smoke" in result["command"] and result["machine"]["cpu_count"]
+    for position in ("pre", "post"):
+        for part in ("attn", "mlp"):
+            norms = result["grad_norms_at_init"][position][part]
+            assert len(norms) == 2 and all(n > 0 for n in norms), (position, part)
+    assert len(result["runs"]) == 4 and {r["norm_position"] for r in result["runs"].values()} == {"pre", "post"}
+    assert sorted(r["warmup_iters"] for r in result["runs"].values()) == [0, 0, 2, 2]
+    for name, run in result["runs"].items():
+        assert run["returncode"] == 0 and [e["iter"] for e in run["evals"]] == [0, 3, 6], name
+        assert result["final_val_loss"][name] == run["summary"]["final_val_loss"]

@@ -190,3 +190,110 @@ def test_state_dict_of_custom_loads_into_the_other_layernorms(norm: str) -> None
         ref = copy.deepcopy(src).double()(idx)[0]  # float64 reference
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(got.double(), ref, rtol=0, atol=1e-5)
+
+
+# ---- norm_position: "pre" is today's model, "post" normalizes after each residual add ----
+
+
+def test_pre_is_the_default_and_todays_model_exactly() -> None:
+    """Same seed: the same parameters under the same keys as a model built without the option, and the same logits
+    as today's pre-norm formula, x + attn(ln_1(x)), x + mlp(ln_2(x)), ln_f, written out here."""
+    assert TINY.norm_position == "pre"
+    idx = torch.randint(TINY.vocab_size, (2, TINY.block_size), generator=torch.Generator().manual_seed(0))
+    default, pre = tiny(), tiny(norm_position="pre")
+    assert list(pre.state_dict()) == list(default.state_dict())
+    assert "transformer.ln_f.weight" in pre.state_dict()
+    assert all(torch.equal(a, default.state_dict()[k]) for k, a in pre.state_dict().items())
+    randomize_norms(pre)
+    randomize_norms(default)
+    with torch.no_grad():
+        assert torch.equal(pre(idx)[0], default(idx)[0])
+    t = pre.transformer
+    with torch.no_grad():
+        x = t.wte(idx) + t.wpe(torch.arange(idx.size(1)))
+        for block in t.h:
+            x = x + block.attn(block.ln_1(x))
+            x = x + block.mlp(block.ln_2(x))
+        assert torch.equal(pre(idx)[0], pre.lm_head(t.ln_f(x)))
+
+
+def test_an_old_checkpoint_without_norm_position_loads_as_pre() -> None:
+    from checkpoint import FORMAT, model_from_checkpoint
+
+    src = tiny()
+    randomize_norms(src)
+    args = {k: v for k, v in vars(src.config).items() if k != "norm_position"}  # as saved before the option
+    loaded = model_from_checkpoint({"format": FORMAT, "model": src.state_dict(), "model_args": args})
+    assert loaded.config.norm_position == "pre"
+    idx = torch.randint(TINY.vocab_size, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(loaded(idx)[0], src(idx)[0])
+
+
+@pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
+def test_post_norm_shapes_and_where_its_norms_sit(norm: str) -> None:
+    m = tiny(norm, norm_position="post")
+    assert isinstance(m.transformer.ln_f, nn.Identity)  # no final norm: the last block ends in one
+    assert not [k for k in m.state_dict() if k.startswith("transformer.ln_f")]
+    pre_keys = set(tiny(norm).state_dict())
+    assert set(m.state_dict()) == {k for k in pre_keys if not k.startswith("transformer.ln_f")}
+    idx, targets = torch.randint(TINY.vocab_size, (3, 7)), torch.randint(TINY.vocab_size, (3, 7))
+    logits, loss = m(idx, targets)
+    assert logits.shape == (3, 7, TINY.vocab_size) and torch.isfinite(loss)
+    # what reaches the head is the last block's ln_2 output: at init (weight 1, bias 0) every token has unit RMS
+    with torch.no_grad():
+        h = m.hidden_states(idx)
+    assert h.shape == (3, 7, TINY.n_embd)
+    torch.testing.assert_close(h.pow(2).mean(-1).sqrt(), torch.ones(3, 7), rtol=0, atol=1e-3)
+    pre = tiny(norm)
+    with torch.no_grad():
+        assert not torch.allclose(m(idx)[0], pre(idx)[0])  # a different function from the same kind of weights
+
+
+@pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
+def test_post_norm_is_causal(norm: str) -> None:
+    m = tiny(norm, norm_position="post")
+    randomize_norms(m)
+    T = TINY.block_size
+    idx = torch.randint(TINY.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = m(idx)[0]
+        for t in (0, 1, T // 2, T - 1):
+            changed = idx.clone()
+            changed[:, t] = (changed[:, t] + 1) % TINY.vocab_size
+            out = m(changed)[0]
+            torch.testing.assert_close(out[:, :t], base[:, :t], rtol=0, atol=1e-6)
+            assert (out[:, t:] - base[:, t:]).abs().amax() > 1e-4
+
+
+@pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
+def test_post_norm_kv_cache_decoding_agrees_with_uncached(norm: str) -> None:
+    m = tiny(norm, norm_position="post")
+    randomize_norms(m)
+    prompt = torch.randint(TINY.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
+    n_new = TINY.block_size - prompt.size(1)  # up to block_size the two paths compute the same thing
+    cached, cached_logits = m.generate(prompt, n_new, temperature=0, use_kv_cache=True, return_logits=True)
+    full, full_logits = m.generate(prompt, n_new, temperature=0, use_kv_cache=False, return_logits=True)
+    torch.testing.assert_close(cached_logits, full_logits, rtol=0, atol=1e-5)
+    assert torch.equal(cached, full)
+
+
+@pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
+def test_post_norm_is_batch_independent(norm: str) -> None:
+    m = tiny(norm, norm_position="post")
+    randomize_norms(m)
+    batch = torch.randint(TINY.vocab_size, (4, TINY.block_size), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        together = m(batch)[0]
+        for i in range(batch.size(0)):
+            torch.testing.assert_close(m(batch[i : i + 1])[0][0], together[i], rtol=0, atol=1e-5)
+
+
+def test_bad_norm_position_is_an_error() -> None:
+    import options
+
+    with pytest.raises(ValueError, match="norm_position must be 'pre' or 'post', got 'mid'"):
+        GPTConfig(norm_position="mid")
+    with pytest.raises(options.ConfigError) as e:
+        options.build_config(options.parse_args(["--norm_position=mid"]))
+    assert str(e.value) == "norm_position='mid' is not valid; choose one of pre, post"

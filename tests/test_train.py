@@ -243,7 +243,7 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, Path, dict]) -> 
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["format"] == FORMAT and ckpt["iter_num"] == 12
     assert ckpt["model_args"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "bias": True,
-                                  "vocab_size": VOCAB, "dropout": 0.0, "norm": "builtin"}
+                                  "vocab_size": VOCAB, "dropout": 0.0, "norm": "builtin", "norm_position": "pre"}
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
     assert ckpt["config"]["max_iters"] == 12 and ckpt["config"]["data_dir"] == str(data)
     assert ckpt["tokenizer"]["kind"] == "char"
@@ -286,6 +286,30 @@ def test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run(tmp_path: Pa
     assert cut == uncut  # exactly
     assert records(tmp_path / "cut", "eval")[-1] == records(tmp_path / "whole", "eval")[-1]
     assert summary["final_val_loss"] == whole["final_val_loss"] and math.isfinite(whole["final_val_loss"])
+
+
+def test_post_norm_trains_and_resumes_as_post(tmp_path: Path, data_dir: Path) -> None:
+    args = [*tiny_args(data_dir, tmp_path / "x"), "--norm_position=post", "--eval_interval=4"]
+    whole = train.main(args + [f"--out_dir={tmp_path / 'whole'}", "--max_iters=10"])
+    train.main(args + [f"--out_dir={tmp_path / 'cut'}", "--max_iters=6"])
+    ckpt = load_checkpoint(tmp_path / "cut" / "ckpt.pt")
+    assert ckpt["model_args"]["norm_position"] == "post" and not [k for k in ckpt["model"] if "ln_f" in k]
+    with pytest.raises(CheckpointError, match="norm_position: 'post' -> 'pre'"):  # placement can't change
+        train.main([f"--out_dir={tmp_path / 'cut'}", "--init_from=resume", "--norm_position=pre"])
+    summary = train.main([f"--out_dir={tmp_path / 'cut'}", "--init_from=resume", "--max_iters=10"])
+    assert train_losses(tmp_path / "cut") == train_losses(tmp_path / "whole")
+    assert summary["final_val_loss"] == whole["final_val_loss"] and math.isfinite(whole["final_val_loss"])
+
+
+def test_an_old_checkpoint_without_norm_position_resumes_as_pre(tmp_path: Path, data_dir: Path) -> None:
+    train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=4"))
+    ckpt = load_checkpoint(tmp_path / "run" / "ckpt.pt")
+    del ckpt["model_args"]["norm_position"], ckpt["config"]["norm_position"]  # as written before the option
+    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
+    summary = train.main([f"--out_dir={tmp_path / 'run'}", "--init_from=resume", "--max_iters=6",
+                          "--norm_position=pre"])
+    assert summary["iters"] == 6
+    assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["model_args"]["norm_position"] == "pre"
 
 
 def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_dir: Path) -> None:

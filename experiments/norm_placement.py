@@ -1,0 +1,210 @@
+"""Pre-norm against post-norm: gradients at initialization, and training with and without a learning-rate warmup.
+
+    python experiments/norm_placement.py                 # the defaults: about 8 minutes on two CPU cores
+    python experiments/norm_placement.py --data_dir=data/shakespeare_char --smoke   # a tiny end-to-end check
+
+Xiong et al. (2020, "On Layer Normalization in the Transformer Architecture") show that at initialization a
+post-norm Transformer's gradients grow toward the output layers, so that it needs a warmup, while a pre-norm one's
+stay level across depth. Two measurements on Tiny Shakespeare (characters), the norm LayerNorm ("builtin"):
+
+(a) At initialization, for each block, the gradient norm of its attention weights and of its MLP weights (the
+    norm over all of their parameters together), averaged over --grad_batches batches and --grad_seeds seeds,
+    pre-norm against post-norm, in this process.
+(b) Four training runs of train.py (child processes, outputs in a temporary folder): pre and post, each with and
+    without warmup, at the same peak learning rate, same seed, same data stream; their metrics.jsonl are kept.
+    A run that diverges (train.py stops at a NaN or inf loss) is recorded as diverged.
+
+Writes to --results_dir norm_placement.json (every number, the commands, the machine, the run time),
+grad_norms.png and training.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib
+import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import machine_info, read_metrics, run_child  # noqa: E402
+
+from data.common import PreparedData  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+POSITIONS = ("pre", "post")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", default=str(ROOT / "data" / "shakespeare_char"))
+    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "norm_placement"))
+    p.add_argument("--n_layer", type=int, default=12)
+    p.add_argument("--n_head", type=int, default=4)
+    p.add_argument("--n_embd", type=int, default=128)
+    p.add_argument("--block_size", type=int, default=64)
+    p.add_argument("--batch_size", type=int, default=12)
+    p.add_argument("--grad_seeds", type=int, default=3, help="(a) models per placement")
+    p.add_argument("--grad_batches", type=int, default=4, help="(a) batches per model")
+    p.add_argument("--train_n_layer", type=int, default=12, help="(b) depth of the trained models")
+    p.add_argument("--max_iters", type=int, default=800, help="(b) iterations per run")
+    p.add_argument("--learning_rate", type=float, default=1e-3, help="(b) peak learning rate of all four runs")
+    p.add_argument("--warmup_iters", type=int, default=100, help="(b) warmup of the runs with warmup")
+    p.add_argument("--eval_interval", type=int, default=100)
+    p.add_argument("--eval_iters", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--smoke", action="store_true", help="2 layers, 32 wide, a few iterations: checks the pipeline")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.n_layer = args.train_n_layer = 2
+        args.n_head, args.n_embd, args.block_size, args.batch_size = 2, 32, 16, 4
+        args.grad_seeds, args.grad_batches = 1, 2
+        args.max_iters, args.warmup_iters, args.eval_interval, args.eval_iters = 6, 2, 3, 2
+    return args
+
+
+def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """(a): {position: {"attn": [per block], "mlp": [per block]}}, each the mean over seeds and batches of the
+    gradient norm over that sublayer's parameters."""
+    data = PreparedData(args.data_dir, "shakespeare_char", args.block_size)
+    gen = torch.Generator().manual_seed(args.seed)
+    batches = [data.get("train", torch.randint(data.num_starts("train"), (args.batch_size,), generator=gen), "cpu")
+               for _ in range(args.grad_batches)]
+    data.close()
+    out = {}
+    for position in POSITIONS:
+        sums = {"attn": torch.zeros(args.n_layer, dtype=torch.float64), "mlp": torch.zeros(args.n_layer,
+                                                                                          dtype=torch.float64)}
+        for seed in range(args.grad_seeds):
+            torch.manual_seed(args.seed + seed)
+            config = GPTConfig(block_size=args.block_size, vocab_size=data.vocab_size, n_layer=args.n_layer,
+                               n_head=args.n_head, n_embd=args.n_embd, norm_position=position)
+            model = GPT(config).train()
+            for x, y in batches:
+                model.zero_grad(set_to_none=True)
+                model(x, y)[1].backward()
+                for i, block in enumerate(model.transformer.h):
+                    for part in ("attn", "mlp"):
+                        grads = [p.grad.double() for p in getattr(block, part).parameters()]
+                        sums[part][i] += torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        n = args.grad_seeds * args.grad_batches
+        out[position] = {part: (s / n).tolist() for part, s in sums.items()}
+        mlp = out[position]["mlp"]
+        print(f"(a) {position}-norm, {args.n_layer} layers: MLP gradient norm first block {mlp[0]:.3g}, "
+              f"last {mlp[-1]:.3g} (last/first {mlp[-1] / mlp[0]:.2f})", flush=True)
+    return out
+
+
+def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
+    """(b): four train.py runs; {name: {"command", "warmup_iters", "norm_position", "evals", "train", "summary",
+    "diverged", "returncode", "wall_s"}}."""
+    runs = {}
+    for position in POSITIONS:
+        for warmup in (args.warmup_iters, 0):
+            name = f"{position}, {'warmup ' + str(warmup) if warmup else 'no warmup'}"
+            out_dir = tmp / f"{position}-warmup{warmup}"
+            cmd = [sys.executable, "train.py", f"--data_dir={args.data_dir}", f"--out_dir={out_dir}",
+                   f"--norm_position={position}", f"--n_layer={args.train_n_layer}", f"--n_head={args.n_head}",
+                   f"--n_embd={args.n_embd}", f"--block_size={args.block_size}", f"--batch_size={args.batch_size}",
+                   f"--learning_rate={args.learning_rate}", f"--min_lr={args.learning_rate / 10}",
+                   f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
+                   f"--warmup_iters={warmup}", f"--eval_interval={args.eval_interval}",
+                   f"--eval_iters={args.eval_iters}", f"--log_interval={max(1, args.eval_interval // 4)}",
+                   f"--seed={args.seed}", "--dropout=0.0", "--device=cpu", "--sample_at_end=false"]
+            print(f"(b) {name}: {' '.join(cmd[1:])}", flush=True)
+            result = run_child(cmd, cwd=ROOT, prefix=name, echo=False)
+            for line in result.lines:
+                if line.startswith(("step ", "error")):
+                    print(f"    [{name}] {line}", flush=True)
+            records = read_metrics(out_dir / "metrics.jsonl")
+            summary = next((r for r in records if r["kind"] == "summary"), None)
+            runs[name] = {"norm_position": position, "warmup_iters": warmup, "command": cmd[1:],
+                          "returncode": result.returncode, "wall_s": result.wall_s,
+                          "diverged": any("diverg" in line.lower() for line in result.lines),
+                          "evals": [r for r in records if r["kind"] == "eval"],
+                          "train": [{k: r[k] for k in ("iter", "loss", "lr")} for r in records if r["kind"] == "train"],
+                          "summary": summary, "last_lines": result.lines[-3:]}
+            if result.returncode != 0 and not runs[name]["diverged"]:
+                raise SystemExit(f"train.py failed ({result.returncode}):\n" + "\n".join(result.lines[-10:]))
+            final = summary["final_val_loss"] if summary else None
+            print(f"    [{name}] {'DIVERGED' if runs[name]['diverged'] else f'final val loss {final:.4f}'} "
+                  f"({result.wall_s:.0f} s)", flush=True)
+    return runs
+
+
+def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    layers = range(1, args.n_layer + 1)
+    for ax, part in zip(axes, ("attn", "mlp"), strict=True):
+        for position, style in zip(POSITIONS, ("o-", "s--"), strict=True):
+            ax.plot(layers, grads[position][part], style, label=f"{position}-norm")
+        ax.set(title=f"{part} weights", xlabel="block (1 = next to the input)", yscale="log")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("gradient norm at init")
+    axes[0].legend()
+    fig.suptitle(f"Gradient norm per block at initialization: {args.n_layer} layers, {args.n_embd} wide, "
+                 f"mean of {args.grad_seeds} seeds x {args.grad_batches} batches")
+    fig.tight_layout()
+    fig.savefig(results / "grad_norms.png", dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, run in runs.items():
+        color = "C0" if run["norm_position"] == "pre" else "C3"
+        style = "-" if run["warmup_iters"] else "--"
+        label = name + (" (diverged)" if run["diverged"] else "")
+        axes[0].plot([r["iter"] for r in run["train"]], [r["loss"] for r in run["train"]], style, color=color,
+                     label=label, alpha=0.8)
+        axes[1].plot([r["iter"] for r in run["evals"]], [r["val_loss"] for r in run["evals"]], style, color=color,
+                     marker=".", label=label)
+    axes[0].set(title="train loss (one batch)", xlabel="iteration", ylabel="loss")
+    axes[1].set(title="val loss", xlabel="iteration")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend()
+    fig.suptitle(f"{args.train_n_layer} layers, {args.n_embd} wide, peak lr {args.learning_rate:g}, "
+                 f"cosine to lr/10 over {args.max_iters} iterations")
+    fig.tight_layout()
+    fig.savefig(results / "training.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    t0 = time.perf_counter()
+    args = parse_args(argv)
+    results = Path(args.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    grads = grad_norms_at_init(args)
+    print(f"(a) done in {time.perf_counter() - t0:.0f} s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="norm_placement-") as tmp:
+        runs = train_runs(args, Path(tmp))
+    plot(args, grads, runs, results)
+    run_time = time.perf_counter() - t0
+    ratios = {p: {part: g[-1] / g[0] for part, g in grads[p].items()} for p in POSITIONS}
+    final = {name: None if r["diverged"] or not r["summary"] else r["summary"]["final_val_loss"]
+             for name, r in runs.items()}
+    (results / "norm_placement.json").write_text(json.dumps({
+        "command": " ".join(["python", "experiments/norm_placement.py", *(argv if argv is not None else sys.argv[1:])]),
+        "args": vars(args), "machine": machine_info(), "run_time_s": run_time,
+        "grad_norms_at_init": grads, "grad_norm_ratio_last_over_first": ratios,
+        "final_val_loss": final, "runs": runs,
+    }, indent=1) + "\n", encoding="utf-8")
+    for p in POSITIONS:
+        print(f"{p}-norm gradient norm, last block / first: attn {ratios[p]['attn']:.2f}, mlp {ratios[p]['mlp']:.2f}")
+    for name, loss in final.items():
+        print(f"{name}: {'diverged' if loss is None else f'final val loss {loss:.4f}'}")
+    print(f"wrote {results}/norm_placement.json, grad_norms.png, training.png; total time {run_time:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
