@@ -80,7 +80,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load fails in many ways on damaged bytes; each gets the same clear answer
-        if isinstance(e, pickle.UnpicklingError) and "Unsupported global" in str(e):
+        # torch names a global it refuses "Unsupported global", or "unsupported GLOBAL ... is blocked" (os.system)
+        if isinstance(e, pickle.UnpicklingError) and "unsupported global" in str(e).lower():
             raise CheckpointError(f"{path} holds objects other than tensors and plain data, which are not loaded "
                                   f"(weights_only=True): it was not written by this project's train.py") from None
         raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "

@@ -74,13 +74,7 @@ def test_pickled_code_is_refused(tmp_path):
         load_checkpoint(tmp_path / "ckpt.pt")
 
 
-@pytest.mark.parametrize("payload", [
-    "Path.touch",
-    # torch reports a global from a module it blocks (os -> posix) as "unsupported GLOBAL ... is blocked", not
-    # "Unsupported global", and load_checkpoint then calls the file truncated or corrupt. Nothing runs, but the error
-    # is not the README's. Strict: once checkpoint.py recognises it, this fails until the mark is removed.
-    pytest.param("os.system", marks=pytest.mark.xfail(strict=True, reason="reported as corrupt, not as pickled code")),
-])
+@pytest.mark.parametrize("payload", ["Path.touch", "os.system"])  # os.system: torch's "blocked" message
 def test_a_payload_that_would_run_code_is_refused_and_never_runs(tmp_path, payload):
     # The payload is live: unpickled without weights_only, it writes its marker file.
     save_with_payload(tmp_path / "live.pt", _checkpoint(), tmp_path / "live_marker", payload)
