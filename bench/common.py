@@ -187,6 +187,7 @@ def spread(values: Sequence[float]) -> tuple[float, float]:
 def machine_info() -> dict[str, Any]:
     """CPU model and cores, GPU name, and the versions that matter for the figures."""
     info: dict[str, Any] = {
+        "commit": _git_commit(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
@@ -209,6 +210,17 @@ def machine_info() -> dict[str, Any]:
     info["triton"] = _package_version("triton")
     info["numpy"] = _package_version("numpy")
     return info
+
+
+def _git_commit() -> str | None:
+    """The commit measured (with '+changes' when the working tree differs from it), or None outside git."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", "*.py"], capture_output=True)
+    except OSError:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.returncode else "") if head.returncode == 0 else None
 
 
 def _package_version(name: str) -> str | None:
