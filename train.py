@@ -35,7 +35,7 @@ import torch
 
 import checkpoint
 from data.common import DataError, PreparedData
-from device import DeviceError, StopRequest, autocast, dist_from_env, peak_memory, resolve_device, resolve_dtype
+from device import DeviceError, Dist, StopRequest, autocast, dist_from_env, peak_memory, resolve_device, resolve_dtype
 from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 from options import MODEL_KEYS, ConfigError, TrainConfig, build_config, parse_args
@@ -69,6 +69,49 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
     ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
     coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
+
+
+@torch.no_grad()
+def estimate_loss(model: GPT, data: PreparedData, cfg: TrainConfig, dist: Dist, device: str,
+                  autocast: Any) -> dict[str, float]:
+    """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
+    own, so that evaluating never moves the training data stream."""
+    gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+    model.eval()
+    sums = []
+    for split in ("train", "val"):
+        starts = torch.randint(data.num_starts(split), (cfg.eval_iters, cfg.batch_size), generator=gen)
+        total = torch.zeros((), device=device)
+        for rows in starts[dist.rank :: dist.world_size]:  # each process evaluates its share
+            x, y = data.get(split, rows, device)
+            with autocast:
+                _, loss = model(x, y)
+            total += loss.float()
+        sums.append(total)
+    model.train()
+    train_loss, val_loss = (dist.all_reduce(torch.stack(sums)) / cfg.eval_iters).tolist()
+    return {"train": train_loss, "val": val_loss}
+
+
+@torch.no_grad()
+def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, autocast: Any) -> None:
+    """Print a sample of the final model, if the dataset's tokenizer can be built here (else a note)."""
+    try:
+        tok = data.tokenizer()
+    except DataError as e:
+        print(f"note: no sample at the end, {e}")
+        return
+    try:
+        start = tok.encode("\n")
+    except ValueError:  # a vocabulary without a newline
+        start = [0]
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    model.eval()
+    with autocast:
+        out = model.generate(torch.tensor([start], device=device), cfg.sample_tokens,
+                             temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, generator=gen)
+    print(f"--- sample ({cfg.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
+    print(tok.decode(out[0].tolist()), flush=True)
 
 
 class Trainer:
@@ -147,7 +190,7 @@ class Trainer:
             if self.wandb is not None:
                 self.wandb.summary.update(summary)
             if cfg.sample_at_end and self.dist.master and not cfg.eval_only:
-                self._sample()
+                print_sample(self.raw_model, self.data, cfg, self.device, self.autocast)
             return summary
 
     # ---- the loop ----
@@ -238,31 +281,10 @@ class Trainer:
 
     # ---- evaluation and checkpoints ----
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
-        own, so that evaluating never moves the training data stream."""
-        cfg = self.cfg
-        gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
-        self.model.eval()
-        sums = []
-        for split in ("train", "val"):
-            starts = torch.randint(self.data.num_starts(split), (cfg.eval_iters, cfg.batch_size), generator=gen)
-            total = torch.zeros((), device=self.device)
-            for rows in starts[self.dist.rank :: self.dist.world_size]:  # each process evaluates its share
-                x, y = self.data.get(split, rows, self.device)
-                with self.autocast:
-                    _, loss = self.model(x, y)
-                total += loss.float()
-            sums.append(total)
-        self.model.train()
-        train_loss, val_loss = (self.dist.all_reduce(torch.stack(sums)) / cfg.eval_iters).tolist()
-        return {"train": train_loss, "val": val_loss}
-
     def _eval_and_checkpoint(self, it: int, may_save: bool) -> None:
         t0 = time.perf_counter()
         self._read_back()  # never evaluate or save weights that a NaN went through
-        losses = self.evaluate()
+        losses = estimate_loss(self.model, self.data, self.cfg, self.dist, self.device, self.autocast)
         self.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         self.record({"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
                     wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]})
@@ -331,26 +353,6 @@ class Trainer:
             **self.facts,
             "stop_reason": self.stop_reason,
         }
-
-    @torch.no_grad()
-    def _sample(self) -> None:
-        """Print a sample of the final model, if the dataset's tokenizer can be built here (else a note)."""
-        try:
-            tok = self.data.tokenizer()
-        except DataError as e:
-            self.dist.print(f"note: no sample at the end, {e}")
-            return
-        try:
-            start = tok.encode("\n")
-        except ValueError:  # a vocabulary without a newline
-            start = [0]
-        gen = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
-        self.raw_model.eval()
-        with self.autocast:
-            out = self.raw_model.generate(torch.tensor([start], device=self.device), self.cfg.sample_tokens,
-                                          temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, generator=gen)
-        print(f"--- sample ({self.cfg.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
-        print(tok.decode(out[0].tolist()), flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
