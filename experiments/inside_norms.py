@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import machine_info  # noqa: E402
 
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint  # noqa: E402
 
 
 def stats(values: torch.Tensor) -> dict[str, float]:
@@ -54,10 +54,16 @@ def main() -> None:
     args, t0 = p.parse_args(), time.perf_counter()
     n_batches, batch_size = (1, 2) if args.smoke else (args.batches, args.batch_size)
     ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
-    ckpt = load_checkpoint(ckpt_path)
-    model = model_from_checkpoint(ckpt)  # on the CPU, in eval mode
+    try:
+        ckpt = load_checkpoint(ckpt_path)
+        model = model_from_checkpoint(ckpt)  # on the CPU, in eval mode
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}") from None
     cfg, train_cfg = model.config, ckpt.get("config") or {}
     data_dir = Path(args.data_dir or train_cfg.get("data_dir") or ROOT / "data" / train_cfg.get("dataset", ""))
+    if not (data_dir / "meta.json").is_file():
+        raise SystemExit(f"error: no prepared data in {data_dir}: run python data/shakespeare_char/prepare.py, or "
+                         f"give --data_dir")
     meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
     if ckpt.get("tokenizer") is not None and meta.get("tokenizer") != ckpt["tokenizer"]:
         raise SystemExit(f"error: {data_dir} is not tokenized as the checkpoint's dataset was: give --data_dir")

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import machine_info, read_metrics, run_child  # noqa: E402
 
-from data.common import PreparedData  # noqa: E402
+from data.common import DataError, PreparedData  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 POSITIONS = ("pre", "post")
@@ -76,7 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """(a): {position: {"attn": [per block], "mlp": [per block]}}, each the mean over seeds and batches of the
     gradient norm over that sublayer's parameters."""
-    data = PreparedData(args.data_dir, "shakespeare_char", args.block_size)
+    try:
+        data = PreparedData(args.data_dir, "shakespeare_char", args.block_size)
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from None
     gen = torch.Generator().manual_seed(args.seed)
     batches = [data.get("train", torch.randint(data.num_starts("train"), (args.batch_size,), generator=gen), "cpu")
                for _ in range(args.grad_batches)]

@@ -64,3 +64,16 @@ def test_norm_placement_smoke(tmp_path):
     for name, run in result["runs"].items():
         assert run["returncode"] == 0 and [e["iter"] for e in run["evals"]] == [0, 3, 6], name
         assert result["final_val_loss"][name] == run["summary"]["final_val_loss"]
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("inside_norms.py", ["--out_dir", "nowhere"], "error: no checkpoint at nowhere/ckpt.pt"),
+        ("norm_placement.py", ["--data_dir", "nowhere", "--smoke"], "error: no train.bin in nowhere"),
+    ],
+)
+def test_missing_input_is_a_one_line_error(script, args, message):
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / script), *args], cwd=ROOT, capture_output=True,
+                          text=True, env=subprocess_env(), timeout=120)
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
