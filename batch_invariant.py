@@ -1,0 +1,98 @@
+"""Batch-invariant mode: the whole model computes a sequence bit for bit the same alone, in a batch, cached or not.
+
+    with batch_invariant():
+        logits = model(idx)  # model.py is unchanged: its F.linear and F.scaled_dot_product_attention are swapped
+
+LayerNorm is batch independent in exact arithmetic, and on a computer too: each token's statistics come from its
+own features, added in the same order however many tokens there are (batch_independence.py, check 3). The rest of
+the model is not, in float32, because two of its operations pick their order of additions from the shapes they get
+(measured on a 2-core x86 CPU, torch 2.13 with MKL; bench/results/batch_invariant_cpu.md):
+
+- Matrix products (every nn.Linear). MKL's sgemm gives a row other bits when the product has 1-3 rows, and with 2
+  threads also 5-7 and 9-11 rows (about 1e-5 at K = 384): a decoding step alone has 1 row, in a batch of 4, 4.
+  Here every product is cut into blocks of exactly ROWS rows, the last one padded with zeros, so every row goes
+  through the same-shaped call; where a row sits inside its block was measured not to matter.
+- Attention. scaled_dot_product_attention gives one query another result inside a causal forward over the whole
+  sequence than alone over its visible keys (about 7e-7), and one batch row another result alone than in a batch.
+  Here each query attends, one (batch row, head, query) at a time, over exactly the keys it sees: the same three
+  calls on the same shapes whether it is decoded alone, in a batch, from the cache or in a full forward.
+
+Equal shapes give equal bits only on one machine, with one build and one thread count, so the mode promises
+invariance within a process, not across machines. It is shown here on the CPU only; on other devices it refuses.
+It is slower (bench/bench_decode_invariant.py) and meant for inference: it does not support attention dropout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.nn import functional as F
+
+ROWS = 8  # rows per matrix product; any fixed number works, 8 keeps a decoding step alone cheap
+_STOCK = {"linear": F.linear, "scaled_dot_product_attention": F.scaled_dot_product_attention}
+
+
+def check_device(device: torch.device | str) -> None:
+    """Refuse the devices where the mode has not been shown to hold."""
+    if torch.device(device).type != "cpu":
+        raise ValueError(
+            f"batch_invariant() is shown bit-exact on the CPU only, not on {device}: on a GPU the matrix products "
+            f"also choose their kernels and their order of additions by shape, and that has not been measured "
+            f"here. Run it with the model on the CPU (--device=cpu)"
+        )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, computed ROWS rows at a time, so that a row's result does not depend on how many rows came."""
+    check_device(x.device)
+    rows = x.reshape(-1, x.size(-1))  # [M, K]
+    padded = rows.new_zeros(math.ceil(rows.size(0) / ROWS) * ROWS, rows.size(1))
+    padded[: rows.size(0)] = rows
+    out = torch.cat([_STOCK["linear"](block, weight, bias) for block in padded.split(ROWS)])
+    return out[: rows.size(0)].view(*x.shape[:-1], weight.size(0))
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """F.scaled_dot_product_attention for q [B, nh, T, hs] and k, v [B, nh, S, hs], each query over exactly the keys
+    it may see. Masks must let query i see a prefix of the keys (causal, or model.py's mask after a cache)."""
+    check_device(q.device)
+    T, S = q.size(-2), k.size(-2)
+    if dropout_p > 0:
+        raise ValueError(f"batch_invariant() attention runs without dropout, got dropout_p={dropout_p}: use eval()")
+    visible = torch.ones(T, S, dtype=torch.bool).tril() if is_causal else torch.ones(T, S, dtype=torch.bool)
+    if attn_mask is not None:
+        visible = visible & attn_mask.cpu().bool().expand(T, S)
+    counts = visible.sum(-1)  # keys each query sees
+    if not torch.equal(visible, torch.arange(S) < counts[:, None]):
+        raise ValueError("batch_invariant() attention needs masks under which each query sees a prefix of the keys")
+    scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # one memory layout, cached or not
+    out = torch.empty_like(q)
+    for b in range(q.size(0)):
+        for h in range(q.size(1)):
+            for i, n in enumerate(counts.tolist()):
+                weights = torch.softmax((q[b, h, i : i + 1] @ k[b, h, :n].T) * scale, dim=-1)  # [1, n]
+                out[b, h, i : i + 1] = weights @ v[b, h, :n]  # [1, hs]
+    return out
+
+
+@contextmanager
+def batch_invariant() -> Iterator[None]:
+    """Within the block, F.linear and F.scaled_dot_product_attention are the batch-invariant versions above."""
+    saved = F.linear, F.scaled_dot_product_attention
+    F.linear, F.scaled_dot_product_attention = linear, attention
+    try:
+        yield
+    finally:
+        F.linear, F.scaled_dot_product_attention = saved
