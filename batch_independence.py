@@ -3,8 +3,10 @@
     python batch_independence.py                       # a small random model, seeded
     python batch_independence.py --out_dir=out-shakespeare-char
     TRITON_INTERPRET=1 python batch_independence.py    # include the Triton LayerNorm on a CPU-only machine
+    python batch_independence.py --config=configs/shakespeare_char.json  # a random model of that size
 
-A row passes when every difference is within --tol and the greedy tokens agree; exit 1 when a --require row fails.
+Every row runs with PyTorch's kernels, where it passes when every difference is within --tol and the greedy tokens
+agree, and in batch_invariant.py's mode, where every difference must be 0. Exit 1 when a --require row fails.
 """
 
 import argparse
@@ -16,16 +18,19 @@ from typing import Any
 
 import torch
 
+from batch_invariant import batch_invariant, refusal
 from checkpoint import CheckpointError, checkpoint_config, checkpoint_weights, load_checkpoint
 from device import DeviceError, resolve_device
 from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig, KVCache
+from options import ConfigError, read_config_file
 
 EVAL_ROW = "batchnorm-eval"
 STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
 NORM_NAMES = ("ln_1", "ln_2", "ln_f")  # model.py's norm layers: their parameters and buffers live under these names
 RANDOM_MODEL = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=64, norm="custom")
 CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
+WORLDS = {"rows": "With PyTorch's kernels:", "batch_invariant_rows": "In batch_invariant.py's mode (tolerance 0):"}
 HEADER = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
 LEGEND = (
     "(1) alone vs batch: max |logit difference| over every step, a prompt decoded alone vs in row 0 of the batch.",
@@ -33,21 +38,19 @@ LEGEND = (
     "(3) norm alone: the final norm layer on x [B, T, C]: max |norm(x)[i] - norm(x[i:i+1])| over rows i.",
 )
 WHY_BATCHNORM_FAILS = (
-    "batchnorm fails because it normalizes each feature with the mean and variance over every token of the batch, so "
-    "each token's output depends on the other tokens. Decoding one token for one user feeds it a batch of one token: "
-    "its mean is the token itself and there is no variance to take, so its output is the bias alone; after the prompt "
-    "the final norm hands lm_head that same bias at every step, whatever the token, and the model decodes blind."
+    "batchnorm fails, in both worlds, because it normalizes each feature over every token of the batch: a token's "
+    "output depends on the other tokens, which no order of additions can undo. A decoding step alone is a batch of one "
+    "token: its mean is the token itself and there is no variance to take, so its output is the bias alone; after the "
+    "prompt the final norm hands lm_head that same bias at every step, whatever the token, and the model decodes blind."
 )
-WHY_EVAL = (
-    "batchnorm-eval uses its running averages instead: per token again, so batch independent, but not the function "
-    "the model trained with (the averages are at their init, mean 0 and variance 1, unless the checkpoint had them)."
-)
+WHY_EVAL = ("batchnorm-eval uses its running averages instead: per token again, so batch independent, but not the "
+            "function the model trained with (the averages are at their init unless the checkpoint had them).")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out_dir", help="folder holding ckpt.pt; without it, a small random model")
-    p.add_argument("--ckpt", help="path of a checkpoint file (instead of --out_dir)")
+    p.add_argument("--out_dir", help="folder holding ckpt.pt, or a checkpoint file; without it, a random model")
+    p.add_argument("--config", help="a random model of this JSON config's size (default: 2 layers, 64 wide)")
     p.add_argument("--norms", nargs="+", default=list(NORMS), help=f"norms to run (default: {' '.join(NORMS)})")
     p.add_argument("--require", nargs="+", help="rows that must pass, else exit 1 (default: LayerNorms, rmsnorm)")
     p.add_argument("--prompt_len", type=int, default=16, help="tokens per prompt (default 16)")
@@ -74,11 +77,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:
     """The config and weights every row shares, and a line saying where they come from."""
-    if args.out_dir is None and args.ckpt is None:
+    if args.out_dir is None:
+        size = read_config_file(args.config) if args.config else {}  # a ConfigError says what is wrong with it
+        config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
         torch.manual_seed(args.seed)
-        weights = GPT(RANDOM_MODEL).state_dict()
-        return RANDOM_MODEL, weights, f"random init (seed {args.seed}), the same weights in every row"
-    path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+        return config, GPT(config).state_dict(), f"random init (seed {args.seed}), the same weights in every row"
+    path = Path(args.out_dir) / "ckpt.pt" if Path(args.out_dir).is_dir() else Path(args.out_dir)
     try:
         ckpt = load_checkpoint(path)
         config, state = checkpoint_config(ckpt), checkpoint_weights(ckpt)
@@ -121,7 +125,7 @@ def decode_greedy(model: GPT, prompts: torch.Tensor, steps: int) -> tuple[list[t
 
 @torch.no_grad()
 def run_row(name: str, config: GPTConfig, state: dict[str, torch.Tensor], prompts: torch.Tensor, x: torch.Tensor,
-            args: argparse.Namespace) -> dict[str, Any]:
+            args: argparse.Namespace, invariant: bool) -> dict[str, Any]:
     """Row `name`: its GPT with the shared weights, the three checks of LEGEND, and whether the row passed."""
     model = GPT(replace(config, norm="batchnorm" if name == EVAL_ROW else name, dropout=0.0))
     missing, unexpected = model.load_state_dict(state, strict=False)  # only norm entries may differ
@@ -129,30 +133,30 @@ def run_row(name: str, config: GPTConfig, state: dict[str, torch.Tensor], prompt
         raise SystemExit(f"error: the weights do not fit a GPT with norm={model.config.norm!r}: {stray[:5]}")
     # Dropout is 0, so the mode matters only to BatchNorm: training mode (the batchnorm row) uses batch statistics
     model.to(prompts.device).train(name == "batchnorm")
-    alone, alone_error = decode_greedy(model, prompts[:1], args.new_tokens)  # (1) row 0 alone and in the batch
-    batch, batch_error = decode_greedy(model, prompts, args.new_tokens)
-    error = f"alone, {alone_error}" if alone_error else batch_error and f"in the batch, {batch_error}"
-    pairs = list(zip(alone, batch, strict=False))  # the steps both decoded: row 0 alone and row 0 in the batch
-    per_step = [(a[0] - b[0]).abs().max().item() for a, b in pairs]
-    differ = [step for step, (a, b) in enumerate(pairs) if a[0].argmax() != b[0].argmax()]
-    alone_vs_batch = {
-        "max_abs_diff": max(per_step, default=None),
-        "error": error,
-        "per_step_max_abs_diff": per_step,
-        "steps_compared": len(pairs),
-        "tokens_agree": (error is None and not differ) if pairs else None,
-        "first_divergent_step": differ[0] if differ else None,  # the first step whose greedy token differs
-    }
-    # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over whole sequences
-    cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
-    if not batch_error:
-        cached = torch.stack(batch, dim=1)  # [B, n, V]
-        tokens = torch.cat((prompts, cached.argmax(-1)[:, :-1]), dim=1)  # the last chosen token is never fed back
-        cached_vs_full = compare(lambda: (model(tokens)[0][:, prompts.size(1) - 1 :], cached))
-    ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
-    norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
-    checks = (alone_vs_batch, cached_vs_full, norm_alone)
-    within_tol = all(c["error"] is None and c["max_abs_diff"] <= args.tol for c in checks)
+    with batch_invariant(enabled=invariant):
+        alone, alone_error = decode_greedy(model, prompts[:1], args.new_tokens)  # (1) row 0 alone and in the batch
+        batch, batch_error = decode_greedy(model, prompts, args.new_tokens)
+        error = f"alone, {alone_error}" if alone_error else batch_error and f"in the batch, {batch_error}"
+        pairs = list(zip(alone, batch, strict=False))  # the steps both decoded: row 0 alone and row 0 in the batch
+        per_step = [(a[0] - b[0]).abs().max().item() for a, b in pairs]
+        differ = [step for step, (a, b) in enumerate(pairs) if a[0].argmax() != b[0].argmax()]
+        alone_vs_batch = {
+            "max_abs_diff": max(per_step, default=None),
+            "error": error,
+            "per_step_max_abs_diff": per_step,
+            "tokens_agree": (error is None and not differ) if pairs else None,
+            "first_divergent_step": differ[0] if differ else None,  # the first step whose greedy token differs
+        }
+        # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over the sequences
+        cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
+        if not batch_error:
+            cached = torch.stack(batch, dim=1)  # [B, n, V]
+            tokens = torch.cat((prompts, cached.argmax(-1)[:, :-1]), dim=1)  # the last chosen token is never fed back
+            cached_vs_full = compare(lambda: (model(tokens)[0][:, prompts.size(1) - 1 :], cached))
+        ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
+        norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
+    checks = (alone_vs_batch, cached_vs_full, norm_alone)  # the mode promises the same bits: tolerance 0
+    within_tol = all(c["error"] is None and c["max_abs_diff"] <= (0 if invariant else args.tol) for c in checks)
     return {
         "name": name,
         "statistics": STATISTICS.get(name, "per token"),
@@ -162,27 +166,27 @@ def run_row(name: str, config: GPTConfig, state: dict[str, torch.Tensor], prompt
     }
 
 
-def _diff(check: dict[str, Any]) -> str:
-    diff = check["max_abs_diff"]
-    return "error" if diff is None else "bit-exact" if diff == 0 else f"{diff:.1e}"
-
-
-def report(result: dict[str, Any]) -> str:
-    """The table and what it means, read from the JSON."""
-    m, rows = result["model"], result["rows"]
-    cells = [HEADER]
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """One world's rows as aligned text lines."""
+    cells, diff = [HEADER], lambda d: "error" if d is None else "bit-exact" if d == 0 else f"{d:.1e}"
     for r in rows:
-        ab = r["alone_vs_batch"]
-        tokens = f"{ab['steps_compared']}/{ab['steps_compared']} agree"  # if they agree, every step was compared
+        ab, steps = r["alone_vs_batch"], len(r["alone_vs_batch"]["per_step_max_abs_diff"])
+        tokens = f"{steps}/{steps} agree"  # if they agree, every step was compared
         if ab["first_divergent_step"] is not None:
             tokens = f"differ from step {ab['first_divergent_step']}"
         elif not ab["tokens_agree"]:
-            tokens = f"{'alone' if ab['error'].startswith('alone') else 'batch'} fails at step {ab['steps_compared']}"
+            tokens = f"{'alone' if ab['error'].startswith('alone') else 'batch'} fails at step {steps}"
         verdict = ("PASS" if r["passed"] else "FAIL") + ("" if r["required"] else "  (not required)")
-        diffs = [_diff(r[c]) for c in CHECKS]
+        diffs = [diff(r[c]["max_abs_diff"]) for c in CHECKS]
         cells.append((r["name"], r["statistics"], diffs[0], tokens, *diffs[1:], verdict))
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     cells.insert(1, ["-" * w for w in widths])  # the rule under the header
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+
+
+def report(result: dict[str, Any]) -> str:
+    """The two tables and what they mean, read from the JSON."""
+    m, rows = result["model"], [r for world in WORLDS for r in result.get(world, [])]
     return "\n".join([
         "Batch independence: does a sequence's output depend on the other sequences in its batch?",
         f"model: {result['source']}",
@@ -192,8 +196,7 @@ def report(result: dict[str, Any]) -> str:
         f"a batch of {result['batch_size']} different prompts; tolerance {result['tolerance']:g}",
         *(f"note: {n}" for n in result["notes"]),
         *(f"skipped {name}: {why}" for name, why in result["skipped"].items()),
-        "",
-        *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells),
+        *(line for world, title in WORLDS.items() if world in result for line in ["", title, *table(result[world])]),
         "",
         *(f"  {line}" for line in LEGEND),
         *(f"  {r['name']}: {r[c]['error']}" for r in rows for c in CHECKS if r[c]["error"]),
@@ -205,50 +208,45 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the checks, print the table (or JSON); 0 when every required row passes, else 1."""
+    """Run the checks, print the tables (or JSON); 0 when every required row passes in both worlds, else 1."""
     args = parse_args(argv)
     try:
         device = resolve_device(args.device)
-    except DeviceError as e:
-        raise SystemExit(f"error: --device: {e}") from None
+        config, state, source = base_weights(args)
+    except (DeviceError, ConfigError) as e:
+        raise SystemExit(f"error: --{'device' if isinstance(e, DeviceError) else 'config'}: {e}") from None
     torch.set_float32_matmul_precision("highest")  # no TF32: the comparisons are about float32
-    config, state, source = base_weights(args)
-    notes = []  # from here on, args.prompt_len and args.new_tokens are what ran
+    notes, worlds = [], list(WORLDS)  # from here on, args.prompt_len and args.new_tokens are what ran
     if args.prompt_len + args.new_tokens > config.block_size:  # check (2) compares within one block (see model.py)
         args.prompt_len = min(args.prompt_len, max(1, config.block_size // 2))
         args.new_tokens = max(1, config.block_size - args.prompt_len)
         notes.append(f"prompt {args.prompt_len} + new {args.new_tokens} tokens, to fit block_size {config.block_size}")
+    if why := refusal(device):  # the mode refuses where it has not been shown to hold
+        notes, worlds = [*notes, f"no batch-invariant rows: {why}"], ["rows"]
     gen = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(config.vocab_size, (args.batch_size, args.prompt_len), generator=gen).to(device)
     x = (torch.randn(args.batch_size, args.prompt_len, config.n_embd, generator=gen) * 2 + 1).to(device)
-    rows, skipped = [], {}
-    threads = torch.get_num_threads()
-    # The random model is tiny: one thread is as fast, and far faster when other work shares the cores
-    # (idle OpenMP threads spin-waiting for a busy core).
-    torch.set_num_threads(1 if args.out_dir is None and args.ckpt is None else threads)
-    try:
-        for name in args.rows:  # the Triton norm refuses to build, or its first forward refuses, where it cannot run
-            try:
-                rows.append(run_row(name, config, state, prompts, x, args))
-            except TritonUnavailableError as e:  # not a measurement: the row is skipped, with layernorm's reason
-                skipped[name] = str(e).split(". To fix")[0]
-    finally:
-        torch.set_num_threads(threads)
+    rows, skipped = {world: [] for world in worlds}, {}
+    for name in args.rows:  # the Triton norm refuses to build, or its first forward refuses, where it cannot run
+        try:
+            for world in worlds:
+                rows[world].append(run_row(name, config, state, prompts, x, args, world != "rows"))
+        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with layernorm's reason
+            skipped[name] = str(e).split(". To fix")[0]
     missing = [n for n in args.require or [] if n in skipped]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
-    failed = [r["name"] for r in rows if r["required"] and not r["passed"]] + missing
+    failed = [r["name"] + ("" if w == "rows" else " (batch-invariant)")
+              for w in worlds for r in rows[w] if r["required"] and not r["passed"]] + missing
     result = {
         "source": source,
         "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
         "device": device,
         "dtype": "float32",
-        "prompt_len": args.prompt_len,
-        "new_tokens": args.new_tokens,
-        "batch_size": args.batch_size,
+        **{k: getattr(args, k) for k in ("prompt_len", "new_tokens", "batch_size")},
         "tolerance": args.tol,
         "notes": notes,
         "skipped": skipped,
-        "rows": rows,
+        **rows,  # "rows": with PyTorch's kernels; "batch_invariant_rows": in the mode (absent where it refuses)
         "failed": failed,
         "ok": not failed,
     }

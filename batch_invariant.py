@@ -35,14 +35,18 @@ ROWS = 8  # rows per matrix product; any fixed number works, 8 keeps a decoding 
 _STOCK = {"linear": F.linear, "scaled_dot_product_attention": F.scaled_dot_product_attention}
 
 
-def check_device(device: torch.device | str) -> None:
-    """Refuse the devices where the mode has not been shown to hold."""
-    if torch.device(device).type != "cpu":
-        raise ValueError(
-            f"batch_invariant() is shown bit-exact on the CPU only, not on {device}: on a GPU the matrix products "
-            f"also choose their kernels and their order of additions by shape, and that has not been measured "
-            f"here. Run it with the model on the CPU (--device=cpu)"
-        )
+def refusal(device: torch.device | str) -> str | None:
+    """Why the mode refuses this device, or None where it has been shown to hold (the CPU)."""
+    if torch.device(device).type == "cpu":
+        return None
+    return (f"batch_invariant() is shown bit-exact on the CPU only, not on {device}: on a GPU the matrix products "
+            f"also choose their kernels and their order of additions by shape, and that has not been measured here. "
+            f"Run it with the model on the CPU (--device=cpu)")
+
+
+def check_device(device: torch.device) -> None:
+    if why := refusal(device):
+        raise ValueError(why)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -88,10 +92,11 @@ def attention(
 
 
 @contextmanager
-def batch_invariant() -> Iterator[None]:
+def batch_invariant(enabled: bool = True) -> Iterator[None]:
     """Within the block, F.linear and F.scaled_dot_product_attention are the batch-invariant versions above."""
     saved = F.linear, F.scaled_dot_product_attention
-    F.linear, F.scaled_dot_product_attention = linear, attention
+    if enabled:
+        F.linear, F.scaled_dot_product_attention = linear, attention
     try:
         yield
     finally:

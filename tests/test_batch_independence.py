@@ -1,5 +1,6 @@
 """batch_independence.py: the LayerNorms and RMSNorm pass, BatchNorm with batch statistics fails, and the exit status
-says so; from a random model and from a checkpoint."""
+says so, with PyTorch's kernels and in the batch-invariant mode (bit-exact there); from a random model and from a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -29,10 +30,16 @@ def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
-def row_lines(stdout: str) -> dict[str, str]:
-    """Table rows by name: the lines that end in PASS or FAIL (maybe followed by a note)."""
+MODE_TITLE = "In batch_invariant.py's mode (tolerance 0):"
+
+
+def row_lines(stdout: str, mode: bool = False) -> dict[str, str]:
+    """Rows by name of the stock table (or of the batch-invariant one): the lines that end in PASS or FAIL."""
+    stock, _, invariant = stdout.partition(MODE_TITLE)
     return {
-        line.split()[0]: line for line in stdout.splitlines() if " PASS" in line or " FAIL" in line.split("(")[0]
+        line.split()[0]: line
+        for line in (invariant if mode else stock).splitlines()
+        if " PASS" in line or " FAIL" in line.split("(")[0]
     }
 
 
@@ -52,9 +59,14 @@ def test_default_run_passes_and_shows_batchnorm_failing() -> None:
     else:
         assert "skipped triton" in proc.stdout
     assert sorted(rows) == sorted(expected), proc.stdout
-    for name in ("custom", "builtin", "rmsnorm", "triton", "dyt"):
+    mode_rows = row_lines(proc.stdout, mode=True)
+    assert sorted(mode_rows) == sorted(expected), proc.stdout
+    for name in ("custom", "builtin", "rmsnorm", "triton", "dyt", "batchnorm-eval"):
         if name in rows:
-            assert rows[name].split()[-1] == "PASS" and "agree" in rows[name], rows[name]
+            assert " PASS" in rows[name] and "agree" in rows[name], rows[name]
+            # in the mode: (1), (2) and (3) exactly 0
+            assert mode_rows[name].count("bit-exact") == 3 and " PASS" in mode_rows[name], mode_rows[name]
+    assert "FAIL  (not required)" in mode_rows["batchnorm"] and "differ from step" in mode_rows["batchnorm"]
     # batchnorm: numbers, not an error: (1) and (3) far above the tolerance, the greedy tokens part ways
     bn = rows["batchnorm"].split()
     assert bn[-3:] == ["FAIL", "(not", "required)"] and "differ from step" in rows["batchnorm"], rows["batchnorm"]
@@ -86,14 +98,14 @@ def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
     custom = rows["custom"]
     assert custom["required"] and custom["passed"] and custom["statistics"] == "per token"
     ab = custom["alone_vs_batch"]
-    assert ab["tokens_agree"] and ab["steps_compared"] == 6 and len(ab["per_step_max_abs_diff"]) == 6
+    assert ab["tokens_agree"] and len(ab["per_step_max_abs_diff"]) == 6
     assert ab["max_abs_diff"] <= 1e-5 and custom["cached_vs_full"]["max_abs_diff"] <= 1e-5
     assert custom["norm_alone"]["max_abs_diff"] <= 1e-5
 
     bn = rows["batchnorm"]
     assert not bn["required"] and not bn["passed"] and bn["statistics"] == "batch statistics"
     ab = bn["alone_vs_batch"]
-    assert ab["error"] is None and ab["steps_compared"] == 6 and len(ab["per_step_max_abs_diff"]) == 6
+    assert ab["error"] is None and len(ab["per_step_max_abs_diff"]) == 6
     assert ab["max_abs_diff"] > 1e-3  # the prefill step already differs: other statistics
     # decoding alone, each step is a batch of one token: every norm outputs its bias, the model decodes blind
     assert min(ab["per_step_max_abs_diff"][1:]) > 1e-3
@@ -103,6 +115,14 @@ def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
 
     ev = rows["batchnorm-eval"]
     assert ev["passed"] and ev["statistics"] == "running averages"
+
+    # the same rows in the batch-invariant mode: exactly 0 for the per-token rows, BatchNorm as far off as before
+    mode = {r["name"]: r for r in result["batch_invariant_rows"]}
+    assert list(mode) == list(rows)
+    for name in ("custom", "batchnorm-eval"):
+        assert mode[name]["passed"] and mode[name]["alone_vs_batch"]["per_step_max_abs_diff"] == [0.0] * 6
+        assert mode[name]["cached_vs_full"]["max_abs_diff"] == 0.0 and mode[name]["cached_vs_full"]["bit_exact"]
+    assert not mode["batchnorm"]["passed"] and mode["batchnorm"]["alone_vs_batch"]["max_abs_diff"] > 1e-3
 
 
 def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,9 +147,20 @@ def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         rows = {r["name"]: r for r in result["rows"]}
         assert rows["custom"]["passed"] and rows["rmsnorm"]["passed"] and not rows["batchnorm"]["passed"]
 
-    assert batch_independence.main(["--out_dir", str(tmp_path / "builtin"), "--norms", "builtin"]) == 0
-    out = capsys.readouterr().out
-    assert "checkpoint" in out and "PASS" in out
+    assert batch_independence.main(["--out_dir", str(tmp_path / "builtin" / "ckpt.pt"), "--norms", "builtin"]) == 0
+    out = capsys.readouterr().out  # the checkpoint file itself works as well as its folder
+    assert "checkpoint" in out and "PASS" in row_lines(out)["builtin"]
+    assert "PASS" in row_lines(out, mode=True)["builtin"]
+
+
+def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status, result = run_json(capsys, "--config", str(ROOT / "configs" / "shakespeare_char.json"), "--norms",
+                              "builtin", "--new_tokens", "4", "--prompt_len", "4")
+    assert status == 0 and (result["model"]["n_layer"], result["model"]["n_embd"]) == (6, 384)
+    assert result["batch_invariant_rows"][0]["alone_vs_batch"]["max_abs_diff"] == 0.0
+    (tmp_path / "bad.json").write_text("[1]")
+    with pytest.raises(SystemExit, match="error: --config: config file .*bad.json must hold a JSON object"):
+        batch_independence.main(["--config", str(tmp_path / "bad.json")])
 
 
 def test_bad_arguments_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,10 +196,10 @@ def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(GPT, "forward", fails_alone_at_step_2)
     status, result = run_json(capsys, "--norms", "custom", *SMALL)
-    assert status == 1 and result["ok"] is False and result["failed"] == ["custom"]
+    assert status == 1 and result["ok"] is False and result["failed"] == ["custom", "custom (batch-invariant)"]
     (row,) = result["rows"]
     ab = row["alone_vs_batch"]
-    assert ab["error"] == "alone, step 2: RuntimeError: boom" and ab["steps_compared"] == 2
+    assert ab["error"] == "alone, step 2: RuntimeError: boom"
     assert len(ab["per_step_max_abs_diff"]) == 2 and ab["max_abs_diff"] <= 1e-5 and ab["tokens_agree"] is False
     assert row["cached_vs_full"]["max_abs_diff"] <= 1e-5 and row["norm_alone"]["bit_exact"] and not row["passed"]
 
@@ -176,6 +207,7 @@ def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatc
     out = capsys.readouterr().out
     assert "alone fails at step 2" in row_lines(out)["custom"] and " FAIL" in row_lines(out)["custom"]
     assert "  custom: alone, step 2: RuntimeError: boom\n" in out and "FAIL: required rows that failed: custom" in out
+    assert "alone fails at step 2" in row_lines(out, mode=True)["custom"]
 
 
 def test_triton_unavailable_inside_a_check_skips_the_row(
@@ -188,7 +220,7 @@ def test_triton_unavailable_inside_a_check_skips_the_row(
 
     monkeypatch.setattr(GPT, "forward", unavailable)
     status, result = run_json(capsys, "--norms", "custom", "rmsnorm", "--require", "rmsnorm", *SMALL)
-    assert result["rows"] == [] and result["skipped"] == {
+    assert result["rows"] == result["batch_invariant_rows"] == [] and result["skipped"] == {
         n: "norm 'triton' cannot run here" for n in ("custom", "rmsnorm")
     }
     assert status == 1 and result["failed"] == ["rmsnorm"]
