@@ -31,7 +31,9 @@ from contextlib import contextmanager
 import torch
 from torch.nn import functional as F
 
-ROWS = 8  # rows per matrix product; any fixed number works, 8 keeps a decoding step alone cheap
+# Rows per matrix product. 1: every row is its own matrix-vector product, the cheapest for decoding one sequence.
+# Any fixed number works: 8 costs more at batch 1 and less at batch 8 (bench/results/batch_invariant_cpu.md).
+ROWS = 1
 _STOCK = {"linear": F.linear, "scaled_dot_product_attention": F.scaled_dot_product_attention}
 
 
@@ -52,11 +54,22 @@ def check_device(device: torch.device) -> None:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, computed ROWS rows at a time, so that a row's result does not depend on how many rows came."""
     check_device(x.device)
-    rows = x.reshape(-1, x.size(-1))  # [M, K]
-    padded = rows.new_zeros(math.ceil(rows.size(0) / ROWS) * ROWS, rows.size(1))
-    padded[: rows.size(0)] = rows
-    out = torch.cat([_STOCK["linear"](block, weight, bias) for block in padded.split(ROWS)])
-    return out[: rows.size(0)].view(*x.shape[:-1], weight.size(0))
+    rows = x.reshape(-1, x.size(-1)).contiguous()  # [M, K]
+    padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows  # zero rows up to k * ROWS
+    blocks = [_STOCK["linear"](block, weight, bias) for block in padded.split(ROWS)] if len(padded) > ROWS else []
+    out = torch.cat(blocks) if blocks else _STOCK["linear"](padded, weight, bias)
+    return out[: len(rows)].view(*x.shape[:-1], weight.size(0))
+
+
+def visible_keys(T: int, S: int, attn_mask: torch.Tensor | None, is_causal: bool) -> list[int]:
+    """How many keys each of T queries sees, when each sees a prefix of the S keys (else ValueError)."""
+    if attn_mask is None:
+        return [i + 1 for i in range(T)] if is_causal else [S] * T  # is_causal: query i sees keys 0..i
+    visible = attn_mask.cpu().bool().expand(T, S) & (torch.ones(T, S, dtype=torch.bool).tril() if is_causal else True)
+    counts = visible.sum(-1)
+    if not torch.equal(visible, torch.arange(S) < counts[:, None]):
+        raise ValueError("batch_invariant() attention needs masks under which each query sees a prefix of the keys")
+    return counts.tolist()
 
 
 def attention(
@@ -71,24 +84,20 @@ def attention(
     """F.scaled_dot_product_attention for q [B, nh, T, hs] and k, v [B, nh, S, hs], each query over exactly the keys
     it may see. Masks must let query i see a prefix of the keys (causal, or model.py's mask after a cache)."""
     check_device(q.device)
-    T, S = q.size(-2), k.size(-2)
     if dropout_p > 0:
         raise ValueError(f"batch_invariant() attention runs without dropout, got dropout_p={dropout_p}: use eval()")
-    visible = torch.ones(T, S, dtype=torch.bool).tril() if is_causal else torch.ones(T, S, dtype=torch.bool)
-    if attn_mask is not None:
-        visible = visible & attn_mask.cpu().bool().expand(T, S)
-    counts = visible.sum(-1)  # keys each query sees
-    if not torch.equal(visible, torch.arange(S) < counts[:, None]):
-        raise ValueError("batch_invariant() attention needs masks under which each query sees a prefix of the keys")
-    scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # one memory layout, cached or not
-    out = torch.empty_like(q)
-    for b in range(q.size(0)):
-        for h in range(q.size(1)):
-            for i, n in enumerate(counts.tolist()):
-                weights = torch.softmax((q[b, h, i : i + 1] @ k[b, h, :n].T) * scale, dim=-1)  # [1, n]
-                out[b, h, i : i + 1] = weights @ v[b, h, :n]  # [1, hs]
-    return out
+    B, nh, T, hs = q.shape
+    counts = visible_keys(T, k.size(-2), attn_mask, is_causal)
+    q = (q * (1 / math.sqrt(hs) if scale is None else scale)).transpose(1, 2).contiguous()  # [B, T, nh, hs]
+    out = []
+    for b in range(B):
+        for i, n in enumerate(counts):
+            # All heads at once, on the same shapes and memory layout whether cached or not: [nh, 1, hs] queries,
+            # [nh, n, hs] keys and values (copies of a prefix that would otherwise be strided by S)
+            keys, values = k[b, :, :n].contiguous(), v[b, :, :n].contiguous()
+            weights = torch.softmax(q[b, i].unsqueeze(1) @ keys.transpose(1, 2), dim=-1)  # [nh, 1, n]
+            out.append(weights @ values)  # [nh, 1, hs]
+    return torch.stack(out).view(B, T, nh, hs).transpose(1, 2)
 
 
 @contextmanager

@@ -56,6 +56,15 @@ def test_decoding_is_bit_exact_in_the_mode(norm: str, size: str) -> None:
     assert torch.equal(cached_logits, batch)
 
 
+def test_blocks_of_eight_rows_are_bit_exact_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ROWS is a speed choice (bench/results/batch_invariant_cpu.md): blocks of 8, padded, decode bit-exactly too."""
+    monkeypatch.setattr(bi, "ROWS", 8)
+    prompts = torch.randint(65, (4, 8), generator=torch.Generator().manual_seed(1))
+    with bi.batch_invariant():
+        alone, batch, full = alone_batch_full(make_model("builtin", "6x384"), prompts, steps=8)
+    assert torch.equal(alone[0], batch[0]) and torch.equal(batch, full)
+
+
 def test_batchnorm_still_depends_on_the_batch_in_the_mode() -> None:
     """Its failure is mathematical: the statistics come from the other tokens, whatever the order of additions."""
     model = make_model("batchnorm", "2x64").train()  # batch statistics
@@ -74,11 +83,13 @@ def test_stock_kernels_are_not_batch_invariant_here() -> None:
     assert (alone[0] - batch[0]).abs().max() < 1e-4 and (batch - full).abs().max() < 1e-4  # rounding, no more
 
 
-def test_linear_rows_do_not_depend_on_how_many_rows_came() -> None:
+@pytest.mark.parametrize("rows", [1, 8])
+def test_linear_rows_do_not_depend_on_how_many_rows_came(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bi, "ROWS", rows)
     torch.manual_seed(0)
     weight, bias, x = torch.randn(96, 384) * 0.05, torch.randn(96), torch.randn(40, 384)
     with bi.batch_invariant():
-        reference = F.linear(x, weight, bias)  # 40 rows: five blocks
+        reference = F.linear(x, weight, bias)  # 40 rows: 40 products of 1 row, or 5 of 8
         for m in range(1, 40):
             assert torch.equal(F.linear(x[:m], weight, bias), reference[:m]), m
         assert torch.equal(F.linear(x.view(5, 8, 384), weight, bias), reference.view(5, 8, 96))  # any leading dims
