@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import bench_invariant  # noqa: E402
 import bench_train  # noqa: E402
 import common  # noqa: E402
 import compare_norms  # noqa: E402
@@ -142,6 +143,19 @@ def test_decode_benchmark_cached_vs_uncached(bench_env, tmp_path):
     # block 16, prompt 4: the two paths agree on the first 12 new tokens; past that the windows differ.
     assert r["tokens_compared"] == 12 and r["tokens_identical"] and r["overflows_block"]
     assert "speedup" in out.with_suffix(".md").read_text()
+
+
+def test_invariant_benchmark_measures_both_fixes_and_the_cost(tmp_path):
+    out = tmp_path / "invariant.json"
+    result = bench_invariant.main(["--sizes", "shakespeare_char_cpu", "--batches", "1,2", "--repeats", "1",
+                                   "--model_steps", "3", "--new_tokens", "3", "--out", str(out)])
+    fixes = {(r["fixed_linear"], r["fixed_attention"]): r for r in result["model"]}
+    assert fixes[(True, True)]["alone_vs_batch"] == fixes[(True, True)]["cached_vs_full"] == 0.0  # the mode
+    assert [(r["size"], r["batch"]) for r in result["decode"]] == [("shakespeare_char_cpu", b) for b in (1, 2)]
+    for r in result["decode"]:
+        assert r["stock_cost"] == 1.0 and r["invariant_cost"] > 0 and r["invariant_rows8_tokens_per_s"] > 0
+    assert [r["in_features"] for r in result["ops"]["linear"]] == [128, 384]
+    assert json.loads(out.read_text())["machine"]["commit"] and "mode costs" in out.with_suffix(".md").read_text()
 
 
 def test_compare_norms_writes_curves_tables_and_skips_triton_on_cpu(bench_env, tmp_path):
