@@ -9,17 +9,20 @@ the model is not, in float32, because two of its operations pick their order of 
 (measured on a 2-core x86 CPU, torch 2.13 with MKL; bench/results/batch_invariant_cpu.md):
 
 - Matrix products (every nn.Linear). MKL's sgemm gives a row other bits when the product has 1-3 rows, and with 2
-  threads also 5-7 and 9-11 rows (about 1e-5 at K = 384): a decoding step alone has 1 row, in a batch of 4, 4.
-  Here every product is cut into blocks of exactly ROWS rows, the last one padded with zeros, so every row goes
-  through the same-shaped call; where a row sits inside its block was measured not to matter.
-- Attention. scaled_dot_product_attention gives one query another result inside a causal forward over the whole
-  sequence than alone over its visible keys (about 7e-7), and one batch row another result alone than in a batch.
-  Here each query attends, one (batch row, head, query) at a time, over exactly the keys it sees: the same three
-  calls on the same shapes whether it is decoded alone, in a batch, from the cache or in a full forward.
+  threads also 5-7 or 9-11 rows, than among 64 (up to 1.9e-6 at 384 -> 1152): a decoding step alone has 1 row, in
+  a batch of 4, 4. Here every product is cut into blocks of exactly ROWS rows (the last padded with zeros), so
+  every row goes through the same call on the same shape; with ROWS > 1, where a row sits inside its block was
+  measured not to matter (tests/test_batch_invariant.py runs ROWS = 1 and 8).
+- Attention. scaled_dot_product_attention gives a query other bits inside a causal pass over the whole sequence
+  than alone over its visible keys (1.1e-6), and a decoding step of one sequence other bits than the same step in a
+  batch of 4 (4.5e-8). Here each query attends, one (batch row, query) at a time with all heads at once, over
+  exactly the keys it sees: the same calls on the same shapes and memory layout whether it is decoded alone, in a
+  batch, from the cache or in a full forward pass.
 
-Equal shapes give equal bits only on one machine, with one build and one thread count, so the mode promises
-invariance within a process, not across machines. It is shown here on the CPU only; on other devices it refuses.
-It is slower (bench/bench_decode_invariant.py) and meant for inference: it does not support attention dropout.
+Either fix alone leaves differences of about 1e-6 in the logits; both give 0. Equal shapes give equal bits on one
+machine, with one build and one thread count: the mode promises invariance within a process, not across machines.
+It is shown on the CPU only and refuses other devices. It costs 1.2-1.6x stock's time per token decoding one
+sequence, 2.4-3.9x at batch 8 (bench/bench_invariant.py), and is for inference: attention dropout is refused.
 """
 
 from __future__ import annotations
