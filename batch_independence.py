@@ -23,7 +23,7 @@ from checkpoint import CheckpointError, checkpoint_config, checkpoint_weights, l
 from device import DeviceError, resolve_device
 from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig, KVCache
-from options import ConfigError, read_config_file
+from options import read_config_file
 
 EVAL_ROW = "batchnorm-eval"
 STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         device = resolve_device(args.device)
         config, state, source = base_weights(args)
-    except (DeviceError, ConfigError) as e:
+    except (DeviceError, ValueError) as e:  # a bad device, or a config file that is not a model (GPTConfig says why)
         raise SystemExit(f"error: --{'device' if isinstance(e, DeviceError) else 'config'}: {e}") from None
     torch.set_float32_matmul_precision("highest")  # no TF32: the comparisons are about float32
     notes, worlds = [], list(WORLDS)  # from here on, args.prompt_len and args.new_tokens are what ran

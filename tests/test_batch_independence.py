@@ -161,6 +161,9 @@ def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], t
     (tmp_path / "bad.json").write_text("[1]")
     with pytest.raises(SystemExit, match="error: --config: config file .*bad.json must hold a JSON object"):
         batch_independence.main(["--config", str(tmp_path / "bad.json")])
+    (tmp_path / "odd.json").write_text('{"n_head": 5}')
+    with pytest.raises(SystemExit, match=r"error: --config: n_embd \(64\) must be divisible by n_head \(5\)"):
+        batch_independence.main(["--config", str(tmp_path / "odd.json")])
 
 
 def test_bad_arguments_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
