@@ -59,8 +59,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     check_device(x.device)
     rows = x.reshape(-1, x.size(-1)).contiguous()  # [M, K]
     padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows  # zero rows up to k * ROWS
-    blocks = [_STOCK["linear"](block, weight, bias) for block in padded.split(ROWS)] if len(padded) > ROWS else []
-    out = torch.cat(blocks) if blocks else _STOCK["linear"](padded, weight, bias)
+    if len(padded) <= ROWS:  # one block (the usual decoding step): no split, no cat
+        out = _STOCK["linear"](padded, weight, bias)
+    else:
+        out = torch.cat([_STOCK["linear"](block, weight, bias) for block in padded.split(ROWS)])
     return out[: len(rows)].view(*x.shape[:-1], weight.size(0))
 
 
@@ -68,7 +70,9 @@ def visible_keys(T: int, S: int, attn_mask: torch.Tensor | None, is_causal: bool
     """How many keys each of T queries sees, when each sees a prefix of the S keys (else ValueError)."""
     if attn_mask is None:
         return [i + 1 for i in range(T)] if is_causal else [S] * T  # is_causal: query i sees keys 0..i
-    visible = attn_mask.cpu().bool().expand(T, S) & (torch.ones(T, S, dtype=torch.bool).tril() if is_causal else True)
+    if attn_mask.dtype != torch.bool:
+        raise ValueError(f"batch_invariant() attention takes boolean masks (True: may attend), got {attn_mask.dtype}")
+    visible = attn_mask.cpu().expand(T, S) & (torch.ones(T, S, dtype=torch.bool).tril() if is_causal else True)
     counts = visible.sum(-1)
     if not torch.equal(visible, torch.arange(S) < counts[:, None]):
         raise ValueError("batch_invariant() attention needs masks under which each query sees a prefix of the keys")

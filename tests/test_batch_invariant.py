@@ -144,3 +144,5 @@ def test_what_the_mode_refuses_is_said_clearly() -> None:
         scattered = torch.tensor([[True, False, True, True]]).expand(4, 4)
         with pytest.raises(ValueError, match="prefix of the keys"):
             F.scaled_dot_product_attention(q, q, q, attn_mask=scattered)
+        with pytest.raises(ValueError, match="boolean masks .* got torch.float32"):  # not read as a bool: refused
+            F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(4, 4))
