@@ -104,9 +104,9 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
             name = f"cuda:{dist.local_rank}"  # one GPU per process
         if (torch.device(name).index or 0) >= torch.cuda.device_count():
             raise DeviceError(f"device={name!r} but there are only {torch.cuda.device_count()} CUDA devices")
-    elif name == "mps":
+    elif kind == "mps":  # "mps" or "mps:0"
         if not torch.backends.mps.is_available():
-            raise DeviceError("device='mps' but MPS is not available here; use --device=cpu or --device=auto")
+            raise DeviceError(f"device={name!r} but MPS is not available here; use --device=cpu or --device=auto")
         if dist.enabled:
             raise DeviceError("several processes (torchrun) are supported on CUDA (nccl) and CPU (gloo), not MPS")
     return name

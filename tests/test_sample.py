@@ -134,8 +134,8 @@ def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path
 
 
 def test_bpe_checkpoint(tmp_path: Path) -> None:
-    cache = Path(os.environ.get("TIKTOKEN_CACHE_DIR", ""))
-    if not (cache.is_dir() and any(cache.iterdir())):
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR")  # unset: Path("") would be the working directory
+    if not (cache and Path(cache).is_dir() and any(Path(cache).iterdir())):
         pytest.skip("no tiktoken cache (TIKTOKEN_CACHE_DIR) with r50k_base")
     make_checkpoint(tmp_path, {"kind": "tiktoken", "encoding": "r50k_base"}, vocab_size=50304, n_embd=16)
     text = run(tmp_path, "--start", "ROMEO: Shall I", "--max_new_tokens", "8")[0]
