@@ -82,7 +82,7 @@ def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.T
         config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
         torch.manual_seed(args.seed)
         return config, GPT(config).state_dict(), f"random init (seed {args.seed}), the same weights in every row"
-    path = Path(args.out_dir) / "ckpt.pt" if Path(args.out_dir).is_dir() else Path(args.out_dir)
+    path = Path(args.out_dir) if Path(args.out_dir).is_file() else Path(args.out_dir) / "ckpt.pt"
     try:
         ckpt = load_checkpoint(path)
         config, state = checkpoint_config(ckpt), checkpoint_weights(ckpt)
@@ -186,7 +186,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 def report(result: dict[str, Any]) -> str:
     """The two tables and what they mean, read from the JSON."""
-    m, rows = result["model"], [r for world in WORLDS for r in result.get(world, [])]
+    m, rows = result["model"], [(w, r) for w in WORLDS for r in result.get(w, [])]
     return "\n".join([
         "Batch independence: does a sequence's output depend on the other sequences in its batch?",
         f"model: {result['source']}",
@@ -199,8 +199,9 @@ def report(result: dict[str, Any]) -> str:
         *(line for world, title in WORLDS.items() if world in result for line in ["", title, *table(result[world])]),
         "",
         *(f"  {line}" for line in LEGEND),
-        *(f"  {r['name']}: {r[c]['error']}" for r in rows for c in CHECKS if r[c]["error"]),
-        *(["", WHY_BATCHNORM_FAILS, WHY_EVAL] if any(r["name"] == "batchnorm" for r in rows) else []),
+        *(f"  {r['name']}{'' if w == 'rows' else ' (batch-invariant)'}: {r[c]['error']}"
+          for w, r in rows for c in CHECKS if r[c]["error"]),
+        *(["", WHY_BATCHNORM_FAILS, WHY_EVAL] if any(r["name"] == "batchnorm" for _, r in rows) else []),
         "",
         f"FAIL: required rows that failed: {', '.join(result['failed'])}" if result["failed"] else
         "OK: every required row passes",

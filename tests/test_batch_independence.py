@@ -211,6 +211,7 @@ def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatc
     assert "alone fails at step 2" in row_lines(out)["custom"] and " FAIL" in row_lines(out)["custom"]
     assert "  custom: alone, step 2: RuntimeError: boom\n" in out and "FAIL: required rows that failed: custom" in out
     assert "alone fails at step 2" in row_lines(out, mode=True)["custom"]
+    assert "  custom (batch-invariant): alone, step 2: RuntimeError: boom\n" in out
 
 
 def test_triton_unavailable_inside_a_check_skips_the_row(
