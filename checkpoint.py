@@ -236,21 +236,27 @@ def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimize
                               f"({type(e).__name__}: {_first_line(e)})") from None
 
 
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file ([] if there is none); a line cut short by a kill is skipped."""
+    path = Path(path)
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> TextIO:
     """metrics.jsonl open for appending: afresh, or as it is (append=True), or on a resume after `resumed_at`
     iterations without the records at or after it (the tail a killed run wrote after its last checkpoint) and
     without a line cut short by a kill, so that the file reads as one uninterrupted run."""
     if not append:
-        kept = []
-        lines = path.read_text(encoding="utf-8").splitlines() if resumed_at is not None and path.exists() else []
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            it = rec.get("iter")
-            if it is None or it < resumed_at or (rec.get("kind") == "eval" and it == resumed_at):
-                kept.append(line + "\n")
+        records = read_metrics(path) if resumed_at is not None else []
+        kept = [json.dumps(rec) + "\n" for rec in records
+                if rec.get("iter") is None or rec["iter"] < resumed_at
+                or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)]
         path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
         os.replace(path.with_suffix(".jsonl.tmp"), path)
     return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
