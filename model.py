@@ -25,13 +25,14 @@ context it keeps:
     0..block_size//2-1 and decoding goes on from there: a window that jumps by half a block, so a step sees
     between block_size // 2 and block_size tokens. Sliding by one with a cache would mean recomputing the
     whole window every step, which is what the uncached path already does.
-Up to block_size tokens in all (prompt plus new ones) the two paths compute the same thing; tests check both the
-agreement there and, past it, that each cached step equals a full forward pass over the window it keeps.
+Up to block_size tokens in all (prompt plus new ones) the two paths compute the same thing; tests/test_kv_cache.py
+checks that, and past it that each cached step equals a full forward pass over the window it keeps.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -59,10 +60,8 @@ class GPTConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets "
-                f"n_embd // n_head features"
-            )
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets "
+                             f"n_embd // n_head features")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.norm_position not in ("pre", "post"):
@@ -83,20 +82,12 @@ class KVCache:
         self.length = 0  # positions filled
         self.start = 0  # index, in the decoded sequence, of the token cached at position 0
 
-    def reset(self, start: int) -> None:
-        """Forget everything; the next tokens written are those from `start` in the sequence."""
-        self.length = 0
-        self.start = start
-
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
         start, end = self.length, self.length + k.size(2)
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
-
-    def advance(self, n_tokens: int) -> None:
-        self.length += n_tokens
 
 
 class CausalSelfAttention(nn.Module):
@@ -164,19 +155,17 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm,
-                # and a second one straight after it would only add a redundant scale and shift. Identity keeps
-                # the name, so code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
-                ln_f=make_norm(config.norm, config.n_embd, bias=config.bias)
-                if config.norm_position == "pre" else nn.Identity(),
-            )
-        )
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm, and a
+            # second one straight after it would only add a redundant scale and shift. Identity keeps the name, so
+            # code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
+            ln_f=make_norm(config.norm, config.n_embd, bias=config.bias)
+            if config.norm_position == "pre" else nn.Identity(),
+        ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: the output projection is the token embedding (Press & Wolf, 2017).
         self.transformer.wte.weight = self.lm_head.weight
@@ -207,16 +196,14 @@ class GPT(nn.Module):
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
-            raise ValueError(
-                f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}: "
-                f"crop the context to the last {self.config.block_size} tokens"
-            )
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}: "
+                             f"crop the context to the last {self.config.block_size} tokens")
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for layer, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, layer)
         if kv_cache is not None:
-            kv_cache.advance(T)
+            kv_cache.length += T
         return self.transformer.ln_f(x)
 
     def forward(
@@ -229,47 +216,42 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
-    def crop_block_size(self, block_size: int) -> None:
-        """Shrink the model's context (e.g. to fine-tune a checkpoint at a smaller block size)."""
-        if not 0 < block_size <= self.config.block_size:
-            raise ValueError(f"block_size must be in 1..{self.config.block_size}, got {block_size}")
-        self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-
     def configure_optimizers(
         self, weight_decay: float, learning_rate: float, betas: tuple[float, float], device_type: str
     ) -> torch.optim.AdamW:
         """AdamW with weight decay on the Linear layers' weights only: never on norms, biases or embeddings."""
-        decay_ids = {
-            id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head
-        }
+        decay_ids = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head}
         params = list(self.parameters())  # tied weights appear once
         decay = [p for p in params if id(p) in decay_ids]
         no_decay = [p for p in params if id(p) not in decay_ids]
-        groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         fused = device_type == "cuda"  # the fused CUDA kernel is faster; CPU keeps the default (foreach)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
     @torch.inference_mode()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        use_kv_cache: bool = True,
-        generator: torch.Generator | None = None,
-        return_logits: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 use_kv_cache: bool = True, generator: torch.Generator | None = None,
+                 return_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Continue each row of idx [B, T] by max_new_tokens tokens; temperature 0 decodes greedily.
 
-        Returns the tokens [B, T + max_new_tokens], and with return_logits=True also the logits each step
-        sampled from, [B, max_new_tokens, vocab_size]. See the module docstring for contexts longer than
-        block_size.
+        Returns the tokens [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled
+        from, [B, max_new_tokens, vocab_size]: the steps of `stream`. Past block_size: see the module docstring.
         """
+        tokens, all_logits = [idx], []
+        for next_tokens, logits in self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator):
+            tokens.append(next_tokens)
+            if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
+                all_logits.append(logits)
+        if not return_logits:
+            return torch.cat(tokens, dim=1)
+        empty = torch.zeros(idx.size(0), 0, self.config.vocab_size, device=idx.device)
+        return torch.cat(tokens, dim=1), torch.stack(all_logits, dim=1) if all_logits else empty
+
+    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+               use_kv_cache: bool = True,
+               generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """generate's decoding one step at a time: yields each step's next tokens [B, 1] and the logits [B, V]
+        they were picked from, as soon as they are known. The arguments are checked here, before any step runs."""
         if not temperature >= 0:  # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
         if max_new_tokens < 0:
@@ -279,16 +261,16 @@ class GPT(nn.Module):
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx must be token ids of shape [B, T] with T >= 1, got shape {list(idx.shape)}")
         cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype) if use_kv_cache else None
-        all_logits = []
-        for _ in range(max_new_tokens):
-            logits = self._next_token_logits(idx, cache)
-            if return_logits:
-                all_logits.append(logits)
-            idx = torch.cat((idx, self._pick(logits, temperature, top_k, generator)), dim=1)
-        if return_logits:
-            empty = torch.zeros(idx.size(0), 0, self.config.vocab_size, device=idx.device)
-            return idx, torch.stack(all_logits, dim=1) if all_logits else empty
-        return idx
+
+        @torch.inference_mode()  # a generator, so the checks above run at the call, not at the first step
+        def steps(context: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            for _ in range(max_new_tokens):
+                logits = self._next_token_logits(context, cache)
+                next_tokens = self._pick(logits, temperature, top_k, generator)
+                context = torch.cat((context, next_tokens), dim=1)
+                yield next_tokens, logits
+
+        return steps(idx)
 
     def _next_token_logits(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """Logits [B, V] for the token after idx [B, T]: from a window of the context (module docstring)."""
@@ -299,14 +281,13 @@ class GPT(nn.Module):
             # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
             # the start (as much of the prompt as fits), half a block when a full cache overflows.
             keep = block if cache.length == 0 else max(1, block // 2)
-            cache.reset(start=idx.size(1) - keep)
+            cache.length, cache.start = 0, idx.size(1) - keep  # forget it all; cache again from token `start`
         new_tokens = idx[:, cache.start + cache.length :]
         return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
 
     @staticmethod
-    def _pick(
-        logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-    ) -> torch.Tensor:
+    def _pick(logits: torch.Tensor, temperature: float, top_k: int | None,
+              generator: torch.Generator | None) -> torch.Tensor:
         """Choose the next token of each row from its logits [B, V] -> [B, 1]."""
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)
