@@ -5,58 +5,87 @@
 
 LayerNorm is batch independent in exact arithmetic, and on a computer too: each token's statistics come from its
 own features, added in the same order however many tokens there are (batch_independence.py, check 3). The rest of
-the model is not, in float32, because two of its operations pick their order of additions from the shapes they get
-(measured on a 2-core x86 CPU, torch 2.13 with MKL; bench/results/batch_invariant_cpu.md):
+the model is not, because two of its operations pick their order of additions from the shapes they get (measured
+on a 2-core x86 CPU, torch 2.13 with MKL; bench/results/batch_invariant_cpu.md):
 
 - Matrix products (every nn.Linear). MKL's sgemm gives a row other bits when the product has 1-3 rows, and with 2
   threads also 5-7 or 9-11 rows, than among 64 (up to 1.9e-6 at 384 -> 1152): a decoding step alone has 1 row, in
-  a batch of 4, 4. Here every product is cut into blocks of exactly ROWS rows (the last padded with zeros), so
-  every row goes through the same call on the same shape; with ROWS > 1, where a row sits inside its block was
-  measured not to matter (tests/test_batch_invariant.py runs ROWS = 1 and 8).
+  a batch of 4, 4. cuBLAS likewise picks its tile and split-K by shape. Fixed here: every row goes through the
+  same additions, however many rows came.
 - Attention. scaled_dot_product_attention gives a query other bits inside a causal pass over the whole sequence
-  than alone over its visible keys (1.1e-6), and a decoding step of one sequence other bits than the same step in a
-  batch of 4 (4.5e-8). Here each query attends, one (batch row, query) at a time with all heads at once, over
-  exactly the keys it sees: the same calls on the same shapes and memory layout whether it is decoded alone, in a
-  batch, from the cache or in a full forward pass.
+  than alone over its visible keys (1.1e-6), and a decoding step of one sequence other bits than the same step in
+  a batch of 4 (4.5e-8). Fixed here: each query adds exactly the keys it sees, in one order.
 
-Either fix alone leaves differences of about 1e-6 in the logits; both give 0. Equal shapes give equal bits on one
-machine, with one build and one thread count: the mode promises invariance within a process, not across machines.
-It is shown on the CPU only and refuses other devices. It costs 1.2-1.6x stock's time per token decoding one
-sequence, 2.4-3.9x at batch 8 (bench/bench_invariant.py), and is for inference: attention dropout is refused.
+Either fix alone leaves differences of about 1e-6 in the logits; both give 0 (`linear=` and `attention=` apply one).
+Two implementations, chosen by the tensors' device (`kernels="auto"`):
+- CPU, PyTorch's kernels ("torch"): every product cut into blocks of exactly ROWS rows (the last padded with
+  zeros), each query attending, one (batch row, query) at a time with all heads at once, over copies of exactly its
+  keys. It costs 1.2-1.6x stock's time per token decoding one sequence, 2.4-3.9x at batch 8 (bench/bench_invariant.py).
+- CUDA, Triton kernels ("triton", batch_invariant_triton.py): one fixed tile and no split-K for the products; one
+  program per query walking its keys in fixed blocks from key 0. Tested under Triton's interpreter on CPU tensors
+  (kernels="triton" with TRITON_INTERPRET=1); not yet run on a GPU.
+Equal shapes give equal bits on one machine, with one build and one thread count: the mode promises invariance
+within a process, not across machines. It is for inference: attention dropout is refused, as is any other device.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.util import find_spec
 
 import torch
 from torch.nn import functional as F
 
-# Rows per matrix product. 1: every row is its own matrix-vector product, the cheapest for decoding one sequence.
-# Any fixed number works: 8 costs more at batch 1 and less at batch 8 (bench/results/batch_invariant_cpu.md).
+# Rows per matrix product on the CPU. 1: every row is its own matrix-vector product, the cheapest for decoding one
+# sequence. Any fixed number works: 8 costs more at batch 1 and less at batch 8 (bench/results/batch_invariant_cpu.md).
 ROWS = 1
+KERNELS = ("auto", "torch", "triton")
 _STOCK = {"linear": F.linear, "scaled_dot_product_attention": F.scaled_dot_product_attention}
 
 
-def refusal(device: torch.device | str) -> str | None:
-    """Why the mode refuses this device, or None where it has been shown to hold (the CPU)."""
-    if torch.device(device).type == "cpu":
-        return None
-    return (f"batch_invariant() is shown bit-exact on the CPU only, not on {device}: on a GPU the matrix products "
-            f"also choose their kernels and their order of additions by shape, and that has not been measured here. "
-            f"Run it with the model on the CPU (--device=cpu)")
+def refusal(device: torch.device | str, kernels: str = "auto") -> str | None:
+    """Why the mode cannot serve tensors on this device with these kernels, or None where it can."""
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        return (f"batch_invariant() has no implementation for {device}: it runs on the CPU (PyTorch's kernels) and "
+                f"on CUDA (Triton kernels). Run the model on one of them (--device=cpu)")
+    if kind == "cuda" and kernels == "torch":
+        return f"batch_invariant(kernels='torch') is the CPU implementation, not for {device}: use 'auto' or 'triton'"
+    if (kind == "cuda" or kernels == "triton") and find_spec("triton") is None:
+        return f"batch_invariant() on {device} needs Triton (pip install triton)"
+    if kind == "cpu" and kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "batch_invariant(kernels='triton') runs on CPU tensors only with TRITON_INTERPRET=1 set before start"
+    return None
 
 
-def check_device(device: torch.device) -> None:
-    if why := refusal(device):
+@functools.cache
+def uses_triton(device: torch.device, kernels: str) -> bool:
+    """Whether the mode computes on this device with its Triton kernels (else PyTorch's); ValueError if neither."""
+    if why := refusal(device, kernels):
         raise ValueError(why)
+    return device.type == "cuda" or kernels == "triton"
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, computed ROWS rows at a time, so that a row's result does not depend on how many rows came."""
-    check_device(x.device)
+def triton_inputs(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The tensors as autocast would hand them to the op (the kernels are called past autocast's dispatch)."""
+    device = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(None if t is None else t.to(dtype) for t in tensors)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernels: str = "auto"
+           ) -> torch.Tensor:
+    """F.linear whose rows do not depend on how many rows came (on the CPU: ROWS rows at a time)."""
+    if uses_triton(x.device, kernels):
+        import batch_invariant_triton
+
+        return batch_invariant_triton.linear(*triton_inputs(x, weight, bias))
     rows = x.reshape(-1, x.size(-1)).contiguous()  # [M, K]
     padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows  # zero rows up to k * ROWS
     if len(padded) <= ROWS:  # one block (the usual decoding step): no split, no cat
@@ -79,23 +108,25 @@ def visible_keys(T: int, S: int, attn_mask: torch.Tensor | None, is_causal: bool
     return counts.tolist()
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, *, kernels: str = "auto"
+              ) -> torch.Tensor:
     """F.scaled_dot_product_attention for q [B, nh, T, hs] and k, v [B, nh, S, hs], each query over exactly the keys
     it may see. Masks must let query i see a prefix of the keys (causal, or model.py's mask after a cache)."""
-    check_device(q.device)
+    triton = uses_triton(q.device, kernels)
     if dropout_p > 0:
         raise ValueError(f"batch_invariant() attention runs without dropout, got dropout_p={dropout_p}: use eval()")
     B, nh, T, hs = q.shape
     counts = visible_keys(T, k.size(-2), attn_mask, is_causal)
-    q = (q * (1 / math.sqrt(hs) if scale is None else scale)).transpose(1, 2).contiguous()  # [B, T, nh, hs]
+    scale = 1 / math.sqrt(hs) if scale is None else scale
+    if triton:  # the kernel takes query i to see min(offset + i + 1, S) keys: every mask model.py makes
+        if counts != [min(counts[0] + i, k.size(-2)) for i in range(T)]:
+            raise ValueError(f"batch_invariant() Triton attention needs query i to see one key more than query i - 1 "
+                             f"(causal, or causal after a cache), got visible keys {counts}")
+        import batch_invariant_triton
+
+        return batch_invariant_triton.attention(*triton_inputs(q, k, v), offset=counts[0] - 1, scale=scale)
+    q = (q * scale).transpose(1, 2).contiguous()  # [B, T, nh, hs]
     out = []
     for b in range(B):
         for i, n in enumerate(counts):
@@ -107,12 +138,21 @@ def attention(
     return torch.stack(out).view(B, T, nh, hs).transpose(1, 2)
 
 
+FIXES = {"linear": linear, "scaled_dot_product_attention": attention}
+
+
 @contextmanager
-def batch_invariant(enabled: bool = True) -> Iterator[None]:
-    """Within the block, F.linear and F.scaled_dot_product_attention are the batch-invariant versions above."""
+def batch_invariant(enabled: bool = True, *, linear: bool = True, attention: bool = True, kernels: str = "auto"
+                    ) -> Iterator[None]:
+    """Within the block, F.linear and F.scaled_dot_product_attention (or only the one asked for) are the
+    batch-invariant versions above, computed with `kernels`: "auto" (by the tensors' device), "torch" or "triton"."""
+    if kernels not in KERNELS:
+        raise ValueError(f"batch_invariant(kernels={kernels!r}): choose one of {', '.join(KERNELS)}")
     saved = F.linear, F.scaled_dot_product_attention
     if enabled:
-        F.linear, F.scaled_dot_product_attention = linear, attention
+        for name, fixed in zip(FIXES, (linear, attention), strict=True):
+            if fixed:
+                setattr(F, name, functools.partial(FIXES[name], kernels=kernels))
     try:
         yield
     finally:

@@ -3,6 +3,10 @@ every per-token norm at two model sizes; the mode's products are still correct; 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -13,6 +17,7 @@ from model import GPT, GPTConfig, KVCache
 PER_TOKEN_NORMS = ("custom", "builtin", "triton", "rmsnorm", "dyt")
 SIZES = {"2x64": dict(n_layer=2, n_head=4, n_embd=64), "6x384": dict(n_layer=6, n_head=6, n_embd=384)}
 STOCK_LINEAR, STOCK_SDPA = F.linear, F.scaled_dot_product_attention
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_model(norm: str, size: str) -> GPT:
@@ -119,7 +124,7 @@ def test_outside_the_mode_nothing_changes() -> None:
     with torch.no_grad():
         before = model(idx)[0]
         with bi.batch_invariant():
-            assert F.linear is bi.linear and F.scaled_dot_product_attention is bi.attention
+            assert F.linear.func is bi.linear and F.scaled_dot_product_attention.func is bi.attention
             inside = model(idx)[0]
         after = model(idx)[0]
     assert torch.equal(before, after) and (before - inside).abs().max() < 1e-5
@@ -129,14 +134,23 @@ def test_outside_the_mode_nothing_changes() -> None:
     assert F.linear is STOCK_LINEAR and F.scaled_dot_product_attention is STOCK_SDPA
     with bi.batch_invariant(enabled=False):
         assert F.linear is STOCK_LINEAR
+    with bi.batch_invariant(attention=False):  # one fix alone, as bench/ measures each
+        assert F.linear.func is bi.linear and F.scaled_dot_product_attention is STOCK_SDPA
+    with bi.batch_invariant(linear=False, kernels="torch"):
+        assert F.linear is STOCK_LINEAR and F.scaled_dot_product_attention.keywords == {"kernels": "torch"}
 
 
-def test_what_the_mode_refuses_is_said_clearly() -> None:
-    assert bi.refusal("cpu") is None and bi.refusal(torch.device("cpu")) is None
-    for device in ("cuda", "cuda:1", "mps"):
-        assert f"CPU only, not on {device}" in bi.refusal(device) and "--device=cpu" in bi.refusal(device)
+def test_what_the_mode_refuses_is_said_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert bi.refusal("cpu") is None and bi.refusal(torch.device("cpu"), "torch") is None
+    for device in ("mps", "mps:0", "meta"):
+        assert f"no implementation for {device}" in bi.refusal(device) and "--device=cpu" in bi.refusal(device)
+    assert "kernels='torch') is the CPU implementation, not for cuda:1" in bi.refusal("cuda:1", "torch")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # read at the call: Triton's kernels on CPU tensors need the interpreter
+    assert "TRITON_INTERPRET=1" in bi.refusal("cpu", "triton")
+    with pytest.raises(ValueError, match=r"batch_invariant\(kernels='cuda'\): choose one of auto, torch, triton"):
+        bi.batch_invariant(kernels="cuda").__enter__()
     with bi.batch_invariant():
-        with pytest.raises(ValueError, match="CPU only, not on meta"):
+        with pytest.raises(ValueError, match="no implementation for meta"):
             F.linear(torch.empty(2, 4, device="meta"), torch.empty(3, 4, device="meta"))
         q = torch.randn(1, 1, 4, 8)
         with pytest.raises(ValueError, match="without dropout, got dropout_p=0.1"):
@@ -146,3 +160,13 @@ def test_what_the_mode_refuses_is_said_clearly() -> None:
             F.scaled_dot_product_attention(q, q, q, attn_mask=scattered)
         with pytest.raises(ValueError, match="boolean masks .* got torch.float32"):  # not read as a bool: refused
             F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(4, 4))
+
+
+def test_the_kernel_module_is_imported_only_when_asked_for() -> None:
+    """Importing the mode, and running it on CPU tensors with PyTorch's kernels, imports neither triton nor the
+    kernels: they are for CUDA tensors (or kernels="triton")."""
+    code = ("import sys, torch, batch_invariant as bi\n"
+            "with bi.batch_invariant(): torch.nn.functional.linear(torch.ones(2, 3), torch.ones(4, 3))\n"
+            "print(sorted(m for m in ('triton', 'batch_invariant_triton') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr

@@ -1,0 +1,134 @@
+"""The batch-invariant mode's Triton kernels: a matrix product for F.linear, and attention for
+F.scaled_dot_product_attention, each beside its launcher (batch_invariant.py says why each is needed).
+
+One rule makes both invariant: a result's order of additions is fixed by the code, never by the shapes of the call.
+  - linear: one tile configuration per dtype (fixed BLOCK_M, BLOCK_N, BLOCK_K), no split-K, the K loop in one order,
+    so an output row goes through the same additions whether 1 row came or 64, and wherever in a tile it sits;
+  - attention: one program per query, which walks exactly the keys it sees in blocks of BLOCK_N from key 0 with an
+    online softmax, reading q, k, v through their strides (the KV cache hands a strided prefix of its buffer), so a
+    query adds in the same order decoded from the cache, inside a causal pass, alone or in a batch.
+Both accumulate in float32 and write the input's dtype.
+
+This module imports triton, so batch_invariant.py imports it only when the mode meets a CUDA tensor (or is asked
+for its Triton kernels on CPU tensors, which run through Triton's interpreter when TRITON_INTERPRET=1 was set
+before triton was imported).
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # fixed now, when the kernels below are defined
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per dtype. Fixed, never tuned by shape: a tuner choosing by M would bring
+# back the dependence on the batch. BLOCK_M = 16, tl.dot's smallest, wastes least on decoding's 1-8 rows.
+LINEAR_TILES = {torch.float32: (16, 64, 32, 4), torch.bfloat16: (16, 64, 64, 4), torch.float16: (16, 64, 64, 4)}
+BLOCK_KEYS = 32  # keys per step of attention's walk: any fixed number works; the same for every query
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Linear: program (m, n) computes the output tile rows m*BLOCK_M.., columns n*BLOCK_N.. of y = x @ w.T + b, adding
+# K in blocks of BLOCK_K from 0 upwards, each block through one tl.dot of fixed shape. A row's value depends on its
+# own x row and on w only: the other rows of its tile go through the same dot, but never into its sums.
+
+
+@triton.jit(do_not_specialize=["M"])  # M (rows) is what changes between calls: one compiled kernel for every M
+def linear_kernel(
+    X, W, Bias, Y,  # pointers: x [M, K], w [N, K] (nn.Linear's layout), bias [N], y [M, N]
+    M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # no split-K: one program adds all of K, in this one order
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(X + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+        w = tl.load(W + ks[:, None] * stride_wk + cols[None, :] * stride_wn,  # w.T's tile, [BLOCK_K, BLOCK_N]
+                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+        if UPCAST:  # the interpreter multiplies with numpy, which has no bfloat16: exact casts to float32 first
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, w, acc, input_precision=PRECISION)
+    if HAS_BIAS:  # added once, after the whole sum: the same for every row
+        acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], acc.to(Y.dtype.element_ty),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear through linear_kernel: x [..., K], weight [N, K], bias [N] -> [..., N] in x's dtype."""
+    if x.dtype not in LINEAR_TILES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise ValueError(f"batch_invariant() linear takes {', '.join(map(str, LINEAR_TILES))} inputs of one dtype, "
+                         f"got x {x.dtype}, weight {weight.dtype}" + (f", bias {bias.dtype}" if bias is not None else ""))
+    K, N = x.size(-1), weight.size(0)
+    x2 = x.reshape(-1, K)  # a view where it can be; strides are read as they are
+    y = torch.empty(x2.size(0), N, dtype=x.dtype, device=x.device)
+    block_m, block_n, block_k, warps = LINEAR_TILES[x.dtype]
+    bias_arg = weight if bias is None else bias.contiguous()  # a placeholder pointer, never read without a bias
+    grid = (triton.cdiv(x2.size(0), block_m), triton.cdiv(N, block_n))
+    if x2.size(0):
+        linear_kernel[grid](
+            x2, weight, bias_arg, y, x2.size(0), N, K, x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+            y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            PRECISION="ieee",  # float32 multiplied in float32, not TF32: the mode computes what it is given
+            UPCAST=INTERPRET, num_warps=warps,
+        )
+    return y.view(*x.shape[:-1], N)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Attention: program (i, b * H + h) computes query i of batch row b, head h. It sees keys 0..n-1, n = min(offset +
+# i + 1, S): offset 0 is a causal pass, offset S - T a cached prefix followed by T new queries, offset S - 1 a
+# query that sees every key. It walks them BLOCK_KEYS at a time, keeping the running maximum m, the running sum l
+# of exp(score - m) and the weighted sum of values acc; each block rescales l and acc by exp(m_old - m_new).
+
+
+@triton.jit(do_not_specialize=["S", "offset"])  # the lengths change every decoding step: one compiled kernel
+def attention_kernel(
+    Q, K, V, O,  # pointers: q, o [B, H, T, D]; k, v [B, H, S, D]; each read through its strides (last one 1)
+    H, S, D, offset, scale,
+    sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot,
+    BLOCK_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    i = tl.program_id(0)
+    b, h = tl.program_id(1) // H, tl.program_id(1) % H
+    d = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + b * sqb + h * sqh + i * sqt + d, mask=d < D, other=0.0).to(tl.float32) * scale
+    K += b * skb + h * skh
+    V += b * svb + h * svh
+    n = tl.minimum(offset + i + 1, S)  # the keys this query sees: the same n alone, in a batch, cached or not
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.zeros([], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for start in range(0, n, BLOCK_KEYS):  # from key 0, in fixed blocks: only n decides how far
+        keys = start + tl.arange(0, BLOCK_KEYS)
+        seen = keys < n
+        tile = seen[:, None] & (d[None, :] < D)
+        k = tl.load(K + keys[:, None] * sks + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        scores = tl.where(seen, tl.sum(k * q[None, :], axis=1), float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        rescale = tl.exp(m - m_new)  # 0 on the first block (m = -inf)
+        p = tl.exp(scores - m_new)
+        v = tl.load(V + keys[:, None] * svs + d[None, :], mask=tile, other=0.0).to(tl.float32)
+        l = l * rescale + tl.sum(p, axis=0)
+        acc = acc * rescale + tl.sum(p[:, None] * v, axis=0)
+        m = m_new
+    tl.store(O + b * sob + h * soh + i * sot + d, (acc / l).to(O.dtype.element_ty), mask=d < D)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, scale: float) -> torch.Tensor:
+    """Attention for q [B, H, T, D] over k, v [B, H, S, D], query i over keys 0..min(offset + i, S - 1)."""
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"batch_invariant() attention takes q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # features side by side
+    B, H, T, D = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out.numel():
+        attention_kernel[(T, B * H)](
+            q, k, v, out, H, k.size(2), D, offset, scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *out.stride()[:3], BLOCK_KEYS=BLOCK_KEYS, BLOCK_D=triton.next_power_of_2(D),
+        )
+    return out
