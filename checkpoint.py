@@ -5,7 +5,8 @@ A checkpoint is one dict saved with torch.save (see training_checkpoint):
 
     {"format": FORMAT, "model": state_dict, "model_args": asdict(GPTConfig), "optimizer": state_dict,
      "iter_num": int, "best_val_loss": float, "config": {train options}, "tokenizer": {see tokenizer.py},
-     "rng": {torch, python, numpy, data (the position in the data stream), cuda}, "scaler": state_dict (float16)}
+     "rng": {torch, python, numpy, data (the position in the data stream), cuda}, "scaler": state_dict (float16),
+     "rng_ranks": [every process's "rng"] (several processes)}
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
 without running any pickled code.
@@ -25,12 +26,14 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
+from device import Dist
+from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
 
 FORMAT = "layernorm-gpt/1"
 # The LayerNorm implementations compute the same function from the same parameters, so a checkpoint trained with
 # one can be run with any other. RMSNorm and BatchNorm compute other functions (BatchNorm also has buffers).
-INTERCHANGEABLE_NORMS = ("custom", "builtin", "triton")
+INTERCHANGEABLE_NORMS = LAYERNORMS
 # model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
 # interchangeable norm may change on resume, these may not.
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position")
@@ -161,22 +164,37 @@ def seed_rngs(seed: int, rank: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def training_checkpoint(*, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                        iter_num: int, best_val_loss: float, config: dict[str, Any], tokenizer: dict[str, Any] | None,
-                        data_gen: torch.Generator) -> dict[str, Any]:
-    """The whole state of a run after `iter_num` iterations: enough to go on as if it had never stopped."""
+def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
+    """This process's random state: torch (weights, dropout), python, numpy, the data stream, and CUDA's."""
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()  # plain data, loadable with weights_only=True
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np_state,
            "data": data_gen.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
+        rng["cuda"] = torch.cuda.get_rng_state()  # this process's GPU
+    return rng
+
+
+def training_checkpoint(*, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                        iter_num: int, best_val_loss: float, config: dict[str, Any], tokenizer: dict[str, Any] | None,
+                        data_gen: torch.Generator, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole state of a run after `iter_num` iterations: enough to go on as if it had never stopped.
+    `rng_ranks`: with several processes, every process's rng_state (each has its own dropout stream)."""
     ckpt = {"format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config),
             "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-            "config": config, "tokenizer": tokenizer, "rng": rng}
+            "config": config, "tokenizer": tokenizer, "rng": rng_state(data_gen)}
+    if rng_ranks is not None:
+        ckpt["rng_ranks"] = rng_ranks
     if scaler.is_enabled():
         ckpt["scaler"] = scaler.state_dict()
     return ckpt
+
+
+def save_training_checkpoint(path: Path, dist: Dist, **state: Any) -> None:
+    """Every process calls it: their RNG states are gathered, and rank 0 writes training_checkpoint(**state)."""
+    ranks = dist.gather(rng_state(state["data_gen"]))
+    if dist.master:
+        save_checkpoint(path, training_checkpoint(**state, rng_ranks=ranks if dist.enabled else None))
 
 
 def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
@@ -210,8 +228,13 @@ def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, drop
 
 
 def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                           data_gen: torch.Generator, path: Path) -> tuple[int, float]:
-    """Load the optimizer, the scaler and every RNG state from `ckpt`; return (iter_num, best_val_loss)."""
+                           data_gen: torch.Generator, path: Path, dist: Dist | None = None) -> tuple[int, float]:
+    """Load the optimizer, the scaler and this process's RNG states from `ckpt`; return (iter_num, best_val_loss).
+
+    With several processes each gets back its own dropout stream; from a checkpoint of another number of
+    processes (or of a version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration.
+    """
+    rank, world = (dist.rank, dist.world_size) if dist else (0, 1)
     try:
         # The saved moments and step counts; betas and weight decay as configured now (the same unless given
         # explicitly); the learning rate is set at every iteration.
@@ -221,19 +244,26 @@ def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimize
             group["betas"], group["weight_decay"] = betas, weight_decay
         if scaler.is_enabled() and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
-        rng = ckpt["rng"]
-        torch.set_rng_state(rng["torch"].cpu())
-        random.setstate(rng["python"])
-        np_state = rng["numpy"]
-        key = np.array(np_state["state"]["key"], dtype=np.uint32)
-        np.random.set_state({**np_state, "state": {**np_state["state"], "key": key}})
-        data_gen.set_state(rng["data"].cpu())
-        if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
+        data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
+        ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
+        if len(ranks) == world or rank == 0:
+            _set_rng(ranks[rank] if len(ranks) == world else ranks[0])
+        else:
+            torch.manual_seed(int(ckpt["config"]["seed"]) + rank + 7919 * int(ckpt["iter_num"]))
         return int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path} cannot be resumed: its optimizer or RNG state does not fit "
                               f"({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _set_rng(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"].cpu())
+    random.setstate(rng["python"])
+    np_state = rng["numpy"]
+    key = np.array(np_state["state"]["key"], dtype=np.uint32)
+    np.random.set_state({**np_state, "state": {**np_state["state"], "key": key}})
+    if isinstance(rng.get("cuda"), torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"].cpu())
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

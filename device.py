@@ -30,6 +30,7 @@ class Dist:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    control: Any = None  # the group for small agreements on the CPU (gloo); None: the default group
 
     @property
     def enabled(self) -> bool:
@@ -57,6 +58,8 @@ class Dist:
             torch.cuda.reset_peak_memory_stats(device)
         if self.enabled:
             torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+            if device.startswith("cuda"):  # agreeing on a flag over gloo never waits for the GPU
+                self.control = torch.distributed.new_group(backend="gloo")
         try:
             yield
         finally:
@@ -80,6 +83,21 @@ class Dist:
         if self.enabled:
             torch.distributed.all_reduce(t)
         return t
+
+    def any(self, flags: list[bool]) -> list[bool]:
+        """Each flag, true if it is true on any process (over the CPU group: no GPU sync)."""
+        t = torch.tensor(flags, dtype=torch.float32)
+        if self.enabled:
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.control)
+        return [bool(v) for v in t.tolist()]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every process's `obj`, in rank order, on rank 0 (None on the others)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size if self.master else None
+        torch.distributed.gather_object(obj, out, dst=0, group=self.control)
+        return out
 
 
 def dist_from_env() -> Dist:
@@ -139,8 +157,12 @@ def peak_memory(device: str) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     if device == "mps" and hasattr(torch.mps, "driver_allocated_memory"):
         return int(torch.mps.driver_allocated_memory())
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, kB on Linux
+    return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def maxrss_bytes(ru_maxrss: int) -> int:
+    """rusage's ru_maxrss in bytes: macOS reports bytes, Linux kB (also for a child's rusage from os.wait4)."""
+    return int(ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024)
 
 
 class StopRequest:
@@ -165,6 +187,18 @@ class StopRequest:
     def __exit__(self, *exc: object) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum or signal.SIGINT).name
+
+    def agreed(self, dist: Dist, wall: bool) -> str | None:
+        """'max_wall_s' or 'signal' once any process has passed its time limit or seen a signal, else None. Every
+        process asks at every iteration, so all of them stop at the same one."""
+        wall, signalled = dist.any([wall, self.signum is not None]) if dist.enabled else (wall, self.signum)
+        if signalled and self.signum is None:  # another process got it
+            self.signum = signal.SIGINT
+        return "max_wall_s" if wall else "signal" if signalled else None
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum is not None:

@@ -3,18 +3,19 @@
     python train.py [configs/NAME.json] [--key=value ...]        (--help lists the options: options.py)
     python train.py configs/shakespeare_char_cpu.json --norm=custom
     python train.py --init_from=resume --out_dir=DIR --max_iters=3000   (the checkpoint's options are the defaults)
-    torchrun --standalone --nproc_per_node=4 train.py configs/shakespeare_char.json
+    torchrun --standalone --nproc_per_node=2 train.py configs/shakespeare_char.json --gradient_accumulation_steps=2
 
 The loop is nanoGPT's: AdamW, linear warmup then cosine decay to min_lr, gradient clipping, gradient accumulation,
 an estimate of train and val loss every eval_interval iterations, a checkpoint after it. What differs:
 - A resumed run continues exactly the run it was cut from: batches come from a generator of their own, whose
-  state (the position in the data stream) is checkpointed with every other RNG state. One process or N processes
-  see the same data, and evaluation never disturbs the stream.
+  state (the position in the data stream) is checkpointed with every process's RNG state. One process or N
+  processes see the same data, and evaluation never disturbs the stream.
 - The hot loop reads nothing back from the device: the losses are read (one sync) at the next log line or
-  checkpoint, and a NaN or inf among them stops the run before it can reach a checkpoint (`_read_back`).
-- Ctrl-C (SIGINT) or SIGTERM saves a checkpoint after the current iteration and exits with 130 (143); a second
-  Ctrl-C quits at once. Other exit statuses: 0 done, 1 a data, checkpoint or divergence error, 2 a bad option.
-  Every error is one line on stderr ("error: ..."), never a traceback.
+  checkpoint, and a NaN or inf among them stops the run before it can reach a checkpoint.
+- Ctrl-C (SIGINT) or SIGTERM saves a checkpoint after the current iteration and exits with 130 (143); with several
+  processes, every one of them stops at that same iteration. A second Ctrl-C quits at once. Other exit statuses:
+  0 done, 1 a data, checkpoint or divergence error, 2 a bad option. Every error is one line on stderr
+  ("error: ..."), never a traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import signal
 import statistics
 import sys
 import time
@@ -114,245 +114,215 @@ def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, 
     print(tok.decode(out[0].tolist()), flush=True)
 
 
-class Trainer:
-    """One training run: the constructor sets it up, `run()` trains and returns the summary record."""
+# ---- set-up: each function returns plain values ----
 
-    def __init__(self, cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str,
-                 ckpt: dict[str, Any] | None) -> None:
-        self.t_start = time.perf_counter()
-        self.cfg, self.device, self.dtype, self.resumed = cfg, device, dtype, ckpt is not None
-        self.dist = dist = dist_from_env()  # this process among torchrun's (one process: rank 0 of 1)
-        self.ckpt_path = Path(cfg.out_dir) / "ckpt.pt"
-        self.data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
-        self.micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
-        self.tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-        self.data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)  # the data stream's own generator
-        if ckpt is None:
-            torch.manual_seed(cfg.seed)  # the same initial weights on every process
-            model_args = {k: getattr(cfg, k) for k in MODEL_KEYS}
-            self.raw_model = GPT(GPTConfig(**model_args, vocab_size=self.data.vocab_size)).to(device)
-            torch.manual_seed(cfg.seed + dist.rank)
-        else:
-            self.raw_model = checkpoint.resume_model(ckpt, explicit, cfg.norm, cfg.dropout, self.data.vocab_size,
-                                                     self.data.meta.get("tokenizer"), self.ckpt_path, device)
-        device_type = device.split(":")[0]
-        self.optimizer = self.raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate,
-                                                             (cfg.beta1, cfg.beta2), device_type)
-        # Loss scaling is for float16 only; disabled, each of its calls passes straight through.
-        self.scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-        self.iter_num, self.best_val_loss = 0, math.inf
-        if ckpt is not None:
-            self.iter_num, self.best_val_loss = checkpoint.restore_training_state(ckpt, self.optimizer, self.scaler,
-                                                                                  self.data_gen, self.ckpt_path)
-            if dist.rank:  # only rank 0's dropout stream is saved; the others get a fresh, deterministic one
-                torch.manual_seed(cfg.seed + dist.rank + 7919 * self.iter_num)
-        self.autocast = autocast(device, dtype)
-        self.model = torch.compile(self.raw_model) if cfg.compile else self.raw_model  # evaluates
-        self.train_model = dist.wrap(self.model, device)  # trains: with several processes, wrapped in DDP
-        # What the run is, for the first log line and the summary.
-        self.facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
-                      "world_size": dist.world_size, "n_params": self.raw_model.get_num_params()}
-        self.window: list[tuple[int, torch.Tensor, float]] = []  # (iteration, loss on the device, lr) not yet read
-        self.n_timed = 0  # iterations read back since t_window
-        self.paused_s = 0.0  # time spent evaluating/checkpointing inside the current timing window
-        self.ms_per_iter: list[float] = []
-        self.last_saved_iter = self.iter_num if self.resumed else None
-        self.stop = StopRequest(announce=dist.master)  # SIGINT and SIGTERM
-        self.stop_reason: str | None = None
-        self.last_val: float | None = None
-        self.metrics: Any = None  # metrics.jsonl (rank 0)
-        self.wandb: Any = None  # the wandb run, when asked for (rank 0)
 
-    def run(self) -> dict[str, Any]:
-        cfg, f = self.cfg, self.facts
-        with contextlib.ExitStack() as closing:
-            closing.callback(self.data.close)
-            if self.dist.master:
-                # On resume, what describes the run up to the checkpoint is kept; eval_only adds to the record.
-                path, resumed_at = self.ckpt_path.parent / "metrics.jsonl", self.iter_num if self.resumed else None
-                self.metrics = closing.enter_context(checkpoint.open_metrics(path, resumed_at, append=cfg.eval_only))
-                if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
-                    import wandb
+def build_model(cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, data: PreparedData,
+                device: str, dist: Dist) -> GPT:
+    """The model to train: new (the same initial weights on every process) or the checkpoint's."""
+    if ckpt is not None:
+        return checkpoint.resume_model(ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size,
+                                       data.meta.get("tokenizer"), Path(cfg.out_dir) / "ckpt.pt", device)
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=data.vocab_size)).to(device)
+    torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process
+    return model
 
-                    name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
-                    self.wandb = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
-                    closing.callback(self.wandb.finish)
-            where = f"resuming {self.ckpt_path} at iteration {self.iter_num}" if self.resumed else "from scratch"
-            self.dist.print(
-                f"training {where}: norm={f['norm']}, {f['n_params'] / 1e6:.2f}M parameters, device={f['device']}, "
-                f"dtype={f['dtype']}, compile={f['compile']}, processes={f['world_size']}"
-            )
-            self.dist.print(f"{self.data.describe()}; {self.tokens_per_iter:,} tokens per iteration")
-            with self.stop:
-                self._loop()
-            summary = self._summary()
-            self.record(summary)
-            if self.wandb is not None:
-                self.wandb.summary.update(summary)
-            if cfg.sample_at_end and self.dist.master and not cfg.eval_only:
-                print_sample(self.raw_model, self.data, cfg, self.device, self.autocast)
-            return summary
 
-    # ---- the loop ----
+@contextlib.contextmanager
+def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
+    """log(record, wandb=None): one line of metrics.jsonl and, if asked for, the same figures under wandb's names
+    (rank 0; the other processes log nothing). On resume, what describes the run up to the checkpoint is kept."""
+    with contextlib.ExitStack() as closing:
+        metrics = run = None
+        if dist.master:
+            path = Path(cfg.out_dir) / "metrics.jsonl"
+            metrics = closing.enter_context(checkpoint.open_metrics(path, resumed_at, append=cfg.eval_only))
+            if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
+                import wandb
 
-    def _loop(self) -> None:
-        cfg, optimizer, scaler = self.cfg, self.optimizer, self.scaler
-        it = start = self.iter_num
-        rows = slice(self.dist.rank * self.micro_steps, (self.dist.rank + 1) * self.micro_steps)  # this process's
-        no_sync = self.train_model.no_sync if self.dist.enabled else contextlib.nullcontext
-        n_starts = self.data.num_starts("train")
-        self.t_window = time.perf_counter()
+                name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
+                run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
+                closing.callback(run.finish)
+
+        def log(rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
+            if metrics is not None:
+                metrics.write(json.dumps(rec) + "\n")
+                metrics.flush()
+            if run is not None and wandb is not None:
+                run.log(wandb, step=rec["iter"])
+            if run is not None and rec["kind"] == "summary":
+                run.summary.update(rec)
+
+        yield log
+
+
+# ---- what outlives an iteration ----
+
+
+class LossWindow:
+    """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
+    the wall time they took. `read()` syncs once: each iteration's loss, averaged over the processes."""
+
+    def __init__(self, dist: Dist) -> None:
+        self.dist, self.pending, self.n_read = dist, [], 0
+        self.t0, self.paused_s = time.perf_counter(), 0.0  # pauses: evaluations and checkpoints
+
+    def read(self) -> list[tuple[int, float, float]]:
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        losses = self.dist.all_reduce(torch.stack([loss for _, loss, _ in pending]).float()) / self.dist.world_size
+        self.n_read += len(pending)
+        return [(it, loss, lr) for (it, _, lr), loss in zip(pending, losses.tolist(), strict=True)]
+
+    def ms_per_iter(self) -> float:
+        """Milliseconds per iteration read since the last call, pauses left out."""
+        now = time.perf_counter()
+        ms = (now - self.t0 - self.paused_s) * 1000 / max(self.n_read, 1)
+        self.t0, self.paused_s, self.n_read = now, 0.0, 0
+        return ms
+
+
+def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
+    kept = (f"the last good checkpoint, {ckpt_path} (iteration {last_saved}), was kept" if last_saved is not None
+            else "no checkpoint had been written by this run")
+    return TrainError(f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
+                      f"with a lower --learning_rate or a longer --warmup_iters")
+
+
+def summarize(cfg: TrainConfig, it: int, ms_per_iter: list[float], last_val: float | None, best_val: float,
+              tokens_per_iter: int, t_start: float, facts: dict[str, Any], stop_reason: str) -> dict[str, Any]:
+    timed = ms_per_iter[1:] if len(ms_per_iter) > 1 else ms_per_iter  # the first holds startup
+    median_ms = statistics.median(timed) if timed else None
+    return {
+        "kind": "summary", "iters": it, "final_val_loss": last_val,
+        "best_val_loss": best_val if math.isfinite(best_val) else None,
+        "peak_memory_bytes": peak_memory(facts["device"]), "median_ms_per_iter": median_ms,
+        "median_tokens_per_s": tokens_per_iter / (median_ms / 1000) if median_ms else None,
+        "wall_s": time.perf_counter() - t_start, **facts, "stop_reason": stop_reason,
+    }
+
+
+# ---- the run ----
+
+
+def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None,
+          dist: Dist) -> dict[str, Any]:
+    """Set up, then the loop: evaluate and checkpoint, set the learning rate, run the micro-steps, clip and step,
+    log. Returns the summary record."""
+    t_start, ckpt_path, device_type = time.perf_counter(), Path(cfg.out_dir) / "ckpt.pt", device.split(":")[0]
+    data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
+    micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)  # the data stream's own generator
+    raw_model = build_model(cfg, explicit, ckpt, data, device, dist)
+    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                               device_type)
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16 only
+    it, best_val = 0, math.inf
+    if ckpt is not None:
+        it, best_val = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, ckpt_path, dist)
+    start, last_saved, last_val, stop_reason, ms_per_iter = it, it if ckpt else None, None, None, []
+    amp = autocast(device, dtype)
+    model = torch.compile(raw_model) if cfg.compile else raw_model  # evaluates
+    train_model = dist.wrap(model, device)  # trains: with several processes, wrapped in DDP
+    facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
+             "world_size": dist.world_size, "n_params": raw_model.get_num_params()}
+
+    def save(it: int, path: Path) -> None:
+        if not all(bool(torch.isfinite(t).all()) for t in raw_model.state_dict().values() if t.is_floating_point()):
+            raise diverged(f"the weights are not finite at iteration {it}", last_saved, ckpt_path)
+        checkpoint.save_training_checkpoint(path, dist, model=raw_model, optimizer=optimizer, scaler=scaler,
+                                            iter_num=it, best_val_loss=best_val, config=asdict(cfg),
+                                            tokenizer=data.meta.get("tokenizer"), data_gen=data_gen)
+
+    def read_back() -> list[tuple[int, float, float]]:  # and stop if a loss is not finite
+        read = window.read()
+        for i, loss, _ in read:
+            if not math.isfinite(loss):
+                raise diverged(f"loss is {loss} at iteration {i}", last_saved, ckpt_path)
+        return read
+
+    where = f"resuming {ckpt_path} at iteration {it}" if ckpt else "from scratch"
+    dist.print(f"training {where}: norm={cfg.norm}, {facts['n_params'] / 1e6:.2f}M parameters, device={device}, "
+               f"dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}")
+    dist.print(f"{data.describe()}; {tokens_per_iter:,} tokens per iteration")
+    rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)  # this process's micro-batches
+    no_sync = train_model.no_sync if dist.enabled else contextlib.nullcontext
+    with (open_log(cfg, dist, start if ckpt else None) as log, StopRequest(announce=dist.master) as stop,
+          contextlib.closing(data)):
+        window = LossWindow(dist)
         while True:
-            end = it >= cfg.max_iters or self.stop_reason == "max_wall_s" or cfg.eval_only
-            # A resumed run was evaluated just before its checkpoint: no need to do it again.
-            if (it % cfg.eval_interval == 0 or end) and not (self.resumed and it == start and not end):
-                self._eval_and_checkpoint(it, may_save=it > start and not cfg.eval_only)
+            stop_reason = stop_reason or stop.agreed(dist, cfg.max_wall_s is not None
+                                                     and time.perf_counter() - t_start > cfg.max_wall_s)
+            end = it >= cfg.max_iters or stop_reason == "max_wall_s" or cfg.eval_only
+            # Evaluate (and maybe checkpoint); a resumed run was evaluated just before its checkpoint.
+            if (it % cfg.eval_interval == 0 or end) and not (ckpt and it == start and not end):
+                t0 = time.perf_counter()
+                read_back()  # never evaluate or save weights that a NaN went through
+                losses = estimate_loss(model, data, cfg, dist, device, amp)
+                dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                log({"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
+                    wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]})
+                if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
+                    raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", last_saved,
+                                   ckpt_path)
+                last_val, improved, best_val = losses["val"], losses["val"] < best_val, min(best_val, losses["val"])
+                if it > start and not cfg.eval_only and (improved or cfg.always_save_checkpoint):
+                    save(it, ckpt_path)
+                    last_saved = it
+                    dist.print(f"saved checkpoint {ckpt_path}")
+                window.paused_s += time.perf_counter() - t0
             if end:
                 break
-            if self.stop.signum is not None and (not self.dist.enabled or self.stop_reason == "signal"):
-                self._interrupt(it)
+            if stop_reason == "signal":
+                read_back()
+                # In best-only mode ckpt.pt is the best model so far; the interrupted state goes beside it.
+                path = ckpt_path if cfg.always_save_checkpoint else ckpt_path.parent / "ckpt_interrupted.pt"
+                save(it, path)
+                resume = f"python train.py --init_from=resume --out_dir={cfg.out_dir}"
+                resume = resume if path == ckpt_path else f"mv {path} {ckpt_path} && {resume}"
+                raise Interrupted(f"interrupted ({stop.name}) after {it} iterations; saved {path}. "
+                                  f"To continue the run: {resume}", stop.signum)
 
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             # The whole global batch's offsets (so any number of processes sees the same data); then ours.
-            starts = torch.randint(n_starts, (cfg.gradient_accumulation_steps, cfg.batch_size), generator=self.data_gen)
-            xs, ys = self.data.get("train", starts[rows], self.device)
+            starts = torch.randint(data.num_starts("train"), (cfg.gradient_accumulation_steps, cfg.batch_size),
+                                   generator=data_gen)
+            xs, ys = data.get("train", starts[rows], device)
             loss_sum = 0.0
-            for m in range(self.micro_steps):
+            for m in range(micro_steps):
                 # Gradients are all-reduced only after the last micro-step (DDP).
-                with no_sync() if m < self.micro_steps - 1 else contextlib.nullcontext():
-                    with self.autocast:
-                        _, loss = self.train_model(xs[m], ys[m])
-                    loss = loss / self.micro_steps
+                with no_sync() if m < micro_steps - 1 else contextlib.nullcontext():
+                    with amp:
+                        _, loss = train_model(xs[m], ys[m])
+                    loss = loss / micro_steps
                     scaler.scale(loss).backward()
                 loss_sum = loss_sum + loss.detach()
             if cfg.grad_clip:
                 scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip)
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            self.window.append((it, loss_sum, lr))
+            window.pending.append((it, loss_sum, lr))
             if it % cfg.log_interval == 0:
-                self._read_back(log=True)
-            it += 1
-        self.iter_num = it
-        self.stop_reason = self.stop_reason or ("eval_only" if cfg.eval_only else "max_iters")
-
-    def _read_back(self, log: bool = False) -> None:
-        """Read back the losses of the iterations since the last read (one sync); stop if one is not finite.
-
-        With several processes the losses are averaged over them in the same all_reduce that agrees on whether
-        to stop (a signal or max_wall_s seen by any process), so every process stops at the same iteration.
-        """
-        window, self.window = self.window, []
-        losses = torch.stack([loss for _, loss, _ in window]).float() if window else torch.zeros(0, device=self.device)
-        wall = self.cfg.max_wall_s is not None and time.perf_counter() - self.t_start > self.cfg.max_wall_s
-        flags = torch.tensor([float(self.stop.signum is not None), float(wall)], device=losses.device)
-        *sums, stop, wall = self.dist.all_reduce(torch.cat([losses, flags])).tolist()
-        now = time.perf_counter()
-        for (it, _, _), total in zip(window, sums, strict=True):
-            if not math.isfinite(total):
-                self._diverged(f"loss is {total / self.dist.world_size} at iteration {it}")
-        if stop and self.stop.signum is None:  # another process got the signal
-            self.stop.signum = signal.SIGINT
-        if wall or stop:  # (one process acts on a signal at once, several only on this agreement)
-            self.stop_reason = self.stop_reason or ("max_wall_s" if wall else "signal")
-        self.n_timed += len(window)
-        if not log or not self.n_timed:
-            return
-        ms = (now - self.t_window - self.paused_s) * 1000 / self.n_timed
-        self.t_window, self.paused_s, self.n_timed = now, 0.0, 0
-        self.ms_per_iter.append(ms)
-        (it, _, lr), loss = window[-1], sums[-1] / self.dist.world_size
-        tok_s = self.tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
-        self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
-        self.record({"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
+                (i, loss, lr), ms = read_back()[-1], window.ms_per_iter()
+                ms_per_iter.append(ms)
+                tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
+                dist.print(f"iter {i}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
+                log({"kind": "train", "iter": i, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
                     wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s})
-
-    def _diverged(self, what: str) -> None:
-        if self.last_saved_iter is not None:
-            kept = f"the last good checkpoint, {self.ckpt_path} (iteration {self.last_saved_iter}), was kept"
-        else:
-            kept = "no checkpoint had been written by this run"
-        raise TrainError(f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
-                         f"with a lower --learning_rate or a longer --warmup_iters")
-
-    # ---- evaluation and checkpoints ----
-
-    def _eval_and_checkpoint(self, it: int, may_save: bool) -> None:
-        t0 = time.perf_counter()
-        self._read_back()  # never evaluate or save weights that a NaN went through
-        losses = estimate_loss(self.model, self.data, self.cfg, self.dist, self.device, self.autocast)
-        self.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        self.record({"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
-                    wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]})
-        if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
-            self._diverged(f"the estimated loss is not finite at iteration {it} ({losses})")
-        self.last_val = losses["val"]
-        improved = losses["val"] < self.best_val_loss
-        self.best_val_loss = min(self.best_val_loss, losses["val"])
-        if may_save and (improved or self.cfg.always_save_checkpoint):
-            self._checkpoint(it)
-            self.dist.print(f"saved checkpoint {self.ckpt_path}")
-        self.paused_s += time.perf_counter() - t0
-
-    def _checkpoint(self, it: int, path: Path | None = None) -> None:
-        """Save the whole state after `it` iterations (rank 0); refuse weights that are not finite."""
-        # Every process checks (their weights are the same), so that all of them stop together.
-        weights = self.raw_model.state_dict().values()
-        if not all(bool(torch.isfinite(t).all()) for t in weights if t.is_floating_point()):
-            self._diverged(f"the weights are not finite at iteration {it}")
-        if not self.dist.master:
-            return
-        path = path or self.ckpt_path
-        checkpoint.save_checkpoint(path, checkpoint.training_checkpoint(
-            model=self.raw_model, optimizer=self.optimizer, scaler=self.scaler,
-            iter_num=it, best_val_loss=self.best_val_loss, config=asdict(self.cfg),
-            tokenizer=self.data.meta.get("tokenizer"), data_gen=self.data_gen,
-        ))
-        if path == self.ckpt_path:
-            self.last_saved_iter = it
-
-    def _interrupt(self, it: int) -> None:
-        """Save the state after `it` iterations and raise Interrupted (with a resume command)."""
-        self._read_back()
-        signum = self.stop.signum or signal.SIGINT
-        # In best-only mode ckpt.pt is the best model so far; the interrupted state goes beside it.
-        path = self.ckpt_path if self.cfg.always_save_checkpoint else self.ckpt_path.parent / "ckpt_interrupted.pt"
-        self._checkpoint(it, path)
-        resume = f"python train.py --init_from=resume --out_dir={self.cfg.out_dir}"
-        if path != self.ckpt_path:
-            resume = f"mv {path} {self.ckpt_path} && {resume}"
-        raise Interrupted(f"interrupted ({signal.Signals(signum).name}) after {it} iterations; saved {path}. "
-                          f"To continue the run: {resume}", signum)
-
-    # ---- output (rank 0 only) and the end ----
-
-    def record(self, rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
-        """One line of metrics.jsonl and, if given and wandb is on, the same figures under wandb's names."""
-        if self.metrics is not None:
-            self.metrics.write(json.dumps(rec) + "\n")
-            self.metrics.flush()
-        if self.wandb is not None and wandb is not None:
-            self.wandb.log(wandb, step=rec["iter"])
-
-    def _summary(self) -> dict[str, Any]:
-        timed = self.ms_per_iter[1:] if len(self.ms_per_iter) > 1 else self.ms_per_iter  # the first holds startup
-        median_ms = statistics.median(timed) if timed else None
-        return {
-            "kind": "summary",
-            "iters": self.iter_num,
-            "final_val_loss": self.last_val,
-            "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
-            "peak_memory_bytes": peak_memory(self.device),
-            "median_ms_per_iter": median_ms,
-            "median_tokens_per_s": self.tokens_per_iter / (median_ms / 1000) if median_ms else None,
-            "wall_s": time.perf_counter() - self.t_start,
-            **self.facts,
-            "stop_reason": self.stop_reason,
-        }
+            it += 1
+        summary = summarize(cfg, it, ms_per_iter, last_val, best_val, tokens_per_iter, t_start, facts,
+                            "eval_only" if cfg.eval_only else stop_reason or "max_iters")
+        log(summary)
+        if cfg.sample_at_end and dist.master and not cfg.eval_only:
+            print_sample(raw_model, data, cfg, device, amp)
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -375,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         check_triton_device(device)  # before any data or model is loaded
     checkpoint.make_out_dir(cfg.out_dir)
     with dist.use(device):
-        return Trainer(cfg, explicit, device, dtype, ckpt).run()
+        return train(cfg, explicit, device, dtype, ckpt, dist)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
