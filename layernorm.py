@@ -21,13 +21,15 @@ the simplification (no mean subtraction, no shift) and `DyT` the question whethe
 """
 
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-NORMS: tuple[str, ...] = ("custom", "builtin", "triton", "rmsnorm", "batchnorm", "dyt")
+# The three LayerNorms compute one function from the same parameters, so a checkpoint trained with one runs with
+# any other; the contrasts compute other functions.
+LAYERNORMS: tuple[str, ...] = ("custom", "builtin", "triton")
+NORMS: tuple[str, ...] = (*LAYERNORMS, "rmsnorm", "batchnorm", "dyt")
 # Not a norm: make_norm("none", dim) is the identity, the no-normalization baseline of bench/compare_norms.py.
 NO_NORM = "none"
 
@@ -144,32 +146,28 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. Modules and the registry. The three LayerNorms share one parameter layout: `weight` [dim] and `bias` [dim]
-# (or None), so a state_dict saved with one loads into any other.
+# 2. Modules and the registry. Every norm here is a `Norm`: parameters `weight` [dim] and `bias` [dim] (or None),
+# one layout, so a state_dict saved with one LayerNorm loads into any other; and one check of its input per call.
 
 
-def _init_affine(module: nn.Module, dim: int, bias: bool, eps: float) -> None:
-    """The parameter layout every norm here shares: weight [dim] (ones), bias [dim] (zeros) or None."""
-    if isinstance(dim, bool) or not (isinstance(dim, int) and dim >= 1):
-        raise ValueError(f"dim must be a positive int (the number of features), got {dim!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-    module.dim, module.eps = dim, float(eps)
-    module.weight = nn.Parameter(torch.ones(dim))
-    module.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm over the last dimension, from scratch (`layer_norm`). The base of the three LayerNorms."""
+class Norm(nn.Module):
+    """The base of every norm here: weight [dim] (ones), bias [dim] (zeros) or None, eps, and the input check."""
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__()
-        _init_affine(self, dim, bias, eps)
+        if isinstance(dim, bool) or not (isinstance(dim, int) and dim >= 1):
+            raise ValueError(f"dim must be a positive int (the number of features), got {dim!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        self.dim, self.eps = dim, float(eps)
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def extra_repr(self) -> str:
         return f"{self.dim}, bias={self.bias is not None}, eps={self.eps}"
 
     def _check_input(self, x: torch.Tensor) -> None:
+        """What check_args checks of x; weight, bias and eps are the module's own, checked when it was built."""
         if x.dim() == 0 or x.shape[-1] != self.dim:
             raise ValueError(
                 f"{type(self).__name__}({self.dim}) expects an input whose last dimension is {self.dim}, "
@@ -178,9 +176,13 @@ class LayerNorm(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"{type(self).__name__} expects a floating-point input, got {x.dtype}")
 
+
+class LayerNorm(Norm):
+    """LayerNorm over the last dimension, from scratch (`layer_norm`'s autograd Function)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        return layer_norm(x, self.weight, self.bias, self.eps)
+        return _LayerNormFunction.apply(x, self.weight, self.bias, self.eps, 0)
 
 
 class BuiltinLayerNorm(LayerNorm):
@@ -191,19 +193,26 @@ class BuiltinLayerNorm(LayerNorm):
         return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
 
 
-class RMSNorm(nn.Module):
+class TritonLayerNorm(LayerNorm):
+    """The two fused Triton kernels of layernorm_triton.py, imported when the first one is built."""
+
+    def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
+        super().__init__(dim, bias=bias, eps=eps)
+        self._layer_norm_triton = _triton_module().layer_norm_triton
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        if not x.is_cuda:
+            check_triton_device(x.device)  # raises, saying why and what to do
+        return self._layer_norm_triton(x, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Norm):
     """RMSNorm (Zhang & Sennrich 2019; Gopher, Chinchilla): y = x / sqrt(mean(x^2) + eps) * weight [+ bias].
 
     No mean subtraction: the row is rescaled to unit root-mean-square, not centred. `bias` is off in those models;
     it is kept optional here for a layout compatible with the LayerNorms. Statistics in float32.
     """
-
-    def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
-        super().__init__()
-        _init_affine(self, dim, bias, eps)
-
-    extra_repr = LayerNorm.extra_repr
-    _check_input = LayerNorm._check_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
@@ -215,7 +224,7 @@ class RMSNorm(nn.Module):
         return y.to(x.dtype)
 
 
-class BatchNorm(nn.Module):
+class BatchNorm(Norm):
     """BatchNorm over every token of the batch, per feature: the counter-example to LayerNorm.
 
     For x of shape [..., C], all leading dims are pooled: mean and var of feature c come from every token in the
@@ -231,15 +240,11 @@ class BatchNorm(nn.Module):
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, momentum: float = 0.1) -> None:
-        super().__init__()
-        _init_affine(self, dim, bias, eps)
+        super().__init__(dim, bias=bias, eps=eps)
         self.momentum = float(momentum)
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
-
-    extra_repr = LayerNorm.extra_repr
-    _check_input = LayerNorm._check_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
@@ -266,7 +271,7 @@ class BatchNorm(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class DyT(nn.Module):
+class DyT(Norm):
     """Dynamic Tanh (Zhu, Chen, He, LeCun and Liu 2025, "Transformers without Normalization"):
 
         y = tanh(alpha * x) * weight + bias,    alpha one learned scalar
@@ -279,12 +284,8 @@ class DyT(nn.Module):
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float = 0.5) -> None:
-        super().__init__()
-        _init_affine(self, dim, bias, eps)
+        super().__init__(dim, bias=bias, eps=eps)
         self.alpha = nn.Parameter(torch.tensor(float(alpha)))
-
-    extra_repr = LayerNorm.extra_repr
-    _check_input = LayerNorm._check_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
@@ -295,35 +296,23 @@ class DyT(nn.Module):
         return y.to(x.dtype)
 
 
-_CLASSES: dict[str, type[nn.Module]] = {
-    "custom": LayerNorm,
-    "builtin": BuiltinLayerNorm,
-    "rmsnorm": RMSNorm,
-    "batchnorm": BatchNorm,
-    "dyt": DyT,
-}
+_CLASSES = dict(zip(NORMS, (LayerNorm, BuiltinLayerNorm, TritonLayerNorm, RMSNorm, BatchNorm, DyT), strict=True))
 
 
 def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5) -> nn.Module:
-    """Build the norm called `name` (one of NORMS) over `dim` features.
-
-    custom, builtin and triton are the same LayerNorm (same function, same parameters `weight` and `bias`);
-    rmsnorm, batchnorm and dyt are the contrasts. bias=False drops the additive `bias` parameter.
-    """
+    """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter."""
     if name == NO_NORM:
         return nn.Identity()
     if name not in NORMS:
         raise ValueError(
             f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
         )
-    if name == "triton":
-        return _triton_module().TritonLayerNorm(dim, bias=bias, eps=eps)
     return _CLASSES[name](dim, bias=bias, eps=eps)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. Where the Triton kernels can run. The kernels live in layernorm_triton.py, imported the first time the Triton
-# norm is asked for: `import layernorm` never imports triton.
+# 3. Where the Triton kernels can run. They live in layernorm_triton.py, imported the first time the Triton norm is
+# built or a CPU device is checked for it: `import layernorm` never imports triton.
 
 
 class TritonUnavailableError(RuntimeError):
@@ -339,11 +328,10 @@ _WHAT_TO_DO = (
 
 def check_triton_device(device: torch.device | str) -> None:
     """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
-    Scripts call it to refuse before loading a model; layer_norm_triton calls it on a device it cannot use."""
+    Scripts call it to refuse before loading a model; TritonLayerNorm calls it for an input not on a GPU."""
     device = torch.device(device)
-    kernels = sys.modules.get("layernorm_triton")  # once imported, the mode its kernels were defined in decides
-    interpret = kernels.INTERPRET if kernels else os.environ.get("TRITON_INTERPRET") == "1"
-    if device.type == "cuda" or (device.type == "cpu" and interpret):
+    # on the CPU, the mode the kernels were defined in decides (triton.jit fixes it when layernorm_triton is imported)
+    if device.type == "cuda" or (device.type == "cpu" and _triton_module().INTERPRET):
         return
     setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
@@ -367,10 +355,3 @@ def _triton_module():
     import layernorm_triton
 
     return layernorm_triton
-
-
-def layer_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
-) -> torch.Tensor:
-    """`layernorm_triton.layer_norm_triton`: the same LayerNorm as two fused Triton kernels (imports triton)."""
-    return _triton_module().layer_norm_triton(x, weight, bias, eps)

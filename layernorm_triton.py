@@ -8,9 +8,10 @@ statistics in float32, and the backward derived there,
 What fusing buys: each kernel reads its inputs once and writes its outputs once, with every intermediate (the
 centred row, xhat, g) kept in registers, where the torch version makes a pass over memory per operation.
 
-This module imports triton, so `layernorm.make_norm("triton", dim)` imports it only when the Triton norm is asked
-for. Kernels run on CUDA tensors, or on CPU tensors through Triton's interpreter when TRITON_INTERPRET=1 was set
-before this module was imported (triton.jit chooses interpreter or compiler when a kernel is defined).
+A leaf: it imports only torch and triton. `layernorm.TritonLayerNorm` builds on it, imports it when the first one
+is built, and checks its inputs (layernorm.check_args says what is valid). Kernels run on CUDA tensors, or on CPU
+tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before this module was imported (triton.jit
+chooses interpreter or compiler when a kernel is defined; INTERPRET below records which).
 """
 
 import functools
@@ -20,8 +21,6 @@ from contextlib import nullcontext
 import torch
 import triton
 import triton.language as tl
-
-from layernorm import LayerNorm, check_args, check_triton_device
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # fixed now, when the kernels below are defined
 MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider rows loop over blocks
@@ -343,20 +342,10 @@ def layer_norm_triton(
 ) -> torch.Tensor:
     """LayerNorm over the last dimension of x (any shape [..., C]) with the fused Triton kernels.
 
-    Same function and gradients as `layernorm.layer_norm` (population variance). Runs on CUDA tensors, or on CPU
-    tensors when TRITON_INTERPRET=1 was set before triton was imported.
+    Same function and gradients as `layernorm.layer_norm` (population variance). The arguments are taken as
+    checked: `layernorm.TritonLayerNorm` checks them, once per call.
     """
-    check_args(x, weight, bias, eps)
-    if not (x.is_cuda or (INTERPRET and x.device.type == "cpu")):
-        check_triton_device(x.device)  # raises, saying why and what to do
     if torch.compiler.is_compiling():
         return triton_fwd(x, weight, bias, float(eps))[0]
     return _LayerNormTriton.apply(x, weight, bias, float(eps))
 
-
-class TritonLayerNorm(LayerNorm):
-    """The fused Triton kernels (`layer_norm_triton`), with the same parameters as every LayerNorm here."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x)
-        return layer_norm_triton(x, self.weight, self.bias, self.eps)

@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from common import fmt, machine_info, markdown_table, write_json  # noqa: E402
 
 from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from layernorm import layer_norm_triton  # noqa: E402
 
 PACKED_FILES = ("summary.md", "results.json", "gpu_results.tar.gz")
 
@@ -49,6 +48,8 @@ def cmd_machine(out: Path) -> int:
 def cmd_triton_check(shapes: str, device: str, out: Path) -> int:
     """Forward and the three gradients, fp32 and bf16: each error against float64 at most twice PyTorch's own
     error in that dtype plus a small slack (1e-5 fp32, 1e-2 bf16), relative to the reference's largest entry."""
+    from layernorm_triton import layer_norm_triton
+
     rows = []
     torch.manual_seed(0)
     for n, c in (tuple(int(v) for v in s.split("x")) for s in shapes.split(",")):

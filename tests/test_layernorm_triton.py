@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from layernorm import TritonUnavailableError, make_norm
+from layernorm import TritonUnavailableError, check_triton_device, make_norm
 
 lt = pytest.importorskip("layernorm_triton", reason="triton is not installed (Linux only)")
 layer_norm_triton = lt.layer_norm_triton
@@ -205,6 +205,17 @@ def test_triton_not_installed_is_a_clear_error_at_make_norm(monkeypatch):
     make_norm("custom", 8)  # the others do not need it
 
 
-def test_error_is_a_runtime_error():
-    assert issubclass(TritonUnavailableError, RuntimeError)
-    assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+def test_the_device_check_asks_the_mode_the_kernels_were_defined_in(monkeypatch):
+    """Once layernorm_triton is imported, its INTERPRET decides for a CPU tensor, whatever the environment says
+    now: kernels compiled for a GPU cannot take CPU tensors because TRITON_INTERPRET=1 was set afterwards."""
+    check_triton_device("cuda")
+    with pytest.raises(TritonUnavailableError, match="device meta: .*CUDA GPU.*'builtin'"):
+        check_triton_device("meta")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(lt, "INTERPRET", True)
+    check_triton_device("cpu")
+    monkeypatch.setattr(lt, "INTERPRET", False)
+    with pytest.raises(TritonUnavailableError, match="only after this process had compiled the kernels for a GPU"):
+        check_triton_device("cpu")
+    with pytest.raises(TritonUnavailableError, match="device cpu"):
+        make_norm("triton", 8)(torch.randn(2, 8))  # the module asks before it launches
