@@ -7,8 +7,11 @@ sums in another order).
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ import torch
 
 import train
 from checkpoint import load_checkpoint
-from helpers import ROOT, make_dataset, records, subprocess_env, tiny_args, train_losses
+from helpers import ROOT, make_dataset, records, subprocess_env, tiny_args, train_losses, wait_for
 from options import ConfigError
 
 
@@ -61,3 +64,50 @@ def test_accumulation_steps_must_divide_among_processes(monkeypatch: pytest.Monk
     with pytest.raises(ConfigError) as e:
         train.main(tiny_args(data, tmp_path / "out", "--gradient_accumulation_steps=3"))
     assert "gradient_accumulation_steps=3" in str(e.value) and "processes (2)" in str(e.value)
+
+
+def torchrun(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args]
+
+
+def test_two_processes_with_dropout_resume_to_the_losses_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Each process has its own dropout stream; a resumed 2-process run must get every one of them back."""
+    data = make_dataset(tmp_path / "data")
+    args = ["--gradient_accumulation_steps=2", "--eval_interval=4", "--dropout=0.2"]
+    for out, extra in (("whole", ["--max_iters=8"]), ("cut", ["--max_iters=4"]),
+                       ("cut", ["--max_iters=8", "--init_from=resume"])):
+        proc = subprocess.run(torchrun(tiny_args(data, tmp_path / out, *args, *extra)), cwd=ROOT,
+                              env=subprocess_env(), capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    ranks = load_checkpoint(tmp_path / "cut" / "ckpt.pt")["rng_ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+    whole, cut = train_losses(tmp_path / "whole"), train_losses(tmp_path / "cut")
+    assert sorted(cut) == sorted(whole) == list(range(8))
+    assert [cut[i] for i in range(4, 8)] == [whole[i] for i in range(4, 8)]
+
+
+def test_ctrl_c_in_one_process_stops_every_process_at_the_same_iteration(tmp_path: Path) -> None:
+    """With no log line to wait for (log_interval is huge), a signal to rank 1 alone still stops both processes
+    at the next iteration, and rank 0 saves that iteration's state."""
+    data = make_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    proc = subprocess.Popen(torchrun(tiny_args(data, out, "--gradient_accumulation_steps=2", "--max_iters=1000000",
+                                               "--log_interval=1000000", "--eval_interval=1000000")),
+                            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: bool(records_if_any(out, "eval")), proc, timeout=180)
+    time.sleep(1.0)  # well into training
+    rank1 = next(pid for pid in children(proc.pid) if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())
+    os.kill(rank1, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert "interrupted (SIGINT)" in stderr and "To continue the run" in stderr, stderr[-2000:]
+    it = load_checkpoint(out / "ckpt.pt")["iter_num"]
+    assert 0 < it < 1000000
+    assert f"after {it} iterations" in stderr
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def records_if_any(out: Path, kind: str) -> list[dict]:
+    return records(out, kind) if (out / "metrics.jsonl").exists() else []
