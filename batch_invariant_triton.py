@@ -61,8 +61,9 @@ def linear_kernel(
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear through linear_kernel: x [..., K], weight [N, K], bias [N] -> [..., N] in x's dtype."""
     if x.dtype not in LINEAR_TILES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        got = f"x {x.dtype}, weight {weight.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
         raise ValueError(f"batch_invariant() linear takes {', '.join(map(str, LINEAR_TILES))} inputs of one dtype, "
-                         f"got x {x.dtype}, weight {weight.dtype}" + (f", bias {bias.dtype}" if bias is not None else ""))
+                         f"got {got}")
     K, N = x.size(-1), weight.size(0)
     x2 = x.reshape(-1, K)  # a view where it can be; strides are read as they are
     y = torch.empty(x2.size(0), N, dtype=x.dtype, device=x.device)
@@ -82,13 +83,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # ----------------------------------------------------------------------------------------------------------------
 # Attention: program (i, b * H + h) computes query i of batch row b, head h. It sees keys 0..n-1, n = min(offset +
 # i + 1, S): offset 0 is a causal pass, offset S - T a cached prefix followed by T new queries, offset S - 1 a
-# query that sees every key. It walks them BLOCK_KEYS at a time, keeping the running maximum m, the running sum l
-# of exp(score - m) and the weighted sum of values acc; each block rescales l and acc by exp(m_old - m_new).
+# query that sees every key. It walks them BLOCK_KEYS at a time, keeping the running maximum m, the running sum
+# total of exp(score - m) and the weighted sum of values acc; each block rescales total and acc by exp(m_old - m_new).
 
 
 @triton.jit(do_not_specialize=["S", "offset"])  # the lengths change every decoding step: one compiled kernel
 def attention_kernel(
-    Q, K, V, O,  # pointers: q, o [B, H, T, D]; k, v [B, H, S, D]; each read through its strides (last one 1)
+    Q, K, V, Out,  # pointers: q, out [B, H, T, D]; k, v [B, H, S, D]; each read through its strides (last one 1)
     H, S, D, offset, scale,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot,
     BLOCK_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -101,7 +102,7 @@ def attention_kernel(
     V += b * svb + h * svh
     n = tl.minimum(offset + i + 1, S)  # the keys this query sees: the same n alone, in a batch, cached or not
     m = tl.full([], float("-inf"), tl.float32)
-    l = tl.zeros([], tl.float32)
+    total = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for start in range(0, n, BLOCK_KEYS):  # from key 0, in fixed blocks: only n decides how far
         keys = start + tl.arange(0, BLOCK_KEYS)
@@ -113,10 +114,10 @@ def attention_kernel(
         rescale = tl.exp(m - m_new)  # 0 on the first block (m = -inf)
         p = tl.exp(scores - m_new)
         v = tl.load(V + keys[:, None] * svs + d[None, :], mask=tile, other=0.0).to(tl.float32)
-        l = l * rescale + tl.sum(p, axis=0)
+        total = total * rescale + tl.sum(p, axis=0)
         acc = acc * rescale + tl.sum(p[:, None] * v, axis=0)
         m = m_new
-    tl.store(O + b * sob + h * soh + i * sot + d, (acc / l).to(O.dtype.element_ty), mask=d < D)
+    tl.store(Out + b * sob + h * soh + i * sot + d, (acc / total).to(Out.dtype.element_ty), mask=d < D)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, scale: float) -> torch.Tensor:

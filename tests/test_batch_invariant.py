@@ -145,7 +145,7 @@ def test_what_the_mode_refuses_is_said_clearly(monkeypatch: pytest.MonkeyPatch) 
     for device in ("mps", "mps:0", "meta"):
         assert f"no implementation for {device}" in bi.refusal(device) and "--device=cpu" in bi.refusal(device)
     assert "kernels='torch') is the CPU implementation, not for cuda:1" in bi.refusal("cuda:1", "torch")
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # read at the call: Triton's kernels on CPU tensors need the interpreter
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton on CPU tensors needs the interpreter
     assert "TRITON_INTERPRET=1" in bi.refusal("cpu", "triton")
     with pytest.raises(ValueError, match=r"batch_invariant\(kernels='cuda'\): choose one of auto, torch, triton"):
         bi.batch_invariant(kernels="cuda").__enter__()
