@@ -6,8 +6,9 @@
 
 The checkpoint is read without unpickling code (checkpoint.load_checkpoint); its "tokenizer" entry turns text into
 tokens. `--norm` runs the same weights with another LayerNorm implementation (custom, builtin, triton); a norm that
-computes a different function (rmsnorm, batchnorm) is refused. Each sample (the prompt, then max_new_tokens
-generated tokens) is printed followed by a line of dashes. Errors are one line, "error: ...", exit status 1.
+computes a different function (rmsnorm, batchnorm) is refused. Each sample streams: the prompt, then the text of
+each generated token as soon as it is whole (GPT.stream), then a line of dashes. Errors are one line, "error: ...",
+exit status 1.
 """
 
 from __future__ import annotations
@@ -17,22 +18,17 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from data.common import fail
 from device import DeviceError, autocast, resolve_device, resolve_dtype
 from layernorm import NORMS, check_triton_device
 from model import GPT
 from tokenizer import tokenizer_from_meta
 
 SEPARATOR = "-" * 40
-
-
-def fail(message: str) -> NoReturn:
-    """Stop with one line on stderr and exit status 1 (SystemExit prints its message)."""
-    raise SystemExit(f"error: {message}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -51,13 +47,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.num_samples < 1:
         fail(f"--num_samples must be >= 1, got {args.num_samples}")
-    if args.max_new_tokens < 0:
-        fail(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
-    if not args.temperature >= 0:  # also catches NaN
-        fail(f"--temperature must be >= 0 (0 is greedy), got {args.temperature}")
-    if args.top_k < 0:
-        fail(f"--top_k must be >= 0 (0 means no top-k cut), got {args.top_k}")
-    return args
+    return args  # --max_new_tokens, --temperature and --top_k: GPT.stream checks them
 
 
 def read_prompt(start: str) -> str:
@@ -134,14 +124,20 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
     samples = []
     # bfloat16 autocast on a GPU that has it, as train.py's dtype=auto
-    with torch.no_grad(), autocast(device, resolve_dtype("auto", device.split(":")[0])):
+    with autocast(device, resolve_dtype("auto", device.split(":")[0])):
         for _ in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                               use_kv_cache=not args.no_kv_cache)
-            text = prompt + tokenizer.decode(y[0, len(ids) :].tolist())
-            samples.append(text)
-            print(text)
-            print(SEPARATOR, flush=True)
+            try:  # the checks run here, before anything is printed; their messages start with the argument's name
+                steps = model.stream(x, args.max_new_tokens, temperature=args.temperature,
+                                     top_k=args.top_k or None, use_kv_cache=not args.no_kv_cache)
+            except ValueError as e:
+                fail(f"--{e}")
+            pieces = [prompt]
+            print(prompt, end="", flush=True)
+            for piece in tokenizer.decode_stream(int(next_tokens[0]) for next_tokens, _ in steps):
+                print(piece, end="", flush=True)
+                pieces.append(piece)
+            samples.append("".join(pieces))
+            print("\n" + SEPARATOR, flush=True)
     return samples
 
 

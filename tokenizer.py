@@ -7,13 +7,15 @@ Two kinds, both stored as plain JSON (never pickle) under meta.json's "tokenizer
 - ``{"kind": "tiktoken", "encoding": "r50k_base"}``: GPT-2's byte-level BPE through tiktoken. tiktoken is
   imported only when such a tokenizer is built, so character-level work does not need it.
 
-Both have ``vocab_size``, ``encode``, ``decode`` (which refuses ids outside the vocabulary) and ``to_meta``.
+Both have ``vocab_size``, ``encode``, ``decode`` (which refuses ids outside the vocabulary), ``decode_stream`` (text
+as ids arrive one by one, for printing while a model generates) and ``to_meta``.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 
@@ -62,6 +64,11 @@ class CharTokenizer:
         _check_ids(ids, self.vocab_size)  # a negative id would otherwise index from the end, silently
         return "".join(self.itos[i] for i in ids)
 
+    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
+        """The text of each id as it arrives: a token is a whole character."""
+        for i in ids:
+            yield self.decode([i])
+
     def to_meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "itos": list(self.itos)}
 
@@ -82,11 +89,12 @@ class TiktokenTokenizer:
         except ValueError as e:  # unknown encoding name
             raise ValueError(f"tiktoken encoding {encoding!r}: {e}") from None
         except Exception as e:  # the ranks file is not cached and could not be downloaded
-            cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
+            cache = os.environ.get("TIKTOKEN_CACHE_DIR", "unset")
             raise RuntimeError(
-                f"tiktoken could not load the {encoding!r} ranks file (not in its cache, download failed: "
-                f"{type(e).__name__}). Offline, point TIKTOKEN_CACHE_DIR at a folder holding it "
-                f"(TIKTOKEN_CACHE_DIR={cache}; the project's tests use ../shared/tiktoken)"
+                f"tiktoken could not load the BPE ranks of {encoding!r} ({type(e).__name__}): it downloads them the "
+                f"first time, which needs internet. On a machine with internet run TIKTOKEN_CACHE_DIR=DIR python -c "
+                f"\"import tiktoken; tiktoken.get_encoding('{encoding}')\", copy DIR here and set TIKTOKEN_CACHE_DIR "
+                f"to it (now: {cache})"
             ) from None
         self.encoding = encoding
         self.vocab_size = self._enc.n_vocab
@@ -99,6 +107,15 @@ class TiktokenTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(ids, self.vocab_size)
         return self._enc.decode([int(i) for i in ids])
+
+    def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
+        """The text as the ids arrive. A token may end inside a UTF-8 character (an emoji is often two tokens):
+        its bytes wait until the character is whole, so the pieces join to exactly ``decode(ids)``."""
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # decode's errors="replace", byte by byte
+        for i in ids:
+            _check_ids([i], self.vocab_size)
+            yield utf8.decode(self._enc.decode_single_token_bytes(int(i)))
+        yield utf8.decode(b"", final=True)  # bytes that never became a character: U+FFFD, as decode gives
 
     def to_meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "encoding": self.encoding}

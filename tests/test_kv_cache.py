@@ -119,6 +119,48 @@ def test_sampling_is_the_same_with_and_without_the_cache_for_one_seed() -> None:
     assert torch.equal(model.generate(idx, 12, temperature=1.0, top_k=1), greedy)  # top_k=1 is greedy
 
 
+def reference_sampling(model: GPT, idx: torch.Tensor, steps: int, temperature: float, top_k: int,
+                       seed: int) -> torch.Tensor:
+    """nanoGPT's generate, written out: a full forward pass over the last block_size tokens, logits / temperature,
+    the top-k cut, softmax, one multinomial draw per row from a generator seeded with `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(idx[:, -BLOCK:])[0][:, -1] / temperature
+            kth = torch.topk(logits, top_k).values[:, -1:]
+            probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=g)), dim=1)
+    return idx
+
+
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_generate_for_a_seed_is_nanogpts_sampling_and_stream_yields_its_steps(use_kv_cache: bool) -> None:
+    model = tiny()
+    idx = prompts(2, 4, seed=6)
+    steps = BLOCK - 4  # within block_size, where the cached path computes what the reference does
+    out, logits = model.generate(idx, steps, temperature=0.8, top_k=6, use_kv_cache=use_kv_cache,
+                                 generator=torch.Generator().manual_seed(11), return_logits=True)
+    assert torch.equal(out, reference_sampling(model, idx, steps, 0.8, 6, seed=11))
+    streamed = list(model.stream(idx, steps, temperature=0.8, top_k=6, use_kv_cache=use_kv_cache,
+                                 generator=torch.Generator().manual_seed(11)))
+    assert [tuple(t.shape) for t, _ in streamed] == [(2, 1)] * steps
+    assert torch.equal(torch.cat([idx, *(t for t, _ in streamed)], dim=1), out)
+    assert torch.equal(torch.stack([step_logits for _, step_logits in streamed], dim=1), logits)
+    greedy = model.generate(idx, steps, temperature=0, use_kv_cache=use_kv_cache)
+    assert torch.equal(torch.cat([idx, *(t for t, _ in model.stream(idx, steps, temperature=0))], dim=1), greedy)
+
+
+def test_stream_checks_its_arguments_at_the_call_then_yields_one_step_at_a_time() -> None:
+    model = tiny()
+    idx = prompts(1, 3)
+    with pytest.raises(ValueError, match="temperature"):
+        model.stream(idx, 2, temperature=-1.0)  # raised by the call itself, before any next()
+    decoded = model.stream(idx, 3, temperature=0)
+    first, _ = next(decoded)
+    assert torch.equal(first, model.generate(idx, 1, temperature=0)[:, -1:])
+    assert len(list(decoded)) == 2  # max_new_tokens steps in all
+
+
 # --- past block_size: each path computes exactly the window it documents -------------------------------------------
 
 

@@ -1,11 +1,12 @@
-"""sample.py from a checkpoint made here (a random tiny GPT with a character vocabulary): the text it writes, the
-norm swap, the prompt sources, determinism, and one-line errors."""
+"""sample.py from checkpoints made here (random tiny GPTs, with a character vocabulary or GPT-2's BPE): the text it
+streams, the norm swap, the prompt sources, determinism, and one-line errors; and the tokenizers' streaming decode."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,11 +18,13 @@ from checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from helpers import assert_one_line_error, save_with_payload, subprocess_env
 from layernorm import TritonUnavailableError, make_norm
 from model import GPT, GPTConfig
+from tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
 BLOCK = 32
 CPU = ["--device", "cpu"]
+BPE = {"kind": "tiktoken", "encoding": "r50k_base"}
 
 
 def make_checkpoint(out_dir: Path, tokenizer: dict, vocab_size: int, norm: str = "builtin", n_embd: int = 32) -> GPT:
@@ -48,6 +51,20 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sample") / "out"
     make_checkpoint(path, {"kind": "char", "itos": ITOS}, len(ITOS))
     return path
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GPT-2 BPE checkpoint, its vocabulary padded to 50304 as train.py pads it."""
+    path = tmp_path_factory.mktemp("sample") / "bpe"
+    make_checkpoint(path, BPE, vocab_size=50304, n_embd=16)
+    return path
+
+
+def require_tiktoken_cache() -> None:
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR")  # unset: Path("") would be the working directory
+    if not (cache and Path(cache).is_dir() and any(Path(cache).iterdir())):
+        pytest.skip("no tiktoken cache (TIKTOKEN_CACHE_DIR) with r50k_base")
 
 
 def run(out_dir: Path, *args: str) -> list[str]:
@@ -133,13 +150,125 @@ def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path
         assert len(text) == 23 and set(text) <= set(itos)
 
 
-def test_bpe_checkpoint(tmp_path: Path) -> None:
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR")  # unset: Path("") would be the working directory
-    if not (cache and Path(cache).is_dir() and any(Path(cache).iterdir())):
-        pytest.skip("no tiktoken cache (TIKTOKEN_CACHE_DIR) with r50k_base")
-    make_checkpoint(tmp_path, {"kind": "tiktoken", "encoding": "r50k_base"}, vocab_size=50304, n_embd=16)
-    text = run(tmp_path, "--start", "ROMEO: Shall I", "--max_new_tokens", "8")[0]
+def test_bpe_checkpoint(bpe_dir: Path) -> None:
+    require_tiktoken_cache()
+    text = run(bpe_dir, "--start", "ROMEO: Shall I", "--max_new_tokens", "8")[0]
     assert text.startswith("ROMEO: Shall I") and len(text) > len("ROMEO: Shall I")
+
+
+# --- streaming: the text printed as it is generated is the text generate returns ---------------------------------
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+@pytest.mark.parametrize("sampling", [("--temperature", "0"), ("--temperature", "1", "--top_k", "50", "--seed", "3")])
+def test_streamed_text_is_the_text_generate_returns(
+    kind: str, sampling: tuple[str, ...], out_dir: Path, bpe_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if kind == "bpe":
+        require_tiktoken_cache()
+    folder, prompt = (out_dir, "the king") if kind == "char" else (bpe_dir, "ROMEO: café")
+    argv = ["--out_dir", str(folder), *CPU, "--start", prompt, "--max_new_tokens", "40", "--num_samples", "2",
+            *sampling]
+    samples = sample.main(argv)
+    printed = capsys.readouterr().out
+    # generate itself, on the model sample.py builds, from the same seed
+    args = sample.parse_args(argv)
+    model, checkpoint = sample.load_model(args, "cpu")
+    tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
+    sample.restrict_to_vocab(model, tokenizer.vocab_size)
+    ids = tokenizer.encode(prompt)
+    torch.manual_seed(args.seed)
+    expected = []
+    for _ in range(args.num_samples):
+        out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k or None)
+        expected.append(prompt + tokenizer.decode(out[0, len(ids):].tolist()))
+    assert samples == expected
+    assert printed == "".join(f"{text}\n{sample.SEPARATOR}\n" for text in expected)
+    assert len(set(expected)) == (1 if args.temperature == 0 else 2)
+
+
+class StepCountingStdout:
+    """stdout that records, with each write, how many decoding steps GPT.stream had yielded by then."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.writes: list[tuple[int, str]] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append((self.steps, text))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def printed_by_step(self, step: int) -> str:
+        """Everything written before step + 1 was yielded."""
+        return "".join(text for steps, text in self.writes if steps <= step)
+
+
+def counting_stream(stdout: StepCountingStdout, ids: list[int] | None = None) -> Callable[..., Iterator]:
+    """A GPT.stream that counts its steps into stdout.steps; given `ids`, it yields those token ids instead."""
+    real = GPT.stream
+
+    def stream(self: GPT, idx: torch.Tensor, max_new_tokens: int, **kwargs: object) -> Iterator:
+        for n, (next_tokens, logits) in enumerate(real(self, idx, max_new_tokens, **kwargs)):
+            stdout.steps = n + 1
+            yield (next_tokens if ids is None else torch.tensor([[ids[n]]])), logits
+
+    return stream
+
+
+def test_each_token_is_printed_as_soon_as_it_is_generated(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stdout = StepCountingStdout()
+    monkeypatch.setattr(GPT, "stream", counting_stream(stdout))
+    monkeypatch.setattr(sys, "stdout", stdout)
+    n = 12
+    text = run(out_dir, "--start", "to be", "--max_new_tokens", str(n))[0]
+    for step in range(n):  # the prompt, then each character before the next step is computed
+        assert stdout.printed_by_step(step) == text[: len("to be") + step]
+    assert stdout.printed_by_step(n) == f"{text}\n{sample.SEPARATOR}\n"
+
+
+def whole_characters(tokenizer: TiktokenTokenizer, ids: list[int]) -> str:
+    """What ids decode to, less a last character that is still incomplete (decoded as U+FFFD)."""
+    return tokenizer.decode(ids).removesuffix("\ufffd")
+
+
+TEXT_WITH_CUT_CHARACTERS = " 🙂 naïve 日本語 😀👍!"  # r50k_base cuts each of these characters between two tokens
+
+
+def test_bpe_decode_stream_holds_a_split_character_back_until_it_is_whole() -> None:
+    require_tiktoken_cache()
+    tokenizer = TiktokenTokenizer()
+    ids = tokenizer.encode(TEXT_WITH_CUT_CHARACTERS)
+    cut = [k for k in range(len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert len(cut) >= 4  # the case under test: prefixes of ids that end inside a character
+    pieces = list(tokenizer.decode_stream(ids))
+    assert "".join(pieces) == TEXT_WITH_CUT_CHARACTERS and not any("\ufffd" in piece for piece in pieces)
+    for k in range(len(ids)):  # after k tokens: every whole character so far, and nothing of a cut one
+        assert "".join(pieces[:k]) == whole_characters(tokenizer, ids[:k])
+    # Bytes that never make a character (an emoji cut at the end, a lone continuation byte first) come out as
+    # decode gives them: U+FFFD.
+    for broken in (ids[: cut[0]], [ids[cut[0]], *ids]):
+        assert "\ufffd" in tokenizer.decode(broken)
+        assert "".join(tokenizer.decode_stream(broken)) == tokenizer.decode(broken)
+
+
+def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
+    bpe_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_tiktoken_cache()
+    tokenizer = TiktokenTokenizer()
+    ids = tokenizer.encode(TEXT_WITH_CUT_CHARACTERS)
+    stdout = StepCountingStdout()
+    monkeypatch.setattr(GPT, "stream", counting_stream(stdout, ids))  # the model "generates" these tokens
+    monkeypatch.setattr(sys, "stdout", stdout)
+    text = run(bpe_dir, "--start", "ROMEO:", "--max_new_tokens", str(len(ids)))[0]
+    assert text == "ROMEO:" + TEXT_WITH_CUT_CHARACTERS
+    for step in range(len(ids)):
+        assert stdout.printed_by_step(step) == "ROMEO:" + whole_characters(tokenizer, ids[:step])
+    assert not any("\ufffd" in piece for _, piece in stdout.writes)
 
 
 # --- errors: one line, no traceback ----------------------------------------------------------------------------------
@@ -189,22 +318,36 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
     assert proc.stdout == ""
 
 
+def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir: Path, tmp_path: Path) -> None:
+    # An empty cache, and downloads forced to fail even on a machine with internet access.
+    proxy = "http://127.0.0.1:9"
+    env = subprocess_env(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty"), HTTPS_PROXY=proxy, https_proxy=proxy,
+                         HTTP_PROXY=proxy, http_proxy=proxy, NO_PROXY="", no_proxy="")
+    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--out_dir", str(bpe_dir), *CPU], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    err = assert_one_line_error(proc, 1, "error: tiktoken could not load the BPE ranks of 'r50k_base'", "internet",
+                                "tiktoken.get_encoding('r50k_base')", "TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
+    assert "shared" not in err and proc.stdout == ""
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
         (["--start", "FILE:/nonexistent/prompt.txt"], "no such file"),
         (["--num_samples", "0"], "--num_samples"),
-        (["--max_new_tokens", "-1"], "--max_new_tokens"),
-        (["--temperature", "-1"], "--temperature"),
-        (["--top_k", "-3"], "--top_k"),
+        (["--max_new_tokens", "-1"], "--max_new_tokens must be >= 0"),  # GPT.stream's checks, named as flags
+        (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--temperature", "nan"], "--temperature must be >= 0"),
+        (["--top_k", "-3"], "--top_k must be a positive integer"),
         (["--device", "tpu"], "'tpu'"),
         (["--start", ""], "--start is empty"),
     ],
 )
-def test_bad_arguments(out_dir: Path, args: list[str], fragment: str) -> None:
+def test_bad_arguments(out_dir: Path, args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="^error: ") as exc:
         sample.main(["--out_dir", str(out_dir), *args])
-    assert fragment in str(exc.value.code)
+    assert fragment in str(exc.value.code) and "\n" not in str(exc.value.code)
+    assert capsys.readouterr().out == ""  # refused before anything is printed
 
 
 def test_prompt_file_that_is_not_utf8(out_dir: Path, tmp_path: Path) -> None:
