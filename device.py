@@ -144,11 +144,13 @@ def resolve_dtype(name: str, device_type: str) -> str:
     return name
 
 
-def autocast(device: str, dtype: str) -> AbstractContextManager[Any]:
-    """Mixed precision in `dtype` on `device` (a resolve_dtype name); float32 runs as it is."""
+def autocast(device: str, dtype: str, cache_enabled: bool = True) -> AbstractContextManager[Any]:
+    """Mixed precision in `dtype` on `device` (a resolve_dtype name); float32 runs as it is. (cache_enabled=False
+    while a CUDA graph is captured.)"""
     if dtype == "float32":
         return nullcontext()
-    return torch.autocast(device.split(":")[0], dtype={"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
+    dtype_ = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return torch.autocast(device.split(":")[0], dtype=dtype_, cache_enabled=cache_enabled)
 
 
 def peak_memory(device: str) -> int:

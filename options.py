@@ -68,6 +68,10 @@ class TrainConfig:
     dtype: str = opt("auto", "auto: bfloat16 autocast on CUDA where supported, else float32; float16 uses a "
                      "GradScaler", ("auto", "float32", "bfloat16", "float16"))
     compile: bool = opt(False, "wrap the model in torch.compile")
+    compile_mode: str = opt("default", "torch.compile's mode (with compile=True)",
+                            ("default", "reduce-overhead", "max-autotune"))
+    cuda_graphs: bool = opt(False, "capture the training micro-step (forward and backward) in a CUDA graph once "
+                            "and replay it (CUDA; one process; not with compile: use compile_mode=reduce-overhead)")
     seed: int = opt(1337, "seeds the weights, dropout, the data stream and the eval batches")
     max_wall_s: float | None = opt(None, "stop (evaluate, checkpoint) once training has run this many seconds")
     # logging and sampling
@@ -181,6 +185,13 @@ def build_config(explicit: dict[str, Any], base: dict[str, Any] | None = None, s
         raise ConfigError(f"gradient_accumulation_steps={steps} is the global number of micro-batches and must be "
                           f"divisible by the number of processes ({processes}); e.g. "
                           f"--gradient_accumulation_steps={processes * max(1, steps // processes)}")
+    if cfg.cuda_graphs and cfg.compile:
+        raise ConfigError("cuda_graphs=True cannot run with compile=True: use --compile_mode=reduce-overhead, which "
+                          "captures CUDA graphs itself, or drop one of them")
+    if cfg.cuda_graphs and processes > 1:
+        raise ConfigError(f"cuda_graphs=True runs one process, not {processes}: drop --cuda_graphs or run one process")
+    if cfg.compile_mode != "default" and not cfg.compile:
+        raise ConfigError(f"compile_mode={cfg.compile_mode!r} needs compile=True: add --compile=True")
     if cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters:
         raise ConfigError(f"lr_decay_iters ({cfg.lr_decay_iters}) must be greater than warmup_iters "
                           f"({cfg.warmup_iters}) when decay_lr=True")

@@ -21,9 +21,8 @@ an estimate of train and val loss every eval_interval iterations, a checkpoint a
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import statistics
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -34,8 +33,9 @@ from typing import Any
 import torch
 
 import checkpoint
+import runlog
 from data.common import DataError, PreparedData
-from device import DeviceError, Dist, StopRequest, autocast, dist_from_env, peak_memory, resolve_device, resolve_dtype
+from device import DeviceError, Dist, StopRequest, autocast, dist_from_env, resolve_device, resolve_dtype
 from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 from options import MODEL_KEYS, ConfigError, TrainConfig, build_config, parse_args
@@ -56,6 +56,14 @@ class Interrupted(TrainError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
+
+    @classmethod
+    def at(cls, it: int, path: Path, ckpt_path: Path, stop: StopRequest) -> Interrupted:
+        """Saved at `path` after `it` iterations: the message says how to go on (ckpt_path is where resume reads)."""
+        resume = f"python train.py --init_from=resume --out_dir={ckpt_path.parent}"
+        resume = resume if path == ckpt_path else f"mv {path} {ckpt_path} && {resume}"
+        return cls(f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}",
+                   stop.signum or signal.SIGINT)
 
 
 def get_lr(it: int, cfg: TrainConfig) -> float:
@@ -129,43 +137,16 @@ def build_model(cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any]
     return model
 
 
-@contextlib.contextmanager
-def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
-    """log(record, wandb=None): one line of metrics.jsonl and, if asked for, the same figures under wandb's names
-    (rank 0; the other processes log nothing). On resume, what describes the run up to the checkpoint is kept."""
-    with contextlib.ExitStack() as closing:
-        metrics = run = None
-        if dist.master:
-            path = Path(cfg.out_dir) / "metrics.jsonl"
-            metrics = closing.enter_context(checkpoint.open_metrics(path, resumed_at, append=cfg.eval_only))
-            if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
-                import wandb
-
-                name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
-                run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
-                closing.callback(run.finish)
-
-        def log(rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
-            if metrics is not None:
-                metrics.write(json.dumps(rec) + "\n")
-                metrics.flush()
-            if run is not None and wandb is not None:
-                run.log(wandb, step=rec["iter"])
-            if run is not None and rec["kind"] == "summary":
-                run.summary.update(rec)
-
-        yield log
-
-
 # ---- what outlives an iteration ----
 
 
 class LossWindow:
     """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
-    the wall time they took. `read()` syncs once: each iteration's loss, averaged over the processes."""
+    the wall time they took. `read()` syncs once: each iteration's loss, averaged over the processes; log_line()
+    prints and records one."""
 
     def __init__(self, dist: Dist) -> None:
-        self.dist, self.pending, self.n_read = dist, [], 0
+        self.dist, self.pending, self.n_read, self.ms_per_iter = dist, [], 0, []
         self.t0, self.paused_s = time.perf_counter(), 0.0  # pauses: evaluations and checkpoints
 
     def read(self) -> list[tuple[int, float, float]]:
@@ -176,12 +157,17 @@ class LossWindow:
         self.n_read += len(pending)
         return [(it, loss, lr) for (it, _, lr), loss in zip(pending, losses.tolist(), strict=True)]
 
-    def ms_per_iter(self) -> float:
-        """Milliseconds per iteration read since the last call, pauses left out."""
-        now = time.perf_counter()
+    def log_line(self, last: tuple[int, float, float], tokens_per_iter: int, log: Any) -> None:
+        """The log line and metrics record of the last iteration read, with the time per iteration since the last
+        line (pauses left out)."""
+        (it, loss, lr), now = last, time.perf_counter()
         ms = (now - self.t0 - self.paused_s) * 1000 / max(self.n_read, 1)
         self.t0, self.paused_s, self.n_read = now, 0.0, 0
-        return ms
+        self.ms_per_iter.append(ms)
+        tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
+        self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
+        log({"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
+            wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s})
 
 
 def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
@@ -191,19 +177,6 @@ def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
                       f"with a lower --learning_rate or a longer --warmup_iters")
 
 
-def summarize(cfg: TrainConfig, it: int, ms_per_iter: list[float], last_val: float | None, best_val: float,
-              tokens_per_iter: int, t_start: float, facts: dict[str, Any], stop_reason: str) -> dict[str, Any]:
-    timed = ms_per_iter[1:] if len(ms_per_iter) > 1 else ms_per_iter  # the first holds startup
-    median_ms = statistics.median(timed) if timed else None
-    return {
-        "kind": "summary", "iters": it, "final_val_loss": last_val,
-        "best_val_loss": best_val if math.isfinite(best_val) else None,
-        "peak_memory_bytes": peak_memory(facts["device"]), "median_ms_per_iter": median_ms,
-        "median_tokens_per_s": tokens_per_iter / (median_ms / 1000) if median_ms else None,
-        "wall_s": time.perf_counter() - t_start, **facts, "stop_reason": stop_reason,
-    }
-
-
 # ---- the run ----
 
 
@@ -211,24 +184,28 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
           dist: Dist) -> dict[str, Any]:
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, run the micro-steps, clip and step,
     log. Returns the summary record."""
-    t_start, ckpt_path, device_type = time.perf_counter(), Path(cfg.out_dir) / "ckpt.pt", device.split(":")[0]
+    t_start, ckpt_path = time.perf_counter(), Path(cfg.out_dir) / "ckpt.pt"
     data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)  # the data stream's own generator
     raw_model = build_model(cfg, explicit, ckpt, data, device, dist)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                               device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16 only
+                                               device.split(":")[0])
+    scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")  # loss scaling for float16
     it, best_val = 0, math.inf
     if ckpt is not None:
         it, best_val = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, ckpt_path, dist)
-    start, last_saved, last_val, stop_reason, ms_per_iter = it, it if ckpt else None, None, None, []
+    start, last_saved, last_val, stop_reason = it, it if ckpt else None, None, None
     amp = autocast(device, dtype)
-    model = torch.compile(raw_model) if cfg.compile else raw_model  # evaluates
+    model = torch.compile(raw_model, mode=cfg.compile_mode) if cfg.compile else raw_model  # evaluates
     train_model = dist.wrap(model, device)  # trains: with several processes, wrapped in DDP
+    if cfg.cuda_graphs:  # the micro-step's forward and backward captured once, then replayed (static shapes)
+        with autocast(device, dtype, cache_enabled=False):  # (the casts are captured into the graph)
+            sample = data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), device)
+            train_model = torch.cuda.make_graphed_callables(train_model, sample)
     facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
-             "world_size": dist.world_size, "n_params": raw_model.get_num_params()}
+             "cuda_graphs": cfg.cuda_graphs, "world_size": dist.world_size, "n_params": raw_model.get_num_params()}
 
     def save(it: int, path: Path) -> None:
         if not all(bool(torch.isfinite(t).all()) for t in raw_model.state_dict().values() if t.is_floating_point()):
@@ -250,7 +227,7 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
     dist.print(f"{data.describe()}; {tokens_per_iter:,} tokens per iteration")
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)  # this process's micro-batches
     no_sync = train_model.no_sync if dist.enabled else contextlib.nullcontext
-    with (open_log(cfg, dist, start if ckpt else None) as log, StopRequest(announce=dist.master) as stop,
+    with (runlog.open_log(cfg, dist, start if ckpt else None) as log, StopRequest(announce=dist.master) as stop,
           contextlib.closing(data)):
         window = LossWindow(dist)
         while True:
@@ -281,10 +258,7 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
                 # In best-only mode ckpt.pt is the best model so far; the interrupted state goes beside it.
                 path = ckpt_path if cfg.always_save_checkpoint else ckpt_path.parent / "ckpt_interrupted.pt"
                 save(it, path)
-                resume = f"python train.py --init_from=resume --out_dir={cfg.out_dir}"
-                resume = resume if path == ckpt_path else f"mv {path} {ckpt_path} && {resume}"
-                raise Interrupted(f"interrupted ({stop.name}) after {it} iterations; saved {path}. "
-                                  f"To continue the run: {resume}", stop.signum)
+                raise Interrupted.at(it, path, ckpt_path, stop)
 
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:
@@ -310,14 +284,9 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
             optimizer.zero_grad(set_to_none=True)
             window.pending.append((it, loss_sum, lr))
             if it % cfg.log_interval == 0:
-                (i, loss, lr), ms = read_back()[-1], window.ms_per_iter()
-                ms_per_iter.append(ms)
-                tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
-                dist.print(f"iter {i}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
-                log({"kind": "train", "iter": i, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
-                    wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s})
+                window.log_line(read_back()[-1], tokens_per_iter, log)
             it += 1
-        summary = summarize(cfg, it, ms_per_iter, last_val, best_val, tokens_per_iter, t_start, facts,
+        summary = runlog.summarize(it, window.ms_per_iter, last_val, best_val, tokens_per_iter, t_start, facts,
                             "eval_only" if cfg.eval_only else stop_reason or "max_iters")
         log(summary)
         if cfg.sample_at_end and dist.master and not cfg.eval_only:
@@ -343,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     dtype = resolve_dtype(cfg.dtype, device.split(":")[0])
     if cfg.norm == "triton":
         check_triton_device(device)  # before any data or model is loaded
+    if cfg.cuda_graphs and not device.startswith("cuda"):
+        raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
     checkpoint.make_out_dir(cfg.out_dir)
     with dist.use(device):
         return train(cfg, explicit, device, dtype, ckpt, dist)

@@ -5,6 +5,7 @@ Tiny runs (tests/helpers.py) on a tiny character dataset, so the whole file runs
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -15,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
 import options
 import train
 from checkpoint import FORMAT, CheckpointError, load_checkpoint
 from data.common import DataError
+from device import Dist
 from helpers import (
     ROOT,
     TEXT,
@@ -180,6 +183,50 @@ def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(tmp_path: P
     assert_one_line_error(proc, 2, "error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1",
                           "'builtin'")
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [(["--cuda_graphs=True", "--device=cpu"], ["cuda_graphs=True needs a CUDA device", "device='cpu'"]),
+     (["--cuda_graphs=True", "--compile=True"], ["cannot run with compile=True", "--compile_mode=reduce-overhead"]),
+     (["--compile_mode=reduce-overhead"], ["compile_mode='reduce-overhead' needs compile=True"]),
+     (["--compile=True", "--compile_mode=fast"], ["compile_mode='fast' is not valid", "max-autotune"])],
+    ids=["graphs-on-cpu", "graphs-and-compile", "mode-without-compile", "unknown-mode"],
+)
+def test_launch_options_it_cannot_serve_are_one_line_errors(tmp_path: Path, args: list[str], needles: list[str]
+                                                           ) -> None:
+    assert_one_line_error(run_cli([f"--out_dir={tmp_path / 'out'}", *args]), 2, *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
+        tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture is a CUDA call; here it is replaced by a recorder that returns a wrapper, so the plumbing
+    around it (what is captured, with which static inputs, and that eval and sampling use the plain model) is
+    checked on the CPU. The GPU run (bench/gpu.sh) runs the real capture."""
+    captured, calls = [], []
+
+    def fake_capture(module: torch.nn.Module, sample: tuple[torch.Tensor, ...]) -> object:
+        captured.append((module, [t.shape for t in sample]))
+        return lambda *a: calls.append(len(a)) or module(*a)
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
+    cfg = options.build_config(options.parse_args(tiny_args(data_dir, tmp_path / "out", "--max_iters=3",
+                                                            "--gradient_accumulation_steps=2")))
+    cfg = dataclasses.replace(cfg, cuda_graphs=True)  # (on the command line it is refused on a CPU)
+    checkpoint.make_out_dir(cfg.out_dir)
+    summary = train.train(cfg, {}, "cpu", "float32", None, Dist())
+    ((module, shapes),) = captured
+    assert isinstance(module, train.GPT) and shapes == [torch.Size([4, 16])] * 2  # batch_size x block_size
+    assert len(calls) == 3 * 2 and summary["cuda_graphs"] and math.isfinite(summary["final_val_loss"])
+
+
+def test_compile_mode_reaches_torch_compile(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
+    train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=1", "--compile=True",
+                         "--compile_mode=max-autotune"))
+    assert modes == ["max-autotune"]
 
 
 def test_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, data_dir: Path) -> None:
