@@ -5,37 +5,35 @@
 
 LayerNorm is batch independent in exact arithmetic, and on a computer too: each token's statistics come from its
 own features, added in the same order however many tokens there are (batch_independence.py, check 3). The rest of
-the model is not, because two of its operations pick their order of additions from the shapes they get (measured
-on a 2-core x86 CPU, torch 2.13 with MKL; bench/results/batch_invariant_cpu.md):
+the model is not, because two operations pick their order of additions from the shapes they get (measured on a
+2-core x86 CPU, torch 2.13 with MKL: bench/results/batch_invariant_cpu.md; cuBLAS and SDPA choose by shape too):
+- Matrix products (every nn.Linear). MKL's sgemm gives a row other bits in a product of 1-3 rows (with 2 threads
+  also 5-7 or 9-11) than among 64, up to 1.9e-6 at 384 -> 1152: decoding alone is 1 row, in a batch of 4, 4.
+  The mode sends every row through the same additions, however many rows came.
+- Attention. A query gets other bits inside a causal pass than alone over its visible keys (1.1e-6), and one
+  sequence's decoding step other bits than in a batch of 4 (4.5e-8). The mode adds exactly the keys each query
+  sees, in one order, whether it is decoded alone, in a batch, from the cache or in a full forward pass.
+Either fix alone leaves about 1e-6 in the logits; both give 0 (`linear=False` or `attention=False` drops one).
 
-- Matrix products (every nn.Linear). MKL's sgemm gives a row other bits when the product has 1-3 rows, and with 2
-  threads also 5-7 or 9-11 rows, than among 64 (up to 1.9e-6 at 384 -> 1152): a decoding step alone has 1 row, in
-  a batch of 4, 4. cuBLAS likewise picks its tile and split-K by shape. Fixed here: every row goes through the
-  same additions, however many rows came.
-- Attention. scaled_dot_product_attention gives a query other bits inside a causal pass over the whole sequence
-  than alone over its visible keys (1.1e-6), and a decoding step of one sequence other bits than the same step in
-  a batch of 4 (4.5e-8). Fixed here: each query adds exactly the keys it sees, in one order.
-
-Either fix alone leaves differences of about 1e-6 in the logits; both give 0 (`linear=` and `attention=` apply one).
-Two implementations, chosen by the tensors' device (`kernels="auto"`):
-- CPU, PyTorch's kernels ("torch"): every product cut into blocks of exactly ROWS rows (the last padded with
-  zeros), each query attending, one (batch row, query) at a time with all heads at once, over copies of exactly its
-  keys. It costs 1.2-1.6x stock's time per token decoding one sequence, 2.4-3.9x at batch 8 (bench/bench_invariant.py).
-- CUDA, Triton kernels ("triton", batch_invariant_triton.py): one fixed tile and no split-K for the products; one
-  program per query walking its keys in fixed blocks from key 0. Tested under Triton's interpreter on CPU tensors
-  (kernels="triton" with TRITON_INTERPRET=1); not yet run on a GPU.
-Equal shapes give equal bits on one machine, with one build and one thread count: the mode promises invariance
-within a process, not across machines. It is for inference: attention dropout is refused, as is any other device.
+Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch": products
+in blocks of ROWS rows, attention one (batch row, query) at a time over copies of its keys; 1.2-1.6x stock's time
+per token at batch 1, 2.4-3.9x at batch 8, bench/bench_invariant.py); on CUDA, Triton kernels ("triton",
+batch_invariant_triton.py: one fixed tile and no split-K; one program per query), tested under Triton's
+interpreter on CPU tensors (kernels="triton", TRITON_INTERPRET=1), not yet run on a GPU. Equal shapes give equal
+bits on one machine, with one build and one thread count: invariance within a process, not across machines. For
+inference: attention dropout is refused, as is a device with no implementation.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.util import find_spec
+from types import ModuleType
 
 import torch
 from torch.nn import functional as F
@@ -63,29 +61,19 @@ def refusal(device: torch.device | str, kernels: str = "auto") -> str | None:
 
 
 @functools.cache
-def uses_triton(device: torch.device, kernels: str) -> bool:
-    """Whether the mode computes on this device with its Triton kernels (else PyTorch's); ValueError if neither."""
+def triton_kernels(device: torch.device, kernels: str) -> ModuleType | None:
+    """batch_invariant_triton where the mode computes on this device with Triton, None for PyTorch's kernels, a
+    ValueError for neither. Imported here, at the first tensor that needs it: it imports triton."""
     if why := refusal(device, kernels):
         raise ValueError(why)
-    return device.type == "cuda" or kernels == "triton"
-
-
-def triton_inputs(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """The tensors as autocast would hand them to the op (the kernels are called past autocast's dispatch)."""
-    device = next(t for t in tensors if t is not None).device.type
-    if not torch.is_autocast_enabled(device):
-        return tensors
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(None if t is None else t.to(dtype) for t in tensors)
+    return importlib.import_module("batch_invariant_triton") if device.type == "cuda" or kernels == "triton" else None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernels: str = "auto"
            ) -> torch.Tensor:
     """F.linear whose rows do not depend on how many rows came (on the CPU: ROWS rows at a time)."""
-    if uses_triton(x.device, kernels):
-        import batch_invariant_triton
-
-        return batch_invariant_triton.linear(*triton_inputs(x, weight, bias))
+    if triton := triton_kernels(x.device, kernels):
+        return triton.linear(x, weight, bias)
     rows = x.reshape(-1, x.size(-1)).contiguous()  # [M, K]
     padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows  # zero rows up to k * ROWS
     if len(padded) <= ROWS:  # one block (the usual decoding step): no split, no cat
@@ -113,19 +101,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
               ) -> torch.Tensor:
     """F.scaled_dot_product_attention for q [B, nh, T, hs] and k, v [B, nh, S, hs], each query over exactly the keys
     it may see. Masks must let query i see a prefix of the keys (causal, or model.py's mask after a cache)."""
-    triton = uses_triton(q.device, kernels)
+    triton = triton_kernels(q.device, kernels)
     if dropout_p > 0:
         raise ValueError(f"batch_invariant() attention runs without dropout, got dropout_p={dropout_p}: use eval()")
     B, nh, T, hs = q.shape
     counts = visible_keys(T, k.size(-2), attn_mask, is_causal)
     scale = 1 / math.sqrt(hs) if scale is None else scale
-    if triton:  # the kernel takes query i to see min(offset + i + 1, S) keys: every mask model.py makes
-        if counts != [min(counts[0] + i, k.size(-2)) for i in range(T)]:
-            raise ValueError(f"batch_invariant() Triton attention needs query i to see one key more than query i - 1 "
-                             f"(causal, or causal after a cache), got visible keys {counts}")
-        import batch_invariant_triton
-
-        return batch_invariant_triton.attention(*triton_inputs(q, k, v), offset=counts[0] - 1, scale=scale)
+    if triton:
+        return triton.attention(q, k, v, counts, scale)
     q = (q * scale).transpose(1, 2).contiguous()  # [B, T, nh, hs]
     out = []
     for b in range(B):

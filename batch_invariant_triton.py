@@ -27,6 +27,15 @@ LINEAR_TILES = {torch.float32: (16, 64, 32, 4), torch.bfloat16: (16, 64, 64, 4),
 BLOCK_KEYS = 32  # keys per step of attention's walk: any fixed number works; the same for every query
 
 
+def as_autocast_would(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The tensors in the dtype autocast would hand the op (the launchers below are called past its dispatch)."""
+    device = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(None if t is None else t.to(dtype) for t in tensors)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Linear: program (m, n) computes the output tile rows m*BLOCK_M.., columns n*BLOCK_N.. of y = x @ w.T + b, adding
 # K in blocks of BLOCK_K from 0 upwards, each block through one tl.dot of fixed shape. A row's value depends on its
@@ -60,6 +69,7 @@ def linear_kernel(
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear through linear_kernel: x [..., K], weight [N, K], bias [N] -> [..., N] in x's dtype."""
+    x, weight, bias = as_autocast_would(x, weight, bias)
     if x.dtype not in LINEAR_TILES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         got = f"x {x.dtype}, weight {weight.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
         raise ValueError(f"batch_invariant() linear takes {', '.join(map(str, LINEAR_TILES))} inputs of one dtype, "
@@ -120,8 +130,14 @@ def attention_kernel(
     tl.store(Out + b * sob + h * soh + i * sot + d, (acc / total).to(Out.dtype.element_ty), mask=d < D)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, scale: float) -> torch.Tensor:
-    """Attention for q [B, H, T, D] over k, v [B, H, S, D], query i over keys 0..min(offset + i, S - 1)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int], scale: float) -> torch.Tensor:
+    """Attention for q [B, H, T, D] over k, v [B, H, S, D], query i over its first counts[i] keys, where each query
+    sees one key more than the one before it up to S (causal, or causal after a cache: every mask model.py makes)."""
+    offset, S = counts[0] - 1, k.size(2)
+    if counts != [min(offset + i + 1, S) for i in range(len(counts))]:
+        raise ValueError(f"batch_invariant() Triton attention needs query i to see one key more than query i - 1 "
+                         f"(causal, or causal after a cache), got visible keys {counts}")
+    q, k, v = as_autocast_would(q, k, v)
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"batch_invariant() attention takes q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # features side by side
@@ -129,7 +145,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int, sc
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel():
         attention_kernel[(T, B * H)](
-            q, k, v, out, H, k.size(2), D, offset, scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            q, k, v, out, H, S, D, offset, scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *out.stride()[:3], BLOCK_KEYS=BLOCK_KEYS, BLOCK_D=triton.next_power_of_2(D),
         )
     return out

@@ -75,7 +75,8 @@ def test_default_run_passes_and_shows_batchnorm_failing() -> None:
     assert "no variance" in proc.stdout and "depends on the other tokens" in proc.stdout
     assert "bias alone" in proc.stdout and "decodes blind" in proc.stdout
     assert " PASS" in rows["batchnorm-eval"] and "running averages" in proc.stdout
-    for legend in ("(1) alone vs batch", "(2) cached vs full", "(3) norm alone", "tolerance 1e-05"):
+    tolerance = f"tolerance {batch_independence.TOLERANCE['float32']:g} x max |value|"
+    for legend in ("(1) alone vs batch", "(2) cached vs full", "(3) norm alone", tolerance, "float32, TF32 off"):
         assert legend in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].startswith("OK")
 
@@ -91,7 +92,8 @@ def test_requiring_batchnorm_fails_the_run() -> None:
 def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
     status, result = run_json(capsys, "--norms", "custom", "batchnorm", *SMALL)
     assert status == 0 and result["ok"] is True
-    assert result["tolerance"] == 1e-5 and result["dtype"] == "float32" and result["new_tokens"] == 6
+    assert result["tolerance"] == batch_independence.TOLERANCE["float32"] and result["dtype"] == "float32"
+    assert result["new_tokens"] == 6
     rows = {r["name"]: r for r in result["rows"]}
     assert list(rows) == ["custom", "batchnorm", "batchnorm-eval"]
 
@@ -188,30 +190,43 @@ def test_bad_device_is_one_line() -> None:
 
 
 def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    """The one error path: a RuntimeError while decoding alone stops that decoding; the steps done are compared, the
-    other checks still run, the row fails with the error's first line, and the run exits 1."""
-    forward = GPT.forward
+    """The one error path: a RuntimeError while decoding alone (inside GPT.generate) stops that decoding, the other
+    checks still run, the row fails with the error's first line, and the run exits 1."""
+    hidden_states = GPT.hidden_states
 
-    def fails_alone_at_step_2(self, idx, targets=None, kv_cache=None):
+    def fails_alone_at_step_2(self, idx, kv_cache=None):
         if kv_cache is not None and idx.size(0) == 1 and kv_cache.length > 6:  # prompt 6, then step 1 fed 1 token
             raise RuntimeError("boom\nsecond line")
-        return forward(self, idx, targets, kv_cache)
+        return hidden_states(self, idx, kv_cache)
 
-    monkeypatch.setattr(GPT, "forward", fails_alone_at_step_2)
+    monkeypatch.setattr(GPT, "hidden_states", fails_alone_at_step_2)
     status, result = run_json(capsys, "--norms", "custom", *SMALL)
     assert status == 1 and result["ok"] is False and result["failed"] == ["custom", "custom (batch-invariant)"]
     (row,) = result["rows"]
     ab = row["alone_vs_batch"]
-    assert ab["error"] == "alone, step 2: RuntimeError: boom"
-    assert len(ab["per_step_max_abs_diff"]) == 2 and ab["max_abs_diff"] <= 1e-5 and ab["tokens_agree"] is False
+    assert ab["error"] == "alone, RuntimeError: boom"
+    assert ab["per_step_max_abs_diff"] == [] and ab["max_abs_diff"] is None and ab["tokens_agree"] is None
     assert row["cached_vs_full"]["max_abs_diff"] <= 1e-5 and row["norm_alone"]["bit_exact"] and not row["passed"]
 
     assert batch_independence.main(["--norms", "custom", *SMALL]) == 1
     out = capsys.readouterr().out
-    assert "alone fails at step 2" in row_lines(out)["custom"] and " FAIL" in row_lines(out)["custom"]
-    assert "  custom: alone, step 2: RuntimeError: boom\n" in out and "FAIL: required rows that failed: custom" in out
-    assert "alone fails at step 2" in row_lines(out, mode=True)["custom"]
-    assert "  custom (batch-invariant): alone, step 2: RuntimeError: boom\n" in out
+    assert "alone fails" in row_lines(out)["custom"] and " FAIL" in row_lines(out)["custom"]
+    assert "  custom: alone, RuntimeError: boom\n" in out and "FAIL: required rows that failed: custom" in out
+    assert "alone fails" in row_lines(out, mode=True)["custom"]
+    assert "  custom (batch-invariant): alone, RuntimeError: boom\n" in out
+
+
+def test_bfloat16_autocast(capsys: pytest.CaptureFixture[str]) -> None:
+    """--dtype=bfloat16: the logits are bfloat16's, compared within its tolerance; the mode is still bit-exact."""
+    status, result = run_json(capsys, "--dtype", "bfloat16", "--norms", "builtin", "batchnorm", *SMALL)
+    assert status == 0 and result["dtype"] == "bfloat16 autocast"
+    assert result["tolerance"] == batch_independence.TOLERANCE["bfloat16"]
+    stock, mode = ({r["name"]: r for r in result[w]} for w in ("rows", "batch_invariant_rows"))
+    assert stock["builtin"]["passed"] and not stock["batchnorm"]["passed"]
+    cached_vs_full = stock["builtin"]["cached_vs_full"]  # within bfloat16's tolerance, relative to the logits
+    assert cached_vs_full["max_abs_diff"] <= result["tolerance"] * cached_vs_full["scale"]
+    assert mode["builtin"]["passed"] and mode["builtin"]["cached_vs_full"]["bit_exact"]
+    assert mode["builtin"]["alone_vs_batch"]["max_abs_diff"] == 0.0
 
 
 def test_triton_unavailable_inside_a_check_skips_the_row(
@@ -222,7 +237,7 @@ def test_triton_unavailable_inside_a_check_skips_the_row(
     def unavailable(*args: object, **kwargs: object) -> None:
         raise TritonUnavailableError("norm 'triton' cannot run here. To fix: do something else")
 
-    monkeypatch.setattr(GPT, "forward", unavailable)
+    monkeypatch.setattr(GPT, "hidden_states", unavailable)
     status, result = run_json(capsys, "--norms", "custom", "rmsnorm", "--require", "rmsnorm", *SMALL)
     assert result["rows"] == result["batch_invariant_rows"] == [] and result["skipped"] == {
         n: "norm 'triton' cannot run here" for n in ("custom", "rmsnorm")
