@@ -198,11 +198,12 @@ class TritonLayerNorm(LayerNorm):
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__(dim, bias=bias, eps=eps)
-        self._layer_norm_triton = _triton_module().layer_norm_triton
+        kernels = _triton_module()
+        self._layer_norm_triton, self._cpu_ok = kernels.layer_norm_triton, kernels.INTERPRET
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        if not x.is_cuda:
+        if not (x.is_cuda or (x.is_cpu and self._cpu_ok)):
             check_triton_device(x.device)  # raises, saying why and what to do
         return self._layer_norm_triton(x, self.weight, self.bias, self.eps)
 

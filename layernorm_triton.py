@@ -1,7 +1,7 @@
 """LayerNorm as two fused Triton kernels, forward and backward, each beside its launcher.
 
 The math is `layernorm.layer_norm`'s (read that first): the same shift by the row's first element, two-pass
-statistics in float32, and the backward derived there,
+statistics in float32 (float64 for a float64 input), and the backward derived there,
 
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),   g = dy * w,   dw = sum_rows dy * xhat,   db = sum_rows dy
 
@@ -12,11 +12,15 @@ A leaf: it imports only torch and triton. `layernorm.TritonLayerNorm` builds on 
 is built, and checks its inputs (layernorm.check_args says what is valid). Kernels run on CUDA tensors, or on CPU
 tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before this module was imported (triton.jit
 chooses interpreter or compiler when a kernel is defined; INTERPRET below records which).
+
+A small model's training step is bound by the CPU launching kernels, so the Python around each launch is kept
+short: a plain autograd.Function in eager mode, launch parameters computed once per input shape, no device switch
+when the tensors' device is already current, and, on the Triton versions whose launcher this was written against,
+the cached compiled kernel called directly instead of through Triton's argument binding.
 """
 
 import functools
 import os
-from contextlib import nullcontext
 
 import torch
 import triton
@@ -29,59 +33,74 @@ MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider
 PIPELINE = hasattr(tl, "range")
 
 
+def direct_launch_supported(version: str) -> bool:
+    """Triton 3.6 and 3.7 launch a compiled kernel with `compiled[grid](*every kernel argument)`, what Triton's own
+    launch does after binding the arguments; other versions keep the normal launch."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return (3, 6) <= (major, minor) <= (3, 7)
+
+
+DIRECT_LAUNCH = direct_launch_supported(triton.__version__) and not INTERPRET  # the interpreter compiles nothing
+# Under torch.compile: torch.library.triton_op (torch 2.6+) lets Inductor launch the kernels from its own code and
+# CUDA graphs capture them; an interpreted kernel is no compiled one, so there, and on older torch, a custom op.
+TRITON_OP = hasattr(torch.library, "triton_op") and not INTERPRET
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# Forward: one program normalizes one row. It saves rstd and mean_s, the mean of x - x_0 (not of x): the backward
-# re-reads x_0 and centres the row exactly as the forward did. (A float32 mean of a row at 1e4 is off by up to
-# 5e-4, which x - mean would inherit.) A row that fits one block is loaded once and stays in registers; a wider
-# row is read in blocks of BLOCK_SIZE columns, once per pass (the re-reads come from cache).
+# Forward: one program normalizes one row. It saves mean_s, the mean of x - x_0 (not of x), and rstd, in one
+# buffer [2, N]: the backward re-reads x_0 and centres the row exactly as the forward did. (A float32 mean of a row
+# at 1e4 is off by up to 5e-4, which x - mean would inherit.) A row that fits one block is loaded once and stays
+# in registers; a wider row is read in blocks of BLOCK_SIZE columns, once per pass (the re-reads come from cache).
+# Arithmetic is in the dtype of the statistics: float32, or float64 for a float64 input.
 
 
 @triton.jit
 def layer_norm_fwd_kernel(
-    X, Y, W, B, MeanS, Rstd,  # pointers: x, y [N, C] (row strides below); w, b [C]; mean_s, rstd [N] float32
-    stride_x, stride_y, C, eps,
+    X, Y, W, B, Stats,  # pointers: x, y [N, C] (row strides below); w, b [C]; stats [2, N]: mean_s, rstd
+    stride_x, stride_y, C, N, eps,
     HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr,
 ):
+    acc = Stats.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so row * stride cannot wrap past 2**31 elements
     X += row * stride_x
     Y += row * stride_y
-    shift = tl.load(X).to(tl.float32)  # x_0
+    shift = tl.load(X).to(acc)  # x_0
     if ONE_BLOCK:
         cols = tl.arange(0, BLOCK_SIZE)
         mask = cols < C
-        x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + cols, mask=mask, other=0.0).to(acc)
         xs = tl.where(mask, x - shift, 0.0)  # padding columns must add nothing to the sums
         mean_s = tl.sum(xs, axis=0) / C
         xc = tl.where(mask, xs - mean_s, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / C + eps)
-        y = xc * rstd * tl.load(W + cols, mask=mask).to(tl.float32)
+        y = xc * rstd * tl.load(W + cols, mask=mask).to(acc)
         if HAS_BIAS:
-            y += tl.load(B + cols, mask=mask).to(tl.float32)
+            y += tl.load(B + cols, mask=mask).to(acc)
         tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
     else:
-        acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+        total = tl.zeros([BLOCK_SIZE], dtype=acc)
         for off in range(0, C, BLOCK_SIZE):  # pass 1: mean of the shifted row
             cols = off + tl.arange(0, BLOCK_SIZE)
-            x = tl.load(X + cols, mask=cols < C, other=0.0).to(tl.float32)
-            acc += tl.where(cols < C, x - shift, 0.0)
-        mean_s = tl.sum(acc, axis=0) / C
-        acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+            x = tl.load(X + cols, mask=cols < C, other=0.0).to(acc)
+            total += tl.where(cols < C, x - shift, 0.0)
+        mean_s = tl.sum(total, axis=0) / C
+        total = tl.zeros([BLOCK_SIZE], dtype=acc)
         for off in range(0, C, BLOCK_SIZE):  # pass 2: variance of the centred row
             cols = off + tl.arange(0, BLOCK_SIZE)
-            x = tl.load(X + cols, mask=cols < C, other=0.0).to(tl.float32)
+            x = tl.load(X + cols, mask=cols < C, other=0.0).to(acc)
             xc = tl.where(cols < C, x - shift - mean_s, 0.0)
-            acc += xc * xc
-        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / C + eps)
+            total += xc * xc
+        rstd = 1.0 / tl.sqrt(tl.sum(total, axis=0) / C + eps)
         for off in range(0, C, BLOCK_SIZE):  # pass 3: normalize, scale, shift, store
             cols = off + tl.arange(0, BLOCK_SIZE)
             mask = cols < C
-            x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
-            y = (x - shift - mean_s) * rstd * tl.load(W + cols, mask=mask).to(tl.float32)
+            x = tl.load(X + cols, mask=mask, other=0.0).to(acc)
+            y = (x - shift - mean_s) * rstd * tl.load(W + cols, mask=mask).to(acc)
             if HAS_BIAS:
-                y += tl.load(B + cols, mask=mask).to(tl.float32)
+                y += tl.load(B + cols, mask=mask).to(acc)
             tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(MeanS + row, mean_s)
-    tl.store(Rstd + row, rstd)
+    tl.store(Stats + row, mean_s)
+    tl.store(Stats + N + row, rstd)
 
 
 @functools.cache
@@ -95,53 +114,56 @@ def block_config(C: int, max_block: int = MAX_BLOCK) -> tuple[int, bool, int]:
     return block, C <= block, min(max(block // 256, 1), 8 if block < 8192 else 16)
 
 
-def launch_device(device: torch.device):
-    """Triton launches on the current CUDA device's stream: make it the tensors' own (cuda:1 launches on cuda:1)."""
-    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
-
-
-def _rows(t: torch.Tensor, C: int) -> torch.Tensor:
-    """t as [N, C] with contiguous columns; rows may keep their stride (a stride-0 expanded x reads one row)."""
+def _rows(t: torch.Tensor, C: int) -> tuple[torch.Tensor, int]:
+    """(t as rows of C contiguous columns, the row stride): a contiguous t as it is (row r starts at r * C), else
+    an [N, C] view where one serves; rows may keep their stride (a stride-0 expanded x reads one row)."""
+    if t.is_contiguous():
+        return t, C
     t2 = t.reshape(-1, C)
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+    return (t2, t2.stride(0)) if t2.stride(-1) == 1 else (t2.contiguous(), C)
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernels' arithmetic: float64 for float64, float32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def forward(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, max_block: int = MAX_BLOCK
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel: (y like x; mean_s = mean of x - x_0, and rstd: float32 [*x.shape[:-1]])."""
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+    out_dtype: torch.dtype | None = None, max_block: int = MAX_BLOCK, traced: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: (y [x.shape] in out_dtype (x's by default), stats [2, N]: mean_s and rstd)."""
     C = x.shape[-1]
-    x2 = _rows(x, C)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean_s = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean_s)
-    if x2.shape[0] == 0:
-        return y, mean_s, rstd
-    block, one_block, warps = block_config(C, max_block)
-    w = weight.contiguous()
-    b = w if bias is None else bias.contiguous()  # a placeholder pointer, never read when HAS_BIAS=False
-    with launch_device(x.device):
-        layer_norm_fwd_kernel[(x2.shape[0],)](
-            x2, y, w, b, mean_s, rstd, x2.stride(0), C, C, eps,
-            HAS_BIAS=bias is not None, BLOCK_SIZE=block, ONE_BLOCK=one_block, num_warps=warps,
-        )
-    return y, mean_s, rstd
+    x2, stride_x = _rows(x, C)
+    N = x2.numel() // C
+    y = torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format)
+    stats = torch.empty(2, N, dtype=stats_dtype(x.dtype), device=x.device)
+    if N:
+        block, one_block, warps = block_config(C, max_block)
+        w = weight.contiguous()
+        b = w if bias is None else bias.contiguous()  # a placeholder pointer, never read when HAS_BIAS=False
+        args = (x2, y, w, b, stats, stride_x, C, C, N, eps, bias is not None, block, one_block)
+        _launch(layer_norm_fwd_kernel, (N,), args, warps, traced)
+    return y, stats
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Backward. Program p takes a contiguous group of rows. For each row it recomputes the forward's
 # xhat = (x - x_0 - mean_s) * rstd, forms g = dy * w, and writes dx, while it adds dy * xhat (and dy, with a bias)
-# into its own float32 partial sums: row p of the [programs, C] slabs DW and DB of one buffer [2, programs, C].
-# The launcher then sums the buffer over programs in one reduction: deterministic, no atomics, no locks.
+# into its own partial sums: row p of the [programs, C] slabs DW and DB of one buffer [2, programs, C]. The
+# launcher sums the buffer over programs in one reduction: deterministic, no atomics, no locks. A backward of at
+# most ONE_PROGRAM_ROWS rows (of one block) runs as one program, which writes dw and db themselves, in the
+# weight's dtype: no reduction launched at all.
 
 
 @triton.jit
 def _backward_row(X, DY, DX, MeanS, Rstd, C, cols, mask, w, dw, db):
     """One row of the one-block backward (pointers to its x, dy, dx, mean_s and rstd): stores its dx, returns dw
     and db with its dy * xhat and dy added."""
-    x = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + cols, mask=mask, other=0.0).to(tl.float32)
-    shift = tl.load(X).to(tl.float32)  # x_0, the forward's shift
+    acc = MeanS.dtype.element_ty
+    x = tl.load(X + cols, mask=mask, other=0.0).to(acc)
+    dy = tl.load(DY + cols, mask=mask, other=0.0).to(acc)
+    shift = tl.load(X).to(acc)  # x_0, the forward's shift
     rstd = tl.load(Rstd)
     xhat = tl.where(mask, (x - shift - tl.load(MeanS)) * rstd, 0.0)
     g = dy * w  # zero in the padding columns, since dy and w are
@@ -154,21 +176,23 @@ def _backward_row(X, DY, DX, MeanS, Rstd, C, cols, mask, w, dw, db):
 
 @triton.jit
 def layer_norm_bwd_kernel(
-    DY, X, W, MeanS, Rstd, DX, DW, DB,  # DY, X, DX [N, C] (row strides below); DW, DB [programs, C] float32
+    DY, X, W, Stats, DX, DW, DB,  # DY, X, DX [N, C] (row strides below); stats [2, N]; DW, DB [programs, C]
     stride_dy, stride_x, stride_dx, N, C, rows_per_program,
     HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
 ):
+    acc = Stats.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)  # 64-bit, and so are the row indices below
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, N)
+    MeanS, Rstd = Stats, Stats + N
     DW += pid * C  # this program's own row of the partial sums
     DB += pid * C
     if ONE_BLOCK:
         cols = tl.arange(0, BLOCK_SIZE)
         mask = cols < C
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-        db = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(acc)
+        dw = tl.zeros([BLOCK_SIZE], dtype=acc)
+        db = tl.zeros([BLOCK_SIZE], dtype=acc)
         if PIPELINE:  # the next row's loads issue while this row computes
             for r in tl.range(row_start, row_end, num_stages=2):
                 x_r, dy_r, dx_r = X + r * stride_x, DY + r * stride_dy, DX + r * stride_dx
@@ -177,22 +201,28 @@ def layer_norm_bwd_kernel(
             for r in range(row_start, row_end):
                 x_r, dy_r, dx_r = X + r * stride_x, DY + r * stride_dy, DX + r * stride_dx
                 dw, db = _backward_row(x_r, dy_r, dx_r, MeanS + r, Rstd + r, C, cols, mask, w, dw, db)
-        tl.store(DW + cols, dw, mask=mask)
+        tl.store(DW + cols, dw.to(DW.dtype.element_ty), mask=mask)
         if HAS_BIAS:
-            tl.store(DB + cols, db, mask=mask)
+            tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=mask)
     else:  # wide rows: the same, block by block; the partial sums accumulate in this program's buffer row
+        for off in range(0, C, BLOCK_SIZE):  # which starts at zero (no separate launch to clear it)
+            cols = off + tl.arange(0, BLOCK_SIZE)
+            tl.store(DW + cols, tl.zeros([BLOCK_SIZE], dtype=acc), mask=cols < C)
+            if HAS_BIAS:
+                tl.store(DB + cols, tl.zeros([BLOCK_SIZE], dtype=acc), mask=cols < C)
+        tl.debug_barrier()
         for r in range(row_start, row_end):
-            shift = tl.load(X + r * stride_x).to(tl.float32)
+            shift = tl.load(X + r * stride_x).to(acc)
             mean_s = tl.load(MeanS + r)
             rstd = tl.load(Rstd + r)
-            acc_gx = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-            acc_g = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+            acc_gx = tl.zeros([BLOCK_SIZE], dtype=acc)
+            acc_g = tl.zeros([BLOCK_SIZE], dtype=acc)
             for off in range(0, C, BLOCK_SIZE):  # pass 1: the two row sums
                 cols = off + tl.arange(0, BLOCK_SIZE)
                 mask = cols < C
-                x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-                g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(acc)
+                dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(acc)
+                g = dy * tl.load(W + cols, mask=mask, other=0.0).to(acc)
                 acc_gx += g * tl.where(mask, (x - shift - mean_s) * rstd, 0.0)
                 acc_g += g
             mean_gx = tl.sum(acc_gx, axis=0) / C
@@ -200,16 +230,19 @@ def layer_norm_bwd_kernel(
             for off in range(0, C, BLOCK_SIZE):  # pass 2: dx, and the partial sums of dw and db
                 cols = off + tl.arange(0, BLOCK_SIZE)
                 mask = cols < C
-                x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+                x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(acc)
+                dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(acc)
                 xhat = tl.where(mask, (x - shift - mean_s) * rstd, 0.0)
-                g = dy * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+                g = dy * tl.load(W + cols, mask=mask, other=0.0).to(acc)
                 dx = (g - mean_g - xhat * mean_gx) * rstd
                 tl.store(DX + r * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
                 tl.store(DW + cols, tl.load(DW + cols, mask=mask) + dy * xhat, mask=mask)
                 if HAS_BIAS:
                     tl.store(DB + cols, tl.load(DB + cols, mask=mask) + dy, mask=mask)
             tl.debug_barrier()  # this row's updates of DW/DB are visible to every thread before the next
+
+
+ONE_PROGRAM_ROWS = 32
 
 
 @functools.cache
@@ -220,118 +253,168 @@ def _sm_count(device: torch.device) -> int:
 def backward_programs(N: int, device: torch.device) -> int:
     """How many programs share the backward's N rows.
 
-    On a GPU, 8 per SM (as flash-attention's LayerNorm): enough warps in flight to hide memory latency, while the
-    partial sums stay small next to the rows (2 x 8 x 132 x C floats on an H200, against 3 x N x C elements of dy,
-    x and dx). The interpreter runs programs one after another, so fewer is faster there.
+    Up to ONE_PROGRAM_ROWS rows, one: its partial sums are the sums, and a launch saved weighs more than a few
+    rows in parallel at that size. Beyond, on a GPU 8 per SM (as flash-attention's LayerNorm): enough warps in
+    flight to hide memory latency, while the partial sums stay small next to the rows (2 x 8 x 132 x C floats on
+    an H200, against 3 x N x C elements of dy, x and dx). The interpreter runs programs one after another: 4 there.
     """
-    return max(1, min(N, 8 * _sm_count(device) if device.type == "cuda" else 4))
+    if N <= ONE_PROGRAM_ROWS:
+        return 1
+    return min(N, 8 * _sm_count(device) if device.type == "cuda" else 4)
 
 
 def backward(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    mean_s: torch.Tensor,
-    rstd: torch.Tensor,
-    has_bias: bool = True,
-    max_block: int = MAX_BLOCK,
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor, has_bias: bool = True,
+    max_block: int = MAX_BLOCK, traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward kernel: (dx like x, dweight like weight, dbias like weight or None without a bias)."""
     C = x.shape[-1]
-    x2 = _rows(x, C)
-    dy2 = dy.reshape(-1, C)  # an expanded dy (stride 0) is copied here by reshape, or below
-    dy2 = dy2 if dy2.stride(-1) == 1 and dy2.stride(0) != 0 else dy2.contiguous()
-    N = x2.shape[0]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2, stride_x = _rows(x, C)
+    dy2, stride_dy = _rows(dy, C)
+    if stride_dy == 0:  # an expanded dy (stride 0 over rows) is written out: the kernel reads each of its rows
+        dy2, stride_dy = dy2.contiguous(), C
+    N = x2.numel() // C
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     block, one_block, warps = block_config(C, max_block)
     programs = backward_programs(N, x.device)
-    # one-block programs write their whole row of partial sums; the looped path adds into it, so starts from 0
-    new = torch.empty if one_block and N > 0 else torch.zeros
-    partial = new((1 + has_bias, programs, C), dtype=torch.float32, device=x.device)  # [dw (, db), P, C]
-    if N > 0:
-        with launch_device(x.device):
-            layer_norm_bwd_kernel[(programs,)](
-                dy2, x2, weight.contiguous(), mean_s, rstd, dx, partial[0], partial[-1],
-                dy2.stride(0), x2.stride(0), C, N, C, -(-N // programs),  # rows per program, rounded up
-                HAS_BIAS=has_bias, BLOCK_SIZE=block, ONE_BLOCK=one_block, PIPELINE=PIPELINE,
-                num_warps=warps,
-            )
-    sums = partial.sum(1).to(weight.dtype)  # one deterministic reduction over the programs: [dw (, db), C]
+    one_program = programs == 1 and one_block and N > 0  # it writes dw and db themselves
+    if one_program:
+        dw = torch.empty_like(weight)
+        slabs = (dw, torch.empty_like(weight) if has_bias else dw)
+    else:
+        new = torch.empty if N else torch.zeros  # (no rows: the sums are zero; otherwise the kernel writes them all)
+        buffer = new(1 + has_bias, programs, C, dtype=stats.dtype, device=x.device)
+        slabs = (buffer[0], buffer[-1])
+    if N:
+        args = (dy2, x2, weight.contiguous(), stats, dx, *slabs,
+                stride_dy, stride_x, C, N, C, -(-N // programs),  # rows per program, rounded up
+                has_bias, block, one_block, PIPELINE)
+        _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced)
+    if one_program:
+        return dx, dw, slabs[1] if has_bias else None
+    if traced:  # an op's outputs may not share memory: two reductions, not one
+        return dx, slabs[0].sum(0).to(weight.dtype), slabs[1].sum(0).to(weight.dtype) if has_bias else None
+    sums = buffer.sum(1).to(weight.dtype)  # one deterministic reduction over the programs: [dw (, db), C]
     return dx, sums[0], sums[1] if has_bias else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Launching. Triton launches on the current CUDA device's stream, so a launch is made with the tensors' device
+# current (a model on cuda:1 must not launch on cuda:0); when it already is, nothing is switched. Triton's normal
+# launch binds and specializes every argument and looks the compiled kernel up, 10-25 us of Python a call on a
+# GPU. With DIRECT_LAUNCH, the compiled kernel a normal launch returned is kept under everything that chose it
+# (every integer argument, every tensor's dtype and 16-byte alignment, the device) and called directly the next
+# time the same arguments come. Under torch.compile (`traced`), wrap_triton hands the launch to Inductor.
+
+_COMPILED: dict[tuple, object] = {}
+
+
+def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool) -> None:
+    if traced and TRITON_OP:
+        torch.library.wrap_triton(kernel)[grid](*args, num_warps=num_warps)
+        return
+    device = args[0].device
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _launch(kernel, grid, args, num_warps, traced)
+    if not DIRECT_LAUNCH:
+        kernel[grid](*args, num_warps=num_warps)
+        return
+    key = (kernel, grid, num_warps, device.index, *(_spec(a) for a in args))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = kernel[grid](*args, num_warps=num_warps)
+        if len(_COMPILED) < 4096:  # (a new shape per call, as in uncached decoding, must not grow it forever)
+            _COMPILED[key] = compiled[grid]
+    else:
+        compiled(*args)
+
+
+def _spec(a):
+    """What of an argument can change the compiled kernel: a tensor's dtype and alignment, any other's value."""
+    return (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Autograd. In eager mode a plain autograd.Function (the least Python per call). Under torch.compile the same
-# launchers are torch.library custom ops, with fake implementations for their shapes, so a compiled model traces
-# through them instead of breaking the graph.
+# launchers are torch.library ops (triton_op, or custom_op with fake implementations for their shapes), so a
+# compiled model traces through them instead of breaking the graph. Under autocast the output is written in the
+# autocast dtype: the values the next Linear would have cast the float32 output to, without the cast.
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    device_type = "cuda" if x.is_cuda else "cpu"
+    if x.dtype != torch.float64 and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
 
 
 class _LayerNormTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        y, mean_s, rstd = forward(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, mean_s, rstd)
+        y, stats = forward(x, weight, bias, eps, _out_dtype(x))
+        ctx.save_for_backward(x, weight, stats)
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, weight, mean_s, rstd = ctx.saved_tensors
-        dx, dw, db = backward(dy, x, weight, mean_s, rstd, ctx.has_bias)
+        x, weight, stats = ctx.saved_tensors
+        dx, dw, db = backward(dy, x, weight, stats, ctx.has_bias)
         return dx, dw, db, None
 
 
+_define_op = torch.library.triton_op if TRITON_OP else torch.library.custom_op
+
+
 # (schemas spelled out: older torch cannot infer them from `Tensor | None` and tuple annotations)
-@torch.library.custom_op(
+@_define_op(
     "layernorm::triton_fwd", mutates_args=(),
-    schema="(Tensor x, Tensor weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    schema="(Tensor x, Tensor weight, Tensor? bias, float eps, ScalarType out_dtype) -> (Tensor, Tensor)",
 )
 def triton_fwd(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return forward(x, weight, bias, eps)
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(x, weight, bias, eps, out_dtype, traced=True)
 
 
-@torch.library.custom_op(
+@_define_op(
     "layernorm::triton_bwd", mutates_args=(),
-    schema="(Tensor dy, Tensor x, Tensor weight, Tensor mean_s, Tensor rstd, bool has_bias)"
-    " -> (Tensor, Tensor, Tensor)",
+    schema="(Tensor dy, Tensor x, Tensor weight, Tensor stats, bool has_bias) -> (Tensor, Tensor, Tensor)",
 )
 def triton_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean_s: torch.Tensor, rstd: torch.Tensor, has_bias: bool
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor, has_bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = backward(dy, x, weight, mean_s, rstd, has_bias)
-    # a custom op returns tensors, never None, and no two outputs may share memory (dw and db are rows of one sum)
-    return dx, dw, torch.zeros_like(dw) if db is None else db.clone()
+    dx, dw, db = backward(dy, x, weight, stats, has_bias, traced=True)
+    return dx, dw, torch.zeros_like(dw) if db is None else db  # an op returns tensors, never None
 
 
-@triton_fwd.register_fake
-def _(x, weight, bias, eps):
-    stats = x.new_empty(x.shape[:-1], dtype=torch.float32)
-    return torch.empty_like(x, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
+if not TRITON_OP:  # a triton_op's shapes come from running it on fake tensors; a custom op is told them
 
+    @triton_fwd.register_fake
+    def _(x, weight, bias, eps, out_dtype):
+        N = x.numel() // x.shape[-1]
+        return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((2, N), dtype=stats_dtype(x.dtype))
 
-@triton_bwd.register_fake
-def _(dy, x, weight, mean_s, rstd, has_bias):
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return dx, torch.empty_like(weight), torch.empty_like(weight)
+    @triton_bwd.register_fake
+    def _(dy, x, weight, stats, has_bias):
+        return x.new_empty(x.shape), torch.empty_like(weight), torch.empty_like(weight)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, _eps = inputs
-    _y, mean_s, rstd = output
-    ctx.save_for_backward(x, weight, mean_s, rstd)
+    x, weight, bias, _eps, _out_dtype = inputs
+    ctx.save_for_backward(x, weight, output[1])
     ctx.has_bias = bias is not None
-    ctx.set_materialize_grads(False)  # mean_s and rstd get no gradient: None, not two zero-filled tensors
+    ctx.set_materialize_grads(False)  # stats get no gradient: None, not a zero-filled tensor
 
 
-def _backward_rule(ctx, dy, _dmean_s, _drstd):
+def _backward_rule(ctx, dy, _dstats):
     if dy is None:  # y itself was not used
-        return None, None, None, None
-    x, weight, mean_s, rstd = ctx.saved_tensors
-    dx, dw, db = triton_bwd(dy, x, weight, mean_s, rstd, ctx.has_bias)
-    return dx, dw, db if ctx.has_bias else None, None
+        return None, None, None, None, None
+    x, weight, stats = ctx.saved_tensors
+    dx, dw, db = triton_bwd(dy, x, weight, stats, ctx.has_bias)
+    return dx, dw, db if ctx.has_bias else None, None, None
 
 
 triton_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
@@ -342,10 +425,10 @@ def layer_norm_triton(
 ) -> torch.Tensor:
     """LayerNorm over the last dimension of x (any shape [..., C]) with the fused Triton kernels.
 
-    Same function and gradients as `layernorm.layer_norm` (population variance). The arguments are taken as
+    Same function and gradients as `layernorm.layer_norm` (population variance); float64 is computed in float64,
+    every other dtype in float32; under autocast y comes in the autocast dtype. The arguments are taken as
     checked: `layernorm.TritonLayerNorm` checks them, once per call.
     """
     if torch.compiler.is_compiling():
-        return triton_fwd(x, weight, bias, float(eps))[0]
+        return triton_fwd(x, weight, bias, float(eps), _out_dtype(x))[0]
     return _LayerNormTriton.apply(x, weight, bias, float(eps))
-

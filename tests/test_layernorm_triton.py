@@ -48,18 +48,19 @@ def test_block_size_choice():
     assert lt.block_config(8192, 8192) == (8192, True, 16)
 
 
-@pytest.mark.parametrize("C,max_block", [(100, 32), (64, 32), (33, 16), (7, 4)])
-def test_rows_wider_than_one_block_loop_over_blocks(C, max_block):
-    """Force the looped path with a small block: every column still counts, forward and backward."""
-    x, w, b, dy = inputs(5, C)
-    y, mean_s, rstd = lt.forward(x, w, b, 1e-5, max_block=max_block)
-    dx, dw, db = lt.backward(dy, x, w, mean_s, rstd, max_block=max_block)
+@pytest.mark.parametrize("C,max_block,N", [(100, 32, 5), (64, 32, 5), (33, 16, 5), (7, 4, 5), (33, 16, 40)])
+def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N):
+    """Force the looped path with a small block: every column still counts, forward and backward, with one
+    backward program and with several (each clears its own partial sums first)."""
+    x, w, b, dy = inputs(N, C)
+    y, stats = lt.forward(x, w, b, 1e-5, max_block=max_block)
+    dx, dw, db = lt.backward(dy, x, w, stats, max_block=max_block)
     for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
         assert_rel(out, ref)
     # and the one-block path agrees with it
-    y1, m1, r1 = lt.forward(x, w, b, 1e-5)
+    y1, stats1 = lt.forward(x, w, b, 1e-5)
     torch.testing.assert_close(y1, y, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(r1, rstd, rtol=1e-6, atol=0)
+    torch.testing.assert_close(stats1[1], stats[1], rtol=1e-6, atol=0)  # rstd
 
 
 def test_feature_size_beyond_65536():
@@ -73,12 +74,50 @@ def test_feature_size_beyond_65536():
 
 def test_half_precision_in_the_looped_path():
     x, w, b, dy = inputs(3, 100, dtype=torch.bfloat16)
-    y, mean_s, rstd = lt.forward(x, w, b, 1e-5, max_block=32)
-    assert y.dtype == torch.bfloat16 and mean_s.dtype == rstd.dtype == torch.float32
-    dx, dw, db = lt.backward(dy, x, w, mean_s, rstd, max_block=32)
+    y, stats = lt.forward(x, w, b, 1e-5, max_block=32)
+    assert y.dtype == torch.bfloat16 and stats.dtype == torch.float32 and stats.shape == (2, 3)
+    dx, dw, db = lt.backward(dy, x, w, stats, max_block=32)
     assert dx.dtype == dw.dtype == db.dtype == torch.bfloat16
     for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
         assert_rel(out, ref, tol=2e-2)
+
+
+def test_float64_is_computed_in_float64():
+    """A float64 input keeps float64 arithmetic (statistics and partial sums included): within 1e-12 of the
+    reference, where float32 arithmetic is 1e-7 away, and gradcheck passes."""
+    x, w, b, dy = inputs(lt.ONE_PROGRAM_ROWS + 3, 24, dtype=torch.float64)  # several backward programs
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+    y = layer_norm_triton(xr, wr, br)
+    assert lt.forward(x, w, b, 1e-5)[1].dtype == torch.float64
+    for out, ref in zip((y, *torch.autograd.grad(y, (xr, wr, br), dy)), reference(x, w, b, dy), strict=True):
+        assert out.dtype == torch.float64
+        assert_rel(out, ref, tol=1e-12)
+    small = tuple(t.clone().requires_grad_() for t in (x[:3, :5], w[:5], b[:5]))
+    assert torch.autograd.gradcheck(lambda *t: layer_norm_triton(*t, eps=1e-3), small)
+
+
+# One rounding of the float32 result: half a unit in the last place, or a whole one for bfloat16 in the
+# interpreter, whose float32-to-bfloat16 store truncates (compiled kernels round to nearest).
+BF16_TOL = 2**-7 if lt.INTERPRET else 2**-8
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, BF16_TOL), (torch.float16, 2**-11)])
+def test_autocast_writes_the_output_in_the_autocast_dtype(dtype, tol):
+    """Under autocast y comes in the autocast dtype (what the next Linear casts to), rounded once from float32
+    arithmetic: within that rounding of the float64 reference. Gradients keep the parameters' float32."""
+    x, w, b, dy = inputs(6, 48)
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+    with torch.autocast(DEV, dtype=dtype):
+        y = layer_norm_triton(xr, wr, br)
+    assert y.dtype == dtype
+    grads = torch.autograd.grad(y, (xr, wr, br), dy.to(dtype))
+    y_ref, *grads_ref = reference(x, w, b, dy.to(dtype))
+    assert_rel(y, y_ref, tol=tol)
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        assert g.dtype == torch.float32
+        assert_rel(g, g_ref)
+    with torch.autocast(DEV, dtype=dtype):
+        assert layer_norm_triton(x.double(), w, b).dtype == torch.float64  # autocast leaves float64 alone
 
 
 def test_row_stride_is_used_without_a_copy():
@@ -90,7 +129,7 @@ def test_row_stride_is_used_without_a_copy():
 
 
 def test_backward_is_deterministic():
-    x, w, b, dy = inputs(37, 64)
+    x, w, b, dy = inputs(lt.ONE_PROGRAM_ROWS + 5, 64)  # several programs: their partial sums reduced
     runs = []
     for _ in range(2):
         xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
@@ -106,15 +145,16 @@ def test_eager_calls_use_the_plain_autograd_function():
     assert type(y.grad_fn).__name__ == "_LayerNormTritonBackward"
 
 
+@pytest.mark.parametrize("N", [9, lt.ONE_PROGRAM_ROWS + 9], ids=["one program", "partial sums"])
 @pytest.mark.parametrize("pipeline", [True, False])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_backward_with_and_without_the_pipelined_row_loop(pipeline, with_bias, monkeypatch):
+def test_backward_with_and_without_the_pipelined_row_loop(N, pipeline, with_bias, monkeypatch):
     """Both row loops (tl.range with num_stages, and plain range for a Triton without it), with and without a
-    bias (no dbias partial sums then), give the float64 gradients."""
+    bias (no dbias sums then), one program writing the sums or several their partial sums: float64's gradients."""
     monkeypatch.setattr(lt, "PIPELINE", pipeline)
-    x, w, b, dy = inputs(9, 24)
-    y, mean_s, rstd = lt.forward(x, w, b if with_bias else None, 1e-5)
-    dx, dw, db = lt.backward(dy, x, w, mean_s, rstd, has_bias=with_bias)
+    x, w, b, dy = inputs(N, 24)
+    y, stats = lt.forward(x, w, b if with_bias else None, 1e-5)
+    dx, dw, db = lt.backward(dy, x, w, stats, has_bias=with_bias)
     _, dx_ref, dw_ref, db_ref = reference(x, w, b if with_bias else torch.zeros_like(b), dy)
     assert_rel(dx, dx_ref)
     assert_rel(dw, dw_ref)
@@ -124,18 +164,76 @@ def test_backward_with_and_without_the_pipelined_row_loop(pipeline, with_bias, m
         assert db is None
 
 
+class _Compiled:
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("direct", grid))
+
+
+class _Kernel:
+    """Stands in for a jitted kernel: kernel[grid](*args) is a normal launch, recorded with what `now()` says (the
+    current device); it returns the compiled kernel, whose compiled[grid](*args) is a direct launch."""
+
+    def __init__(self, now=lambda: None):
+        self.log, self.now = [], now
+
+    def __getitem__(self, grid):
+        def launch(*args, num_warps):
+            self.log.append(("normal", grid, self.now()))
+            return _Compiled(self.log)
+
+        return launch
+
+
 def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
-    """Triton launches on the current CUDA device's stream, so the launchers make x's device current: a model on
-    cuda:1 must not launch on cuda:0. Checked here without a second GPU: the guard each launch asks for."""
-    guard = lt.launch_device(torch.device("cuda", 1))
-    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
-    asked = []
-    real = lt.launch_device
-    monkeypatch.setattr(lt, "launch_device", lambda device: asked.append(device) or real(device))
-    x, w, b, dy = inputs(4, 16)
-    xr = x.clone().requires_grad_()
-    torch.autograd.grad(layer_norm_triton(xr, w, b), xr, dy)
-    assert asked == [x.device, x.device]  # forward and backward
+    """Triton launches on the current CUDA device's stream, so a launch for tensors on cuda:1 makes cuda:1 current
+    (a model there must not launch on cuda:0), and switches nothing when it already is. Checked without a GPU."""
+    current, switches = [0], []
+
+    class Switch:
+        def __init__(self, device):
+            self.index = torch.device(device).index
+
+        def __enter__(self):
+            switches.append(self.index)
+            current[0], self.before = self.index, current[0]
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", Switch)
+    monkeypatch.setattr(lt, "DIRECT_LAUNCH", False)
+    on_cuda1 = type("Tensor", (), {"device": torch.device("cuda", 1)})()
+    kernel = _Kernel(now=lambda: current[0])
+    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    assert switches == [1] and kernel.log == [("normal", (4,), 1)] and current == [0]
+    current[0] = 1
+    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    assert switches == [1] and kernel.log[-1] == ("normal", (4,), 1)  # already current: no switch
+
+
+def test_direct_launch_version_gate():
+    assert lt.direct_launch_supported("3.6.0") and lt.direct_launch_supported("3.7.1")
+    for version in ("3.5.1", "3.8.0", "4.0.0", "2.3.1"):
+        assert not lt.direct_launch_supported(version), version
+    assert not (lt.DIRECT_LAUNCH and lt.INTERPRET)  # the interpreter compiles nothing to call directly
+
+
+def test_direct_launch_calls_the_compiled_kernel_of_the_same_arguments(monkeypatch):
+    """With DIRECT_LAUNCH the first call launches normally and keeps the compiled kernel; the same arguments again
+    (other tensors of the same dtypes and alignment) call it directly; what could change the compiled kernel (an
+    integer argument, a dtype, a tensor not 16-byte aligned) goes through a normal launch first."""
+    monkeypatch.setattr(lt, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(lt, "_COMPILED", {})
+    kernel, t = _Kernel(), torch.zeros(64)
+    calls = [(t, 8, True), (torch.zeros(64), 8, True), (t, 9, True), (t.double(), 8, True), (t[1:], 8, True),
+             (t[1:], 8, True), (t, 8, False)]
+    for args in calls:
+        lt._launch(kernel, (2,), args, 1, traced=False)
+    assert [kind for kind, *_ in kernel.log] == ["normal", "direct", "normal", "normal", "normal", "direct", "normal"]
 
 
 def test_custom_ops_pass_opcheck():
@@ -144,11 +242,12 @@ def test_custom_ops_pass_opcheck():
         pytest.skip("torch.library.opcheck needs torch >= 2.4")
     x, w, b, dy = inputs(3, 16)
     x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
-    torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, b, 1e-5))
-    torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, None, 1e-5))
-    _, mean_s, rstd = lt.forward(x.detach(), w.detach(), b.detach(), 1e-5)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, b, 1e-5, out_dtype))
+    torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, None, 1e-5, torch.float32))
+    _, stats = lt.forward(x.detach(), w.detach(), b.detach(), 1e-5)
     for has_bias in (True, False):
-        args = (dy, x.detach(), w.detach(), mean_s, rstd, has_bias)
+        args = (dy, x.detach(), w.detach(), stats, has_bias)
         torch.library.opcheck(torch.ops.layernorm.triton_bwd.default, args)
 
 
