@@ -15,6 +15,7 @@ before triton was imported).
 """
 
 import os
+from contextlib import nullcontext
 
 import torch
 import triton
@@ -34,6 +35,12 @@ def as_autocast_would(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | Non
         return tensors
     dtype = torch.get_autocast_dtype(device)
     return tuple(None if t is None else t.to(dtype) for t in tensors)
+
+
+def on_device(device: torch.device) -> torch.cuda.device | nullcontext:
+    """Triton launches on the current CUDA device: make it the tensors' own where it is not (cuda:1 on cuda:1)."""
+    current = device.type != "cuda" or device.index in (None, torch.cuda.current_device())
+    return nullcontext() if current else torch.cuda.device(device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -81,12 +88,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bias_arg = weight if bias is None else bias.contiguous()  # a placeholder pointer, never read without a bias
     grid = (triton.cdiv(x2.size(0), block_m), triton.cdiv(N, block_n))
     if x2.size(0):
-        linear_kernel[grid](
-            x2, weight, bias_arg, y, x2.size(0), N, K, x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
-            y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            PRECISION="ieee",  # float32 multiplied in float32, not TF32: the mode computes what it is given
-            UPCAST=INTERPRET, num_warps=warps,
-        )
+        with on_device(x.device):
+            linear_kernel[grid](
+                x2, weight, bias_arg, y, x2.size(0), N, K, x2.stride(0), x2.stride(1), weight.stride(0),
+                weight.stride(1), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                BLOCK_K=block_k, PRECISION="ieee",  # float32 multiplied in float32, not TF32: what it is given
+                UPCAST=INTERPRET, num_warps=warps,
+            )
     return y.view(*x.shape[:-1], N)
 
 
@@ -144,8 +152,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[in
     B, H, T, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if out.numel():
-        attention_kernel[(T, B * H)](
-            q, k, v, out, H, S, D, offset, scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *out.stride()[:3], BLOCK_KEYS=BLOCK_KEYS, BLOCK_D=triton.next_power_of_2(D),
-        )
+        with on_device(q.device):
+            attention_kernel[(T, B * H)](
+                q, k, v, out, H, S, D, offset, scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                *out.stride()[:3], BLOCK_KEYS=BLOCK_KEYS, BLOCK_D=triton.next_power_of_2(D),
+            )
     return out
