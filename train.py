@@ -204,6 +204,8 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
         with autocast(device, dtype, cache_enabled=False):  # (the casts are captured into the graph)
             sample = data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), device)
             train_model = torch.cuda.make_graphed_callables(train_model, sample)
+        for p in raw_model.parameters():  # .grad buffers of our own, added into: a replay rewrites the graph's
+            p.grad = torch.zeros_like(p)  # gradient outputs, which must never become .grad (pytorch#181723)
     facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
              "cuda_graphs": cfg.cuda_graphs, "world_size": dist.world_size, "n_params": raw_model.get_num_params()}
 
@@ -281,7 +283,7 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
                 torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
             scaler.step(optimizer)
             scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=not cfg.cuda_graphs)
             window.pending.append((it, loss_sum, lr))
             if it % cfg.log_interval == 0:
                 window.log_line(read_back()[-1], tokens_per_iter, log)
