@@ -4,7 +4,7 @@ F.scaled_dot_product_attention, each beside its launcher (batch_invariant.py say
 One rule makes both invariant: a result's order of additions is fixed by the code, never by the shapes of the call.
   - linear: one tile configuration per dtype (fixed BLOCK_M, BLOCK_N, BLOCK_K), no split-K, the K loop in one order,
     so an output row goes through the same additions whether 1 row came or 64, and wherever in a tile it sits;
-  - attention: one program per query, which walks exactly the keys it sees in blocks of BLOCK_N from key 0 with an
+  - attention: one program per query, which walks exactly the keys it sees in blocks of BLOCK_KEYS from key 0 with an
     online softmax, reading q, k, v through their strides (the KV cache hands a strided prefix of its buffer), so a
     query adds in the same order decoded from the cache, inside a causal pass, alone or in a batch.
 Both accumulate in float32 and write the input's dtype.
