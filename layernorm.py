@@ -279,14 +279,30 @@ class DyT(Norm):
 
     No statistics at all: nothing is reduced over features or rows, each element is squashed on its own, so it is
     batch independent like LayerNorm but does not centre or rescale a token. The paper's observation: trained
-    LayerNorms map their inputs along tanh-like S curves, linear in the middle and flat for outliers. alpha starts
-    at 0.5, the paper's default; it lowers it only for its large language models, where wider models needed
-    smaller values, and this GPT is far narrower than those. `eps` is accepted, for the shared signature, and unused.
+    LayerNorms map their inputs along tanh-like S curves, linear in the middle and flat for outliers.
+
+    Where LayerNorm divides a token by its standard deviation, DyT multiplies it by alpha, so alpha's starting
+    value is the gain at which the residual stream reaches every sublayer and the LM head. The paper's default,
+    0.5, stalled this GPT on the unigram plateau: its stream starts at an RMS of 0.028 (GPT-2's embedding init), so
+    the sublayers saw inputs near 0.014 (experiments/dyt_stall.py). The recipe here is the one of the paper's
+    language models: the embeddings times a learned scalar starting at sqrt(n_embd) (model.py's embed_scale, on
+    with DyT by default), and alpha starting lower for wider models: `initial_alpha(dim)`, as 1 / sqrt(dim), which
+    keeps alpha times the scaled stream's RMS (0.02 * sqrt(2 * dim)) the same at every width. An `alpha` given
+    starts there instead (0.5: the paper's default, as before). `eps` is accepted, for the shared signature, and
+    unused.
     """
 
-    def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float = 0.5) -> None:
+    def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> None:
         super().__init__(dim, bias=bias, eps=eps)
-        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+        start = self.initial_alpha(dim) if alpha is None else float(alpha)
+        if not start > 0:  # also catches NaN
+            raise ValueError(f"alpha must be > 0 (the gain tanh starts at), got {alpha}")
+        self.alpha = nn.Parameter(torch.tensor(start))
+
+    @staticmethod
+    def initial_alpha(dim: int) -> float:
+        """alpha's start by width: 4 at 128 features (chosen by the probes in the README), times sqrt(128 / dim)."""
+        return 4.0 * (128 / dim) ** 0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
@@ -300,14 +316,20 @@ class DyT(Norm):
 _CLASSES = dict(zip(NORMS, (LayerNorm, BuiltinLayerNorm, TritonLayerNorm, RMSNorm, BatchNorm, DyT), strict=True))
 
 
-def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5) -> nn.Module:
-    """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter."""
+def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5,
+              alpha: float | None = None) -> nn.Module:
+    """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter.
+    `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one."""
+    if alpha is not None and name != "dyt":
+        raise ValueError(f"alpha={alpha} is DyT's starting alpha, and norm {name!r} has none")
     if name == NO_NORM:
         return nn.Identity()
     if name not in NORMS:
         raise ValueError(
             f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
         )
+    if name == "dyt":
+        return DyT(dim, bias=bias, eps=eps, alpha=alpha)
     return _CLASSES[name](dim, bias=bias, eps=eps)
 
 

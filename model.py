@@ -53,6 +53,10 @@ class GPTConfig:
     bias: bool = True  # bias in the Linear layers and the norms, as in GPT-2; False is a little faster and smaller
     norm: str = "builtin"  # any name in layernorm.NORMS
     norm_position: str = "pre"  # "pre": x + f(ln(x)), as GPT-2; "post": ln(x + f(x)), as the original Transformer
+    norm_alpha: float | None = None  # the norm's starting alpha, for a norm that has one (DyT); None: the norm's own
+    # The embeddings (token + position) times a learned scalar starting at sqrt(n_embd), as in the DyT paper's
+    # language models; any norm runs with it. False: today's model.
+    embed_scale: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -66,6 +70,14 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
+        if self.norm_alpha is not None:
+            new_norm(self)  # a norm without an alpha, or an alpha <= 0: make_norm's ValueError, before any model
+
+
+def new_norm(config: GPTConfig) -> nn.Module:
+    """One norm layer over n_embd features: layernorm.make_norm(config.norm, ...), with norm_alpha when set."""
+    alpha = {} if config.norm_alpha is None else {"alpha": config.norm_alpha}
+    return make_norm(config.norm, config.n_embd, bias=config.bias, **alpha)
 
 
 class KVCache:
@@ -137,9 +149,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = make_norm(config.norm, config.n_embd, bias=config.bias)
+        self.ln_1 = new_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = make_norm(config.norm, config.n_embd, bias=config.bias)
+        self.ln_2 = new_norm(config)
         self.mlp = MLP(config)
         self.post = config.norm_position == "post"
 
@@ -163,9 +175,10 @@ class GPT(nn.Module):
             # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm, and a
             # second one straight after it would only add a redundant scale and shift. Identity keeps the name, so
             # code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
-            ln_f=make_norm(config.norm, config.n_embd, bias=config.bias)
+            ln_f=new_norm(config)
             if config.norm_position == "pre" else nn.Identity(),
         ))
+        self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(config.n_embd))) if config.embed_scale else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: the output projection is the token embedding (Press & Wolf, 2017).
         self.transformer.wte.weight = self.lm_head.weight
@@ -199,7 +212,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}: "
                              f"crop the context to the last {self.config.block_size} tokens")
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        x = self.transformer.drop(x if self.embed_scale is None else x * self.embed_scale)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, layer)
         if kv_cache is not None:

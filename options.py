@@ -52,6 +52,9 @@ class TrainConfig:
     norm: str = opt("builtin", "normalization layer: a name from layernorm.NORMS, or none", VALID_NORMS)
     norm_position: str = opt("pre", "pre: x + f(norm(x)), as GPT-2; post: norm(x + f(x)), as the original Transformer",
                              ("pre", "post"))
+    norm_alpha: float | None = opt(None, "DyT's starting alpha; None: its recipe by width (layernorm.DyT)")
+    embed_scale: bool | None = opt(None, "embeddings times a learned scalar from sqrt(n_embd); None: on with dyt "
+                                   "(its recipe), off with the other norms")
     # optimizer and schedule
     learning_rate: float = opt(1e-3, "peak learning rate")
     max_iters: int = opt(2000, "optimizer steps in the whole run")
@@ -84,7 +87,8 @@ class TrainConfig:
 
 TYPES = {f.name: f.type for f in fields(TrainConfig)}  # "int", "float | None", ... (annotations are strings)
 # and the data's vocab_size
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout", "norm", "norm_position")
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout", "norm", "norm_position", "norm_alpha",
+              "embed_scale")
 # The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
 RANGES = {
     **dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters",
@@ -177,6 +181,8 @@ def build_config(explicit: dict[str, Any], base: dict[str, Any] | None = None, s
     checked for a run of that many processes: the checks GPTConfig does not make, then GPTConfig's own."""
     known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES}
     cfg = replace(TrainConfig(), **{**known, **explicit})
+    if cfg.embed_scale is None:  # DyT's recipe scales the embeddings (layernorm.DyT); the other norms run without
+        cfg = replace(cfg, embed_scale=cfg.norm == "dyt")
     for name, (ok, rule) in RANGES.items():
         if not ok(getattr(cfg, name)):  # `not ok` also catches NaN
             raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)}")

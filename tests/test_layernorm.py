@@ -461,7 +461,7 @@ def test_dyt_against_float64(bias):
     """DyT's forward and its gradients (x, weight, bias and the scalar alpha) against the formula in float64."""
     torch.manual_seed(0)
     m = make_norm("dyt", 20, bias=bias)
-    assert m.alpha.item() == 0.5 and m.alpha.shape == ()  # the paper's default, one scalar
+    assert m.alpha.item() == pytest.approx(layernorm.DyT.initial_alpha(20)) and m.alpha.shape == ()  # by width
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn_like(p))
@@ -478,6 +478,26 @@ def test_dyt_against_float64(bias):
     m64 = make_norm("dyt", 6).double()  # gradcheck through the module (its parameters at their init)
     xs = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(m64, (xs,))
+
+
+def test_dyt_alpha_starts_by_width_or_where_given():
+    """By default alpha starts at initial_alpha(dim), as 1/sqrt(dim), and the module at its init computes
+    tanh(alpha x) (float64 reference); an alpha given starts there (0.5: the paper's default); alpha <= 0 is refused,
+    and so is an alpha for a norm that has none."""
+    starts = {d: make_norm("dyt", d).alpha.item() for d in (32, 128, 512)}
+    for d, start in starts.items():
+        assert start == pytest.approx(layernorm.DyT.initial_alpha(d), rel=1e-7)
+    assert starts[32] == pytest.approx(2 * starts[128]) and starts[512] == pytest.approx(starts[128] / 2)
+    x = torch.randn(3, 5, 128)
+    ref = torch.tanh(layernorm.DyT.initial_alpha(128) * x.double())
+    assert rel_err(make_norm("dyt", 128)(x), ref) < 1e-6
+    assert make_norm("dyt", 128, alpha=0.5).alpha.item() == 0.5
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match="alpha must be > 0"):
+            make_norm("dyt", 8, alpha=bad)
+    for name in ("builtin", "rmsnorm", NO_NORM):
+        with pytest.raises(ValueError, match="has none"):
+            make_norm(name, 8, alpha=0.5)
 
 
 def test_modules_half_precision():

@@ -282,3 +282,45 @@ def test_bad_norm_position_is_an_error() -> None:
     with pytest.raises(options.ConfigError) as e:
         options.build_config(options.parse_args(["--norm_position=mid"]))
     assert str(e.value) == "norm_position='mid' is not valid; choose one of pre, post"
+
+
+# ---- embed_scale and norm_alpha: DyT's recipe (layernorm.DyT), model options any norm can run with ----
+
+
+def test_embed_scale_off_is_todays_model_and_on_scales_the_embeddings() -> None:
+    """Off (the default): no new parameter, and the logits bit for bit today's formula. On: one learned scalar from
+    sqrt(n_embd) times the embeddings, the rest of the model (same seed) unchanged, against float64; it learns."""
+    idx = torch.randint(TINY.vocab_size, (2, TINY.block_size), generator=torch.Generator().manual_seed(0))
+    off, on = tiny("rmsnorm"), tiny("rmsnorm", embed_scale=True)
+    assert off.embed_scale is None and set(on.state_dict()) - set(off.state_dict()) == {"embed_scale"}
+    assert on.embed_scale.item() == pytest.approx(math.sqrt(TINY.n_embd))
+    assert all(torch.equal(p, on.state_dict()[k]) for k, p in off.state_dict().items())
+
+    def formula(m: GPT, scale: torch.Tensor | float) -> torch.Tensor:
+        t = m.transformer
+        x = (t.wte(idx) + t.wpe(torch.arange(idx.size(1)))) * scale
+        for block in t.h:
+            x = x + block.attn(block.ln_1(x))
+            x = x + block.mlp(block.ln_2(x))
+        return m.lm_head(t.ln_f(x))
+
+    with torch.no_grad():
+        assert torch.equal(off(idx)[0], formula(off, 1))  # * 1 is exact: today's model, bit for bit
+        on64 = copy.deepcopy(on).double()
+        torch.testing.assert_close(on(idx)[0].double(), formula(on64, on64.embed_scale), rtol=0, atol=1e-5)
+        assert not torch.allclose(on(idx)[0], off(idx)[0], atol=1e-3)
+    on.train()
+    on(idx, idx)[1].backward()
+    assert on.embed_scale.grad is not None and on.embed_scale.grad.abs() > 0
+    groups = on.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu").param_groups
+    assert any(p is on.embed_scale for p in groups[1]["params"]) and groups[1]["weight_decay"] == 0
+
+
+def test_norm_alpha_reaches_every_dyt_and_is_refused_elsewhere() -> None:
+    m = tiny("dyt", norm_alpha=0.5)
+    alphas = [mod.alpha.item() for mod in m.modules() if hasattr(mod, "alpha")]
+    assert alphas == [0.5] * (2 * TINY.n_layer + 1)
+    assert tiny("dyt").transformer.ln_f.alpha.item() == make_norm("dyt", TINY.n_embd).alpha.item()  # its recipe
+    for norm, alpha in (("custom", 0.5), ("dyt", 0.0)):
+        with pytest.raises(ValueError, match="alpha"):
+            GPTConfig(norm=norm, norm_alpha=alpha)

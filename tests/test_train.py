@@ -292,7 +292,8 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, Path, dict]) -> 
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["format"] == FORMAT and ckpt["iter_num"] == 12
     assert ckpt["model_args"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "bias": True,
-                                  "vocab_size": VOCAB, "dropout": 0.0, "norm": "builtin", "norm_position": "pre"}
+                                  "vocab_size": VOCAB, "dropout": 0.0, "norm": "builtin", "norm_position": "pre",
+                                  "norm_alpha": None, "embed_scale": False}
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
     assert ckpt["config"]["max_iters"] == 12 and ckpt["config"]["data_dir"] == str(data)
     assert ckpt["tokenizer"]["kind"] == "char"
