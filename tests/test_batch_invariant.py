@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 import batch_invariant as bi
-from model import GPT, GPTConfig, KVCache
+from model import GPT, GPTConfig
 
 PER_TOKEN_NORMS = ("custom", "builtin", "triton", "rmsnorm", "dyt")
 SIZES = {"2x64": dict(n_layer=2, n_head=4, n_embd=64), "6x384": dict(n_layer=6, n_head=6, n_embd=384)}
@@ -26,22 +26,13 @@ def make_model(norm: str, size: str) -> GPT:
     return GPT(GPTConfig(block_size=32, vocab_size=65, norm=norm, **SIZES[size])).eval()
 
 
-def decode(model: GPT, prompts: torch.Tensor, steps: int) -> torch.Tensor:
-    """Greedy decoding with the KV cache, each new token fed alone: the logits of every step, [B, steps, V]."""
-    cache = KVCache(model.config, prompts.size(0), prompts.device, torch.float32)
-    logits, tokens = [], prompts
-    for _ in range(steps):
-        logits.append(model(tokens, kv_cache=cache)[0][:, -1])
-        tokens = logits[-1].argmax(-1, keepdim=True)
-    return torch.stack(logits, dim=1)
-
-
 def alone_batch_full(model: GPT, prompts: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
-    """Row 0 decoded alone, the batch decoded, and one full forward pass over the batch's decoded sequences."""
+    """The logits of every greedy step ([B, steps, V]; GPT.generate with the KV cache, each new token fed alone) of
+    row 0 decoded alone and of the batch, and of one full forward pass over the batch's decoded sequences."""
+    alone = model.generate(prompts[:1], steps, temperature=0, return_logits=True)[1]
+    tokens, batch = model.generate(prompts, steps, temperature=0, return_logits=True)
     with torch.no_grad():
-        alone, batch = decode(model, prompts[:1], steps), decode(model, prompts, steps)
-        tokens = torch.cat((prompts, batch.argmax(-1)[:, :-1]), dim=1)
-        full = model(tokens)[0][:, prompts.size(1) - 1 :]
+        full = model(tokens[:, :-1])[0][:, prompts.size(1) - 1 :]
     return alone, batch, full
 
 
@@ -54,12 +45,10 @@ def test_decoding_is_bit_exact_in_the_mode(norm: str, size: str) -> None:
     prompts = torch.randint(65, (4, 8), generator=torch.Generator().manual_seed(1))  # four different prompts
     with bi.batch_invariant():
         alone, batch, full = alone_batch_full(model, prompts, steps=8)
-        uncached, logits = model.generate(prompts, 8, temperature=0, use_kv_cache=False, return_logits=True)
-        cached, cached_logits = model.generate(prompts, 8, temperature=0, use_kv_cache=True, return_logits=True)
+        uncached = model.generate(prompts, 8, temperature=0, use_kv_cache=False, return_logits=True)[1]
     assert torch.equal(alone[0], batch[0])  # alone vs in a batch of other prompts, every step
     assert torch.equal(batch, full)  # cached token by token vs one forward pass
-    assert torch.equal(cached, uncached) and torch.equal(cached_logits, logits)  # GPT.generate's two paths
-    assert torch.equal(cached_logits, batch)
+    assert torch.equal(batch, uncached)  # GPT.generate's two paths
 
 
 def test_blocks_of_eight_rows_are_bit_exact_too(monkeypatch: pytest.MonkeyPatch) -> None:
