@@ -143,7 +143,7 @@ def forward(
         w = weight.contiguous()
         b = w if bias is None else bias.contiguous()  # a placeholder pointer, never read when HAS_BIAS=False
         args = (x2, y, w, b, stats, stride_x, C, C, N, eps, bias is not None, block, one_block)
-        _launch(layer_norm_fwd_kernel, (N,), args, warps, traced)
+        _launch(layer_norm_fwd_kernel, (N,), args, warps, traced, tensors=5)
     return y, stats
 
 
@@ -289,7 +289,7 @@ def backward(
         args = (dy2, x2, weight.contiguous(), stats, dx, *slabs,
                 stride_dy, stride_x, C, N, C, -(-N // programs),  # rows per program, rounded up
                 has_bias, block, one_block, PIPELINE)
-        _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced)
+        _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced, tensors=7)
     if one_program:
         return dx, dw, slabs[1] if has_bias else None
     if traced:  # an op's outputs may not share memory: two reductions, not one
@@ -302,37 +302,34 @@ def backward(
 # Launching. Triton launches on the current CUDA device's stream, so a launch is made with the tensors' device
 # current (a model on cuda:1 must not launch on cuda:0); when it already is, nothing is switched. Triton's normal
 # launch binds and specializes every argument and looks the compiled kernel up, 10-25 us of Python a call on a
-# GPU. With DIRECT_LAUNCH, the compiled kernel a normal launch returned is kept under everything that chose it
-# (every integer argument, every tensor's dtype and 16-byte alignment, the device) and called directly the next
-# time the same arguments come. Under torch.compile (`traced`), wrap_triton hands the launch to Inductor.
+# GPU. With DIRECT_LAUNCH, the compiled kernel a normal launch returned for tensors that are all 16-byte aligned
+# is kept under everything else that chose it (every argument after the tensors, their dtypes, the device) and
+# called directly the next time the same arguments come. Under torch.compile (`traced`), wrap_triton hands the
+# launch to Inductor.
 
 _COMPILED: dict[tuple, object] = {}
 
 
-def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool) -> None:
+def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool, tensors: int) -> None:
+    """kernel[grid](*args) where args are `tensors` tensors, then the integers, floats and constexprs."""
     if traced and TRITON_OP:
         torch.library.wrap_triton(kernel)[grid](*args, num_warps=num_warps)
         return
-    device = args[0].device
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            return _launch(kernel, grid, args, num_warps, traced)
-    if not DIRECT_LAUNCH:
+    index = args[0].device.index if args[0].is_cuda else None
+    if index is not None and index != torch.cuda.current_device():
+        with torch.cuda.device(index):
+            return _launch(kernel, grid, args, num_warps, traced, tensors)
+    if not DIRECT_LAUNCH or any(t.data_ptr() % 16 for t in args[:tensors]):
         kernel[grid](*args, num_warps=num_warps)
         return
-    key = (kernel, grid, num_warps, device.index, *(_spec(a) for a in args))
+    key = (kernel, grid, num_warps, index, args[tensors:], *[t.dtype for t in args[:tensors]])
     compiled = _COMPILED.get(key)
-    if compiled is None:
-        compiled = kernel[grid](*args, num_warps=num_warps)
-        if len(_COMPILED) < 4096:  # (a new shape per call, as in uncached decoding, must not grow it forever)
-            _COMPILED[key] = compiled[grid]
-    else:
+    if compiled is not None:
         compiled(*args)
-
-
-def _spec(a):
-    """What of an argument can change the compiled kernel: a tensor's dtype and alignment, any other's value."""
-    return (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
+        return
+    compiled = kernel[grid](*args, num_warps=num_warps)
+    if len(_COMPILED) < 4096:  # (a new shape per call, as in uncached decoding, must not grow it forever)
+        _COMPILED[key] = compiled[grid]
 
 
 # ----------------------------------------------------------------------------------------------------------------

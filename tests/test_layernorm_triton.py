@@ -193,8 +193,8 @@ def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
     current, switches = [0], []
 
     class Switch:
-        def __init__(self, device):
-            self.index = torch.device(device).index
+        def __init__(self, index):
+            self.index = index
 
         def __enter__(self):
             switches.append(self.index)
@@ -206,12 +206,12 @@ def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
     monkeypatch.setattr(torch.cuda, "device", Switch)
     monkeypatch.setattr(lt, "DIRECT_LAUNCH", False)
-    on_cuda1 = type("Tensor", (), {"device": torch.device("cuda", 1)})()
+    on_cuda1 = type("Tensor", (), {"device": torch.device("cuda", 1), "is_cuda": True})()
     kernel = _Kernel(now=lambda: current[0])
-    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False, tensors=1)
     assert switches == [1] and kernel.log == [("normal", (4,), 1)] and current == [0]
     current[0] = 1
-    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False, tensors=1)
     assert switches == [1] and kernel.log[-1] == ("normal", (4,), 1)  # already current: no switch
 
 
@@ -224,16 +224,17 @@ def test_direct_launch_version_gate():
 
 def test_direct_launch_calls_the_compiled_kernel_of_the_same_arguments(monkeypatch):
     """With DIRECT_LAUNCH the first call launches normally and keeps the compiled kernel; the same arguments again
-    (other tensors of the same dtypes and alignment) call it directly; what could change the compiled kernel (an
-    integer argument, a dtype, a tensor not 16-byte aligned) goes through a normal launch first."""
+    (other tensors of the same dtypes, 16-byte aligned) call it directly; what could change the compiled kernel
+    (an integer argument, a dtype, a constexpr) goes through a normal launch first, a misaligned tensor always."""
     monkeypatch.setattr(lt, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(lt, "_COMPILED", {})
     kernel, t = _Kernel(), torch.zeros(64)
     calls = [(t, 8, True), (torch.zeros(64), 8, True), (t, 9, True), (t.double(), 8, True), (t[1:], 8, True),
-             (t[1:], 8, True), (t, 8, False)]
+             (t[1:], 8, True), (t, 8, False), (t, 9, True)]
     for args in calls:
-        lt._launch(kernel, (2,), args, 1, traced=False)
-    assert [kind for kind, *_ in kernel.log] == ["normal", "direct", "normal", "normal", "normal", "direct", "normal"]
+        lt._launch(kernel, (2,), args, 1, traced=False, tensors=1)
+    kinds = [kind for kind, *_ in kernel.log]
+    assert kinds == ["normal", "direct", "normal", "normal", "normal", "normal", "normal", "direct"]
 
 
 def test_custom_ops_pass_opcheck():
