@@ -1,206 +1,190 @@
-"""The benchmark scripts run end to end on tiny sizes and write what they promise.
+"""The training and decoding benchmarks and bench/common.py, end to end at tiny sizes: the plumbing, never timings.
 
-Nothing here times anything: the figures are meaningless at these sizes. What is checked is the plumbing: the
-child processes, the log parsing (ours and nanoGPT's format), warmup and eval exclusion, the alternation of
-sides, the outputs (JSON, Markdown, CSV, PNG), and bench/gpu.sh's CPU smoke mode. nanoGPT itself is not needed:
-a stand-in prints nanoGPT's log lines.
+nanoGPT itself is not needed: a stand-in prints nanoGPT's log lines.
 """
 
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import common, decoding, training
+from helpers import ROOT, make_dataset
 
-import bench_invariant  # noqa: E402
-import bench_train  # noqa: E402
-import common  # noqa: E402
-import compare_norms  # noqa: E402
+TINY = {"batch_size": 4, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.0, "max_iters": 6,
+        "lr_decay_iters": 50, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1}
 
-TINY = {"batch_size": 4, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.0,
-        "gradient_accumulation_steps": 1, "max_iters": 6, "lr_decay_iters": 50, "warmup_iters": 2,
-        "learning_rate": 1e-3, "min_lr": 1e-4, "beta2": 0.99}
-
-# A stand-in for nanoGPT's train.py: reads --key=value flags the way nanoGPT's configurator does (literal types),
-# records them, and prints nanoGPT's log lines for iterations 0..max_iters (nanoGPT runs max_iters + 1).
+# nanoGPT's train.py, as far as the benchmark sees it: reads --key=value flags as its configurator does (literal
+# types), records them, prints an eval at 0 and at max_iters and one log line per iteration 0..max_iters.
 FAKE_NANOGPT = textwrap.dedent("""\
     import json, sys
     from ast import literal_eval
     args = {}
-    for a in sys.argv[1:]:
-        if a.startswith("--"):
-            k, v = a[2:].split("=", 1)
-            try:
-                args[k] = literal_eval(v)
-            except (SyntaxError, ValueError):
-                args[k] = v
+    for a in sys.argv[2:]:
+        k, v = a[2:].split("=", 1)
+        try:
+            args[k] = literal_eval(v)
+        except (SyntaxError, ValueError):
+            args[k] = v
     with open("args.jsonl", "a") as f:
-        f.write(json.dumps({"config": sys.argv[1], "args": args}) + "\\n")
-    print("step 0: train loss 4.1000, val loss 4.2000")
+        f.write(json.dumps(args) + "\\n")
     for i in range(args["max_iters"] + 1):
-        ms = 500.0 if i == 0 else 10.0 + i % 3  # the first one holds the eval, as in nanoGPT
-        print(f"iter {i}: loss 4.0000, time {ms:.2f}ms, mfu -100.00%")
+        if i % args["eval_interval"] == 0:
+            print(f"step {i}: train loss 4.0, val loss {4.0 - i / 10}")
+        print(f"iter {i}: loss 4.0000, time {ITER_MS(i):.2f}ms, mfu -100.00%")
 """)
 
 
+ITER_MS = "lambda i: 500.0 if i == 0 else 10.0 + i % 3"  # the stand-in's step times; iteration 0 compiles
+fake_ms = eval(ITER_MS)
+
+
+def make_fake_nanogpt(folder: Path) -> Path:
+    (folder / "data" / "shakespeare_char").mkdir(parents=True)
+    (folder / "data" / "shakespeare_char" / "train.bin").write_bytes(b"")
+    (folder / "train.py").write_text(f"ITER_MS = {ITER_MS}\n" + FAKE_NANOGPT)
+    return folder
+
+
 @pytest.fixture(scope="module")
-def bench_env(tmp_path_factory, shakespeare_path):
-    """A prepared char dataset, a tiny config and a fake nanoGPT checkout, in a temp dir."""
+def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("bench")
-    data = base / "data"
-    subprocess.run([sys.executable, str(ROOT / "data" / "shakespeare_char" / "prepare.py"), "--input",
-                    str(shakespeare_path), "--out_dir", str(data)], check=True, capture_output=True)
-    config = base / "tiny.json"
-    config.write_text(json.dumps(TINY))
-    fake = base / "nanogpt"
-    (fake / "config").mkdir(parents=True)
-    (fake / "data" / "shakespeare_char").mkdir(parents=True)
-    (fake / "train.py").write_text(FAKE_NANOGPT)
-    (fake / "configurator.py").write_text("")
-    (fake / "config" / "train_shakespeare_char.py").write_text("")
-    (fake / "data" / "shakespeare_char" / "train.bin").write_bytes(b"")
-    return {"base": base, "data": data, "config": config, "nanogpt": fake}
+    (base / "tiny.json").write_text(json.dumps(TINY))
+    return {"data": make_dataset(base / "data"), "config": str(base / "tiny.json"),
+            "nanogpt": make_fake_nanogpt(base / "nanogpt")}
 
 
-def test_log_parsing_both_formats_and_the_timed_iterations():
-    ours = ["step 0: train loss 4.1700, val loss 4.1800",
-            "iter 0: loss 4.1759, lr 3.33e-04, 900.00 ms/iter, 26 tok/s",
-            "iter 1: loss 4.1000, lr 5.00e-04, 40.50 ms/iter, 19000 tok/s",
-            "iter 2: loss 4.0000, lr 6.00e-04, 41.00 ms/iter, 18700 tok/s",
-            "step 3: train loss 4.0000, val loss 4.0100",
-            "iter 3: loss 3.9000, lr 6.00e-04, 60.00 ms/iter, 12800 tok/s",
-            "iter 4: loss 3.8000, lr 6.00e-04, 42.00 ms/iter, 18300 tok/s"]
-    nano = ["iter 5: loss 3.8000, time 41.25ms, mfu 0.02%", "iter 6: loss 3.7000, time 40.00ms, mfu -100.00%"]
-    times = common.parse_iter_times(ours, "ours")
-    assert times == {0: 900.0, 1: 40.5, 2: 41.0, 3: 60.0, 4: 42.0}
-    assert common.parse_iter_times(nano, "nanogpt") == {5: 41.25, 6: 40.0}
-    assert common.parse_iter_times(nano, "ours") == {}
-    evals = common.parse_evals(ours)
-    assert [e["iter"] for e in evals] == [0, 3] and evals[1]["val_loss"] == 4.01
-    # Warmup counts logged iterations; iterations that ran an eval are dropped; n_timed caps the rest.
-    assert common.timed_iter_keys(times, [0, 3], warmup=1) == [1, 2, 4]
-    assert common.timed_iter_keys(times, [0, 3], warmup=1, n_timed=2) == [1, 2]
-    with pytest.raises(ValueError, match="style"):
-        common.parse_iter_times(ours, "other")
+def test_training_alternates_with_nanogpt_and_reads_our_metrics(env, tmp_path):
+    out = tmp_path / "train.json"
+    result = training.main(["--config", env["config"], "--data_dir", str(env["data"]), "--norms", "builtin",
+                            "--nanogpt", str(env["nanogpt"]), "--repeats", "2", "--warmup", "2", "--iters", "3",
+                            "--target_val", "3.85", "--device", "cpu", "--out", str(out)])
+    ours, nano = result["sides"]["builtin eager"], result["sides"]["nanogpt"]
+    assert ours["runs_ok"] == nano["runs_ok"] == 2 and ours["ms_per_iter"] > 0 and ours["max_rss_mib"] > 10
+    # nanoGPT ran 0..5; its eval iterations (0 and 5) and the warm-up (0, 1) are not timed: 2, 3, 4 are.
+    assert nano["ms_per_iter"] == sorted(fake_ms(i) for i in (2, 3, 4))[1]
+    assert nano["best_val_loss"] == pytest.approx(3.5)
+    # To val <= 3.85 (the eval at 5): iterations 0-4 as logged, 5 at the median.
+    assert nano["train_s_to_target"] == pytest.approx((sum(map(fake_ms, range(5))) + nano["ms_per_iter"]) / 1000)
+    calls = [json.loads(line) for line in (env["nanogpt"] / "args.jsonl").read_text().splitlines()]
+    assert len(calls) == 2 and all(calls[-1][k] == TINY[k] for k in training.NANOGPT_KEYS if k in TINY)
+    assert isinstance(calls[-1]["dropout"], float) and calls[-1]["compile"] is False and calls[-1]["log_interval"] == 1
+    saved = json.loads(out.read_text())
+    assert saved["machine"]["torch"] and saved["command"][:3] == ["python", "-m", "bench.training"]
+    assert "| nanogpt | 2/2 |" in out.with_suffix(".md").read_text()
 
 
-def test_run_child_streams_reports_rss_and_kills_on_timeout(capsys):
-    res = common.run_child([sys.executable, "-c", "print('hello'); print('world')"], prefix="kid")
-    assert res.ok and res.lines == ["hello", "world"] and res.max_rss_bytes > 1_000_000
-    assert "[kid] hello" in capsys.readouterr().out
-    slow = common.run_child([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1, echo=False)
+def test_measure_takes_our_figures_from_metrics_jsonl(tmp_path):
+    records = [{"kind": "eval", "iter": 0, "train_loss": 4.0, "val_loss": 4.1},
+               *[{"kind": "train", "iter": i, "loss": 3.0, "lr": 1e-3, "ms_per_iter": 10.0 * (i + 1),
+                  "tokens_per_s": 100.0 / (i + 1)} for i in range(0, 10, 2)],  # windows of 2 iterations
+               {"kind": "eval", "iter": 8, "train_loss": 2.0, "val_loss": 2.5}, {"kind": "summary", "device": "cpu"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tr')
+    child = common.Child(0, [], 1.0, 2**20, False)
+    cfg = training.options.build_config({})
+    run = training.measure(("builtin", "eager"), child, tmp_path, cfg, warmup=3, target=3.0)
+    assert run["ok"] and run["steps_timed"] == 3 and run["ms_per_iter"] == 70.0  # iters 4, 6, 8; not 0 nor 2
+    assert run["best_val_loss"] == 2.5
+    assert run["train_s_to_target"] == pytest.approx((10 + 2 * (30 + 50 + 70 + 90)) / 1000)
+
+
+def test_compare_writes_the_curves_and_skips_triton_without_a_gpu(env, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as a user's shell: no interpreter
+    out = tmp_path / "cmp" / "table.json"
+    result = training.main(["--compare", "--config", env["config"], "--data_dir", str(env["data"]),
+                            "--norms", "custom,builtin,triton", "--set", "eval_interval=3", "--set", "eval_iters=1",
+                            "--set", "log_interval=1", "--device", "cpu", "--out", str(out)])
+    assert list(result["sides"]) == ["custom eager", "builtin eager"] and "triton eager" in result["skipped"]
+    for runs in result["runs"].values():
+        assert [e["iter"] for e in runs[0]["evals"]] == [0, 3, 6]
+    lines = (out.parent / "evals.csv").read_text().splitlines()
+    assert lines[0] == "norm,iter,train_loss,val_loss" and len(lines) == 1 + 2 * 3
+    assert (out.parent / "val_loss.png").stat().st_size > 1000 and "skipped" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [(["--norms", "layer"], "'layer' is not a norm"),
+                                           (["--modes", "fast"], "'fast' is not one of eager"),
+                                           (["--set", "batchsize=3"], "batchsize")])
+def test_training_bad_input_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        training.main(["--device", "cpu", *argv])
+    assert message in f"{stop.value}{capsys.readouterr().err}"
+
+
+def test_profile_runs_in_process(env):
+    result = training.main(["--profile", "--config", env["config"], "--norms", "builtin",
+                            "--device", "cpu"])
+    row = result["norms"]["builtin"]
+    assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt")
+    subprocess.run([sys.executable, "train.py", env["config"], f"--data_dir={env['data']}", f"--out_dir={out}",
+                    "--max_iters=2", "--device=cpu", "--sample_at_end=False"], cwd=ROOT, check=True,
+                   capture_output=True)
+    return out
+
+
+def test_decoding_paths_agree(env, tmp_path):
+    out = tmp_path / "decode.json"
+    result = decoding.main(["--sizes", env["config"], "--batches", "1,2", "--prompt_len", "4", "--new_tokens", "16",
+                            "--repeats", "1", "--device", "cpu", "--out", str(out)])
+    assert [r["batch"] for r in result["runs"]] == [1, 2]
+    for r in result["runs"]:  # block 16, prompt 4: the first 12 tokens are compared cached vs uncached
+        assert set(r["tokens_per_s"]) == set(decoding.PATHS) and all(v > 0 for v in r["tokens_per_s"].values())
+        assert r["cached_equals_uncached_up_to_block"] and r["mode_equals_cached"]
+    assert "mode's time per token" in out.with_suffix(".md").read_text()
+
+
+def test_decoding_one_checkpoint_with_each_layernorm(checkpoint_dir):
+    result = decoding.main(["--out_dir", str(checkpoint_dir), "--norms", "builtin,custom,triton", "--paths", "cached",
+                            "--batches", "1", "--new_tokens", "8", "--repeats", "1", "--device", "cpu"])
+    assert [r["same_tokens_as_first"] for r in result["runs"]] == [True, True, True]
+
+
+def test_decoding_refuses_triton_without_the_interpreter_in_one_line(checkpoint_dir):
+    proc = subprocess.run([sys.executable, "-m", "bench.decoding", "--out_dir", str(checkpoint_dir), "--norms",
+                           "triton", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert proc.returncode == 1 and proc.stderr.startswith("error: norm 'triton' cannot run") and "Traceback" \
+        not in proc.stderr
+
+
+def test_matmul_rows_in_the_mode_do_not_depend_on_their_company():
+    result = decoding.main(["--matmul", "--widths", "16", "--device", "cpu"])
+    assert [r["M"] for r in result["matmul"]] == list(decoding.MATMUL_ROWS)
+    assert all(r["mode_diff"] == 0 and r["stock_us"] > 0 and r["mode_us"] > 0 for r in result["matmul"])
+
+
+def test_run_child_reports_the_childs_peak_memory_and_kills_on_timeout():
+    # A child's ru_maxrss starts at this process's size (Linux carries it over fork and exec): allocate beyond it.
+    big = common.run_child([sys.executable, "-c", "b = bytearray(1200 * 2**20); print('done')"])
+    small = common.run_child([sys.executable, "-c", "print('done')"], echo="kid")
+    assert big.ok and big.lines == ["done"] and big.max_rss_bytes - small.max_rss_bytes > 400 * 2**20
+    slow = common.run_child([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1)
     assert slow.timed_out and not slow.ok and slow.wall_s < 20
 
 
-def test_bench_train_alternates_with_nanogpt_and_writes_results(bench_env, tmp_path):
-    out = tmp_path / "train.json"
-    result = bench_train.main([
-        "train", "--sizes", str(bench_env["config"]), "--norms", "builtin", "--nanogpt", str(bench_env["nanogpt"]),
-        "--repeats", "2", "--iters", "3", "--warmup", "2", "--eval_iters", "1",
-        "--data_dir", str(bench_env["data"]), "--device", "cpu", "--out", str(out),
-    ])
-    res = result["train"]["results"][0]
-    builtin, nano = res["sides"]["builtin"], res["sides"]["nanogpt"]
-    assert builtin["runs_ok"] == 2 and nano["runs_ok"] == 2
-    for run in res["runs"]["builtin"] + res["runs"]["nanogpt"]:
-        assert run["iters_timed"] == 3 and run["max_rss_bytes"] > 0
-    # The stand-in's timed iterations (2, 3, 4: iteration 0 with its eval and 1 are warmup) are 12, 10, 11 ms.
-    assert nano["ms_per_iter"] == 11.0 and nano["ms_spread"] == (11.0, 11.0)
-    assert nano["tokens_per_s"] == pytest.approx(4 * 16 / 0.011)
-    assert builtin["ms_per_iter"] > 0
-    # nanoGPT got the same configuration, floats written as floats (its configurator checks types).
-    calls = [json.loads(line) for line in (bench_env["nanogpt"] / "args.jsonl").read_text().splitlines()]
-    assert len(calls) == 2
-    args = calls[-1]["args"]
-    assert calls[-1]["config"] == "config/train_shakespeare_char.py"
-    assert args["n_layer"] == 1 and args["n_embd"] == 32 and args["block_size"] == 16 and args["batch_size"] == 4
-    assert isinstance(args["dropout"], float) and args["bias"] is True and args["compile"] is False
-    assert args["max_iters"] == 5 and args["eval_interval"] == args["max_iters"] and args["log_interval"] == 1
-    saved = json.loads(out.read_text())
-    assert saved["machine"]["cpu_count"] >= 1 and "torch" in saved["machine"]
-    table = out.with_suffix(".md").read_text()
-    assert "| nanogpt |" in table and "ms ratio vs nanoGPT" in table
-
-
-def test_bench_train_rejects_a_missing_nanogpt_checkout(bench_env, tmp_path):
-    with pytest.raises(SystemExit, match="not a nanoGPT checkout"):
-        bench_train.main(["train", "--sizes", str(bench_env["config"]), "--nanogpt", str(tmp_path),
-                          "--data_dir", str(bench_env["data"]), "--device", "cpu"])
-
-
-def test_decode_benchmark_cached_vs_uncached(bench_env, tmp_path):
-    out = tmp_path / "decode.json"
-    result = bench_train.main(["decode", "--sizes", str(bench_env["config"]), "--prompt_len", "4",
-                               "--new_tokens", "20", "--repeats", "1", "--device", "cpu", "--out", str(out)])
-    (r,) = result["decode"]["results"]
-    assert r["cached_tokens_per_s"] > 0 and r["uncached_tokens_per_s"] > 0 and r["speedup"] > 0
-    # block 16, prompt 4: the two paths agree on the first 12 new tokens; past that the windows differ.
-    assert r["tokens_compared"] == 12 and r["tokens_identical"] and r["overflows_block"]
-    assert "speedup" in out.with_suffix(".md").read_text()
-
-
-def test_invariant_benchmark_measures_both_fixes_and_the_cost(tmp_path):
-    out = tmp_path / "invariant.json"
-    result = bench_invariant.main(["--sizes", "shakespeare_char_cpu", "--batches", "1,2", "--repeats", "1",
-                                   "--model_steps", "3", "--new_tokens", "3", "--out", str(out)])
-    fixes = {(r["fixed_linear"], r["fixed_attention"]): r for r in result["model"]}
-    assert fixes[(True, True)]["alone_vs_batch"] == fixes[(True, True)]["cached_vs_full"] == 0.0  # the mode
-    assert [(r["size"], r["batch"]) for r in result["decode"]] == [("shakespeare_char_cpu", b) for b in (1, 2)]
-    for r in result["decode"]:
-        assert r["stock_cost"] == 1.0 and r["invariant_cost"] > 0 and r["invariant_rows8_tokens_per_s"] > 0
-    assert [r["in_features"] for r in result["ops"]["linear"]] == [128, 384]
-    assert json.loads(out.read_text())["machine"]["commit"] and "mode costs" in out.with_suffix(".md").read_text()
-
-
-def test_compare_norms_writes_curves_tables_and_skips_triton_on_cpu(bench_env, tmp_path):
-    pytest.importorskip("matplotlib")
-    out_dir = tmp_path / "cmp"
-    result = compare_norms.main([
-        "--config", str(bench_env["config"]), "--norms", "custom,builtin,triton", "--max_iters", "6",
-        "--eval_interval", "3", "--eval_iters", "1", "--log_interval", "1", "--data_dir", str(bench_env["data"]),
-        "--out_dir", str(out_dir), "--device", "cpu", "--quiet",
-    ])
-    assert result["norms_run"] == ["custom", "builtin"]
-    assert "TRITON_INTERPRET" in result["skipped"]["triton"]
-    for norm in ("custom", "builtin"):
-        run = result["runs"][norm]
-        assert run["status"] == "ok" and [e["iter"] for e in run["evals"]] == [0, 3, 6]
-        assert run["ms_per_iter"] > 0 and run["tokens_per_s"] > 0 and run["peak_memory_bytes"] > 0
-        assert (out_dir / "runs" / norm / "metrics.jsonl").exists() and (out_dir / "runs" / norm / "log.txt").exists()
-        assert not list((out_dir / "runs" / norm).glob("*.pt"))  # checkpoints are not left in the results
-    agreement = result["layernorm_agreement"]
-    assert agreement["norms"] == ["builtin", "custom"] and agreement["within_tolerance"]
-    for name in ("results.json", "evals.csv", "summary.csv", "table.md", "val_loss.png"):
-        assert (out_dir / name).stat().st_size > 0, name
-    assert (out_dir / "evals.csv").read_text().count("\n") == 1 + 2 * 3
-    table = (out_dir / "table.md").read_text()
-    assert "| builtin | " in table and "skipped" in table and "vs builtin" in table
-
-
-def test_compare_norms_unknown_norm_is_a_clear_error():
-    with pytest.raises(SystemExit, match="unknown.*layer"):
-        compare_norms.main(["--norms", "builtin,layer", "--device", "cpu"])
-
-
-def test_gpu_sh_total_budget_caps_the_steps(tmp_path, shakespeare_path):
-    """Once the total budget is spent, every remaining step is skipped, and the results still say so.
-
-    (bench/gpu.sh's dry run itself, step by step, is tests/test_gpu_sh.py's.)
-    """
-    out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--dry-run", str(shakespeare_path)], cwd=ROOT,
-                          env={**env, "OUT": str(out), "GPU_SH_BUDGET_S": "3"}, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    steps = json.loads((out / "results.json").read_text())["steps"]
-    assert [s["step"] for s in steps] == ["info", "data", "triton_check", "train_triton", "train_builtin",
-                                          "train_report", "swap_norms", "bench_layernorm", "overhead", "tests"]
-    assert all(s["rc"] == "skipped" for s in steps), steps
-    assert "of a 3 s budget" in (out / "summary.md").read_text()
+def test_pack_makes_the_three_files(tmp_path):
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "steps.tsv").write_text("a\t0\t3\t10\nb\t124\t10\t10\n")
+    (res / "a.md").write_text("| x |\n|---|\n| 1 |\n")
+    (res / "a.json").write_text('{"x": 1}')
+    (res / "b.log").write_text("".join(f"line {i}\n" for i in range(40)))
+    common.pack(res, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(common.PACKED)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["a"] == {"x": 1} and [s["rc"] for s in results["steps"]] == ["0", "124"]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| 1 |" in summary and "line 39" in summary and "line 14\n" not in summary  # the log's last 25 lines
+    with tarfile.open(tmp_path / "out" / "gpu_results.tar.gz") as tar:
+        assert {"gpu_results/b.log", "gpu_results/a.md"} <= set(tar.getnames())

@@ -1,68 +1,64 @@
-"""bench/gpu.sh, the one-shot GPU run: its dry run on the CPU leaves exactly the files a GPU run leaves (the device
-machine returns at most 8 files of at most 16 MiB), and a missing prerequisite stops it at once with what to do."""
+"""bench/gpu.sh: its dry run on the CPU runs every step and leaves the files a GPU run leaves; a missing
+prerequisite stops it at once, saying what to give it."""
 
 import json
 import os
+import re
 import subprocess
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
+from test_bench import make_fake_nanogpt
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import PACKED
+from helpers import ROOT
+
 SCRIPT = ROOT / "bench" / "gpu.sh"
-PACKED = {"summary.md", "results.json", "gpu_results.tar.gz"}  # bench/gpu_report.py's PACKED_FILES
-STEPS = ["info", "data", "triton_check", "train_triton", "train_builtin", "train_report", "swap_norms",
-         "bench_layernorm", "overhead", "tests"]
+STEPS = re.findall(r"\bstep (\w+) \d+ ", SCRIPT.read_text())  # `step NAME SHARE COMMAND`, in the script's order
 
 
-def run_gpu_sh(*args: str, out: Path, **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "OUT": str(out), **env}
-    full_env.pop("TRITON_INTERPRET", None)  # the script sets it itself for the dry run
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
-                          timeout=900)
+def run_gpu_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the dry run sets it itself
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env={**full_env, **env}, capture_output=True,
+                          text=True, timeout=600)
 
 
-def test_dry_run_leaves_the_files_a_gpu_run_leaves(tmp_path, shakespeare_path):
-    out = tmp_path / "out"
-    proc = run_gpu_sh("--dry-run", str(shakespeare_path), out=out, GPU_SH_COMMIT="abc1234")
+def test_dry_run_runs_every_step_and_leaves_the_three_files(tmp_path, shakespeare_path):
+    nanogpt = make_fake_nanogpt(tmp_path / "nanogpt")
+    proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    files = {p.name: p.stat().st_size for p in out.iterdir()}
-    assert set(files) == PACKED and len(files) <= 8, files
-    assert all(0 < size <= 16 * 2**20 for size in files.values()), files
-    results = json.loads((out / "results.json").read_text())
-    assert results["commit"] == "abc1234" and results["dry_run"] is True
-    assert [s["step"] for s in results["steps"]] == STEPS
-    assert all(s["rc"] == "0" for s in results["steps"]), results["steps"]
-    assert all(results[k] for k in ("machine", "triton_check", "train_report", "swap_norms", "overhead"))
-    assert all(results["swap_norms"]["identical"].values())  # one checkpoint, three LayerNorms, the same text
-    summary = (out / "summary.md").read_text()
-    assert "commit abc1234" in summary and all(f"| {s} | 0 |" in summary for s in STEPS)
-    with tarfile.open(out / "gpu_results.tar.gz") as tar:
-        names = {Path(n).name for n in tar.getnames()}
-    assert {f"{s}.log" for s in STEPS} <= names and {"metrics_triton.jsonl", "metrics_builtin.jsonl"} <= names
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(PACKED)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [s["step"] for s in results["steps"]] == STEPS and all(s["rc"] == "0" for s in results["steps"]), \
+        results["steps"]
+    assert results["grid_6x384"]["sides"]["triton eager"]["runs_ok"] == 1  # through the interpreter
+    assert results["full_run"]["sides"] and results["nanogpt"]["sides"]["nanogpt"]["runs_ok"] == 1
+    assert results["machine"]["torch"] and results["matmul"]["matmul"] and results["overhead"]["overhead"]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert all(f"| {s} | 0 |" in summary for s in STEPS) and "## grid_6x384" in summary
+    with tarfile.open(tmp_path / "out" / "gpu_results.tar.gz") as tar:
+        assert {f"gpu_results/{s}.log" for s in STEPS} <= set(tar.getnames())
 
 
-@pytest.mark.parametrize(
-    "args, env, message",
-    [
-        (["--dry-run", "/nonexistent/tiny.txt"], {}, "Tiny Shakespeare not found at '/nonexistent/tiny.txt'"),
-        ([], {}, "no CUDA device here"),  # this machine has no GPU
-        (["--dry-run"], {"PY": "/nonexistent/python"}, "cannot import torch"),
-    ],
-)
-def test_missing_prerequisites_stop_at_once_saying_what_to_bring(tmp_path, shakespeare_path, args, env, message):
-    if args == []:
-        args = [str(shakespeare_path)]
+def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_path):
+    proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), str(tmp_path / "out"), GPU_SH_BUDGET_S="3")
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads((tmp_path / "out" / "results.json").read_text())["steps"]
+    assert [s["step"] for s in steps] == [s for s in STEPS if s != "nanogpt"]  # no nanoGPT given: not planned
+    assert all(s["rc"].startswith("skipped") for s in steps)
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--dry-run", "--input", "/nonexistent/tiny.txt"], {}, "no Tiny Shakespeare at '/nonexistent/tiny.txt'"),
+    (["--input", "SHAKESPEARE"], {}, "no CUDA device here"),  # this machine has no GPU
+    (["--dry-run", "--input", "SHAKESPEARE"], {"PY": "/nonexistent/python"}, "cannot import torch"),
+    (["--dry-run", "--input", "SHAKESPEARE", "--nanogpt", "/nonexistent"], {}, "is not a nanoGPT checkout"),
+    (["--dry-run", "--fast"], {}, "unknown option '--fast'"),
+    (["--dry-run", "--input", "SHAKESPEARE", "/proc/x"], {}, "is not writable"),
+])
+def test_missing_prerequisites_stop_at_once(shakespeare_path, args, env, message):
     t0 = time.monotonic()
-    proc = run_gpu_sh(*args, out=tmp_path / "out", **env)
+    proc = run_gpu_sh(*[str(shakespeare_path) if a == "SHAKESPEARE" else a for a in args], **env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < 60  # a check, not a run (generous: python starts in a second or two)
-
-
-def test_unwritable_results_folder_is_refused(tmp_path, shakespeare_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a folder")
-    proc = run_gpu_sh("--dry-run", str(shakespeare_path), out=blocker / "out")
-    assert proc.returncode == 2 and "is not writable" in proc.stderr, proc.stderr
+    assert time.monotonic() - t0 < 60  # a check, not a run

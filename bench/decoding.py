@@ -1,0 +1,186 @@
+"""Decoding: tokens/s of GPT.generate uncached, cached, and cached in the batch-invariant mode; and the matrix
+product alone at decoding shapes, stock F.linear against the mode's.
+
+    python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, the three paths
+    python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
+    python -m bench.decoding --out_dir out-shakespeare-char-cpu --norms builtin,custom --paths cached --batches 1
+
+Random-init models of each --sizes config (seed 1337), or a checkpoint (--out_dir) with each of --norms. Greedy;
+the paths alternate, A B C A B C, --repeats times after a warm-up; tokens/s counts every row; on CUDA the time
+includes the queued work. Checked on the way: cached and uncached agree up to block_size (past it they keep
+different windows: model.py's docstring), the mode's tokens equal stock's, and every norm decodes the first's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+import options
+from batch_invariant import batch_invariant
+from bench.common import comma_list, fmt, markdown_table, median, progress, spread, timed, write_results
+from device import DeviceError, resolve_device
+from model import GPT, GPTConfig
+
+SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
+PATHS = ("uncached", "cached", "mode")
+MATMUL_ROWS, MATMUL_WIDTHS = (1, 2, 4, 8, 16, 32, 64), (384, 1536)
+
+
+def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
+    """(label, model): a random model per --sizes config, or the checkpoint in --out_dir with each of --norms."""
+    from layernorm import check_triton_device
+
+    if "triton" in args.norms.split(","):
+        check_triton_device(device)  # one line saying what to do, before a model is loaded
+    if args.out_dir:
+        from checkpoint import load_checkpoint, model_from_checkpoint
+
+        ckpt = load_checkpoint(Path(args.out_dir) / "ckpt.pt", map_location=device)
+        return [(f"{args.out_dir} norm={norm}", model_from_checkpoint(ckpt, norm=norm, device=device).eval())
+                for norm in args.norms.split(",")]
+    out = []
+    for path in args.sizes.split(","):
+        config = options.read_config_file(path)
+        torch.manual_seed(1337)
+        keys = {k: config[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias") if k in config}
+        out.append((Path(path).stem, GPT(GPTConfig(**keys, norm=args.norms.split(",")[0])).to(device).eval()))
+    return out
+
+
+@torch.no_grad()
+def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
+    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator()
+                            .manual_seed(0)).to(device)
+
+    def run(name: str, n: int) -> torch.Tensor:
+        with batch_invariant(enabled=name == "mode"):
+            return model.generate(prompts, n, temperature=0, use_kv_cache=name != "uncached")
+
+    for name in args.paths:  # warm-up: the allocator, the kernels
+        run(name, min(8, args.new_tokens))
+    new, rounds = {}, []  # the paths take turns, A B C A B C; tokens/s of each, round by round
+    for _ in range(args.repeats):
+        rounds.append({})
+        for name in args.paths:
+            seconds = timed(lambda name=name: new.__setitem__(name, run(name, args.new_tokens)[:, args.prompt_len:]),
+                            device)
+            rounds[-1][name] = batch * args.new_tokens / seconds
+    block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
+
+    def agree(a: str, b: str, n: int | None = None) -> bool | None:
+        return bool(torch.equal(new[a][:, :n], new[b][:, :n])) if {a, b} <= new.keys() else None
+
+    return {"model": label, "n_layer": model.config.n_layer, "n_embd": model.config.n_embd,
+            "block_size": model.config.block_size, "batch": batch,
+            "tokens_per_s": {k: median([r[k] for r in rounds]) for k in args.paths},
+            "spread": {k: spread([r[k] for r in rounds]) for k in args.paths},
+            "cached_equals_uncached_up_to_block": agree("cached", "uncached", block),
+            "mode_equals_cached": agree("mode", "cached"), "tokens": next(iter(new.values())).tolist()}
+
+
+def decode_table(result: dict[str, Any]) -> str:
+    paths = result["paths"]
+    rows = []
+    for r in result["runs"]:
+        tps, cached = r["tokens_per_s"], r["tokens_per_s"].get("cached")
+        rows.append([f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})", r["batch"],
+                     *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
+                     fmt(cached and tps.get("uncached") and cached / tps["uncached"], ".2f") + "x",
+                     fmt(cached and tps.get("mode") and cached / tps["mode"], ".2f") + "x",
+                     r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]])
+    return "\n".join([f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token "
+                      f"prompts, {result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of "
+                      f"{result['repeats']}", "", markdown_table(
+                          ["model", "batch", *[f"{p} tok/s" for p in paths], "cache speedup", "mode's time per token",
+                           "cached = uncached (to block)", "mode = cached", "same tokens as first model"], rows)])
+
+
+def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows: tuple[int, ...]) -> list[dict]:
+    """F.linear stock and in the mode, M rows against a K x K weight: microseconds per call, and how far the M rows
+    are from the same rows computed among 64 (0: the row does not depend on its company)."""
+    out, gen = [], torch.Generator().manual_seed(0)
+    for dtype in dtypes:
+        for k in widths:
+            w = (torch.randn(k, k, generator=gen) / k**0.5).to(device, dtype)
+            x = torch.randn(max(rows), k, generator=gen).to(device, dtype)
+            for m in rows:
+                row = {"dtype": str(dtype).removeprefix("torch."), "K=N": k, "M": m}
+                for name in ("stock", "mode"):
+                    with batch_invariant(enabled=name == "mode"):
+                        fn = lambda m=m, x=x, w=w: F.linear(x[:m], w)  # noqa: E731
+                        fn()
+                        row[f"{name}_us"] = median([timed(fn, device, calls=20) * 1e6 for _ in range(7)])
+                        row[f"{name}_diff"] = (F.linear(x[:m], w) - F.linear(x, w)[:m]).abs().max().item()
+                out.append(row)
+    return out
+
+
+def matmul_table(rows: list[dict], device: str) -> str:
+    return "\n".join([f"### F.linear at decoding shapes on {device}: M rows x K, K x N weight, us per call", "",
+                      markdown_table(["dtype", "K = N", "M", "stock us", "mode us", "mode / stock", "stock: row vs "
+                                      "among 64", "mode: row vs among 64"],
+                                     [[r["dtype"], r["K=N"], r["M"], fmt(r["stock_us"], ".1f"),
+                                       fmt(r["mode_us"], ".1f"),
+                                       fmt(r["mode_us"] / r["stock_us"], ".2f"), f"{r['stock_diff']:.1e}",
+                                       f"{r['mode_diff']:.1e}"] for r in rows])])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default=",".join(SIZES), help="comma list of config files (random-init models)")
+    p.add_argument("--out_dir", help="decode the checkpoint <out_dir>/ckpt.pt instead, with each of --norms")
+    p.add_argument("--norms", default="builtin", help="comma list of norms (default builtin)")
+    p.add_argument("--paths", default=list(PATHS), type=comma_list(PATHS), help=f"comma list from {', '.join(PATHS)}")
+    p.add_argument("--batches", default=[1, 8], type=comma_list(), help="comma list of batch sizes (default 1,8)")
+    p.add_argument("--prompt_len", type=int, default=16)
+    p.add_argument("--new_tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--matmul", action="store_true", help="the matrix product alone instead of decoding")
+    p.add_argument("--widths", default=",".join(map(str, MATMUL_WIDTHS)), help="--matmul's K = N values")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from layernorm import TritonUnavailableError
+
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        device = resolve_device(args.device)
+        if args.matmul:
+            dtypes = [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else [])
+            runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
+            result, table = {"device": device, "matmul": runs}, matmul_table(runs, device)
+        else:
+            result = {"device": device, **{k: getattr(args, k) for k in ("paths", "prompt_len",
+                                                                           "new_tokens", "repeats")}, "runs": []}
+            todo = [(m, b) for m in models(args, device) for b in args.batches]
+            first: dict[int, list] = {}  # batch -> the first model's tokens
+            for done, ((label, model), batch) in enumerate(todo):
+                run = decode(label, model, batch, args, device)
+                tokens = run.pop("tokens")
+                run["same_tokens_as_first"] = first.setdefault(batch, tokens) == tokens if args.out_dir else None
+                result["runs"].append(run)
+                print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
+            table = decode_table(result)
+    except (DeviceError, TritonUnavailableError, options.ConfigError, ValueError) as e:  # one line, not a traceback
+        raise SystemExit(f"error: {e}") from None
+    print(table)
+    if args.out:
+        write_results(args.out, ["bench.decoding", *args.argv], result, table)
+    return result
+
+
+if __name__ == "__main__":
+    main()
