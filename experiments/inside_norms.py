@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -27,9 +29,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from common import machine_info  # noqa: E402
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint  # noqa: E402
 
@@ -107,7 +106,7 @@ def main() -> None:
                       **{f"{n}_out": [measured.get(f"{i}.{n}") for i in range(cfg.n_layer)] for n in ("ln_1", "ln_2")},
                       "final_resid": measured.get("final"), "ln_f_out": measured.get("ln_f")},
         "params": {name: {pn: stats(pv) for pn, pv in m.named_parameters()} for name, m in norms.items()},
-        "machine": machine_info(),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
     }
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)

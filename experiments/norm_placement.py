@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,10 +38,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from common import machine_info, read_metrics, run_child  # noqa: E402
-
+from checkpoint import read_metrics  # noqa: E402
 from data.common import DataError, PreparedData  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -125,23 +126,25 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
                    f"--eval_iters={args.eval_iters}", f"--log_interval={max(1, args.eval_interval // 4)}",
                    f"--seed={args.seed}", "--dropout=0.0", "--device=cpu", "--sample_at_end=false"]
             print(f"(b) {name}: {' '.join(cmd[1:])}", flush=True)
-            result = run_child(cmd, cwd=ROOT, prefix=name, echo=False)
-            for line in result.lines:
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            lines, wall_s = proc.stdout.splitlines(), time.perf_counter() - t0
+            for line in lines:
                 if line.startswith(("step ", "error")):
                     print(f"    [{name}] {line}", flush=True)
             records = read_metrics(out_dir / "metrics.jsonl")
             summary = next((r for r in records if r["kind"] == "summary"), None)
             runs[name] = {"norm_position": position, "warmup_iters": warmup, "command": cmd[1:],
-                          "returncode": result.returncode, "wall_s": result.wall_s,
-                          "diverged": any("diverg" in line.lower() for line in result.lines),
+                          "returncode": proc.returncode, "wall_s": wall_s,
+                          "diverged": any("diverg" in line.lower() for line in lines),
                           "evals": [r for r in records if r["kind"] == "eval"],
                           "train": [{k: r[k] for k in ("iter", "loss", "lr")} for r in records if r["kind"] == "train"],
-                          "summary": summary, "last_lines": result.lines[-3:]}
-            if result.returncode != 0 and not runs[name]["diverged"]:
-                raise SystemExit(f"train.py failed ({result.returncode}):\n" + "\n".join(result.lines[-10:]))
+                          "summary": summary, "last_lines": lines[-3:]}
+            if proc.returncode != 0 and not runs[name]["diverged"]:
+                raise SystemExit(f"train.py failed ({proc.returncode}):\n" + "\n".join(lines[-10:]))
             final = summary["final_val_loss"] if summary else None
             print(f"    [{name}] {'DIVERGED' if runs[name]['diverged'] else f'final val loss {final:.4f}'} "
-                  f"({result.wall_s:.0f} s)", flush=True)
+                  f"({wall_s:.0f} s)", flush=True)
     return runs
 
 
@@ -198,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
              for name, r in runs.items()}
     (results / "norm_placement.json").write_text(json.dumps({
         "command": " ".join(["python", "experiments/norm_placement.py", *(argv if argv is not None else sys.argv[1:])]),
-        "args": vars(args), "machine": machine_info(), "run_time_s": run_time,
+        "args": vars(args), "run_time_s": run_time,
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
         "grad_norms_at_init": grads, "grad_norm_ratio_last_over_first": ratios,
         "final_val_loss": final, "runs": runs,
     }, indent=1) + "\n", encoding="utf-8")
