@@ -31,16 +31,17 @@ MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider
 # The backward's row loop is software-pipelined (the next row's loads issue while this row computes) where the
 # installed Triton has tl.range(num_stages=...); older ones run a plain loop.
 PIPELINE = hasattr(tl, "range")
+ONE_PROGRAM_ROWS = 32  # a backward of at most this many rows runs as one program (see _backward_programs)
 
 
-def direct_launch_supported(version: str) -> bool:
+def _direct_launch_supported(version: str) -> bool:
     """Triton 3.6 and 3.7 launch a compiled kernel with `compiled[grid](*every kernel argument)`, what Triton's own
     launch does after binding the arguments; other versions keep the normal launch."""
     major, minor = (int(part) for part in version.split(".")[:2])
     return (3, 6) <= (major, minor) <= (3, 7)
 
 
-DIRECT_LAUNCH = direct_launch_supported(triton.__version__) and not INTERPRET  # the interpreter compiles nothing
+DIRECT_LAUNCH = _direct_launch_supported(triton.__version__) and not INTERPRET  # the interpreter compiles nothing
 # Under torch.compile: torch.library.triton_op (torch 2.6+) lets Inductor launch the kernels from its own code and
 # CUDA graphs capture them; an interpreted kernel is no compiled one, so there, and on older torch, a custom op.
 TRITON_OP = hasattr(torch.library, "triton_op") and not INTERPRET
@@ -104,7 +105,7 @@ def layer_norm_fwd_kernel(
 
 
 @functools.cache
-def block_config(C: int, max_block: int = MAX_BLOCK) -> tuple[int, bool, int]:
+def _block_config(C: int, max_block: int = MAX_BLOCK) -> tuple[int, bool, int]:
     """(BLOCK_SIZE, ONE_BLOCK, num_warps) for rows of C features, computed once per C.
 
     BLOCK_SIZE is a power of two >= C when the row fits one block, else max_block; one warp per 256 columns
@@ -123,12 +124,12 @@ def _rows(t: torch.Tensor, C: int) -> tuple[torch.Tensor, int]:
     return (t2, t2.stride(0)) if t2.stride(-1) == 1 else (t2.contiguous(), C)
 
 
-def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
     """The kernels' arithmetic: float64 for float64, float32 for every other dtype."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def forward(
+def _forward(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
     out_dtype: torch.dtype | None = None, max_block: int = MAX_BLOCK, traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,9 +138,9 @@ def forward(
     x2, stride_x = _rows(x, C)
     N = x2.numel() // C
     y = torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format)
-    stats = torch.empty(2, N, dtype=stats_dtype(x.dtype), device=x.device)
+    stats = torch.empty(2, N, dtype=_stats_dtype(x.dtype), device=x.device)
     if N:
-        block, one_block, warps = block_config(C, max_block)
+        block, one_block, warps = _block_config(C, max_block)
         w = weight.contiguous()
         b = w if bias is None else bias.contiguous()  # a placeholder pointer, never read when HAS_BIAS=False
         args = (x2, y, w, b, stats, stride_x, C, C, N, eps, bias is not None, block, one_block)
@@ -242,15 +243,13 @@ def layer_norm_bwd_kernel(
             tl.debug_barrier()  # this row's updates of DW/DB are visible to every thread before the next
 
 
-ONE_PROGRAM_ROWS = 32
-
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def backward_programs(N: int, device: torch.device) -> int:
+def _backward_programs(N: int, device: torch.device) -> int:
     """How many programs share the backward's N rows.
 
     Up to ONE_PROGRAM_ROWS rows, one: its partial sums are the sums, and a launch saved weighs more than a few
@@ -263,7 +262,7 @@ def backward_programs(N: int, device: torch.device) -> int:
     return min(N, 8 * _sm_count(device) if device.type == "cuda" else 4)
 
 
-def backward(
+def _backward(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor, has_bias: bool = True,
     max_block: int = MAX_BLOCK, traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -275,8 +274,8 @@ def backward(
         dy2, stride_dy = dy2.contiguous(), C
     N = x2.numel() // C
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    block, one_block, warps = block_config(C, max_block)
-    programs = backward_programs(N, x.device)
+    block, one_block, warps = _block_config(C, max_block)
+    programs = _backward_programs(N, x.device)
     one_program = programs == 1 and one_block and N > 0  # it writes dw and db themselves
     if one_program:
         dw = torch.empty_like(weight)
@@ -349,7 +348,7 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
 class _LayerNormTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        y, stats = forward(x, weight, bias, eps, _out_dtype(x))
+        y, stats = _forward(x, weight, bias, eps, _out_dtype(x))
         ctx.save_for_backward(x, weight, stats)
         ctx.has_bias = bias is not None
         return y
@@ -358,7 +357,7 @@ class _LayerNormTriton(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, weight, stats = ctx.saved_tensors
-        dx, dw, db = backward(dy, x, weight, stats, ctx.has_bias)
+        dx, dw, db = _backward(dy, x, weight, stats, ctx.has_bias)
         return dx, dw, db, None
 
 
@@ -370,31 +369,31 @@ _define_op = torch.library.triton_op if TRITON_OP else torch.library.custom_op
     "layernorm::triton_fwd", mutates_args=(),
     schema="(Tensor x, Tensor weight, Tensor? bias, float eps, ScalarType out_dtype) -> (Tensor, Tensor)",
 )
-def triton_fwd(
+def _triton_fwd(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(x, weight, bias, eps, out_dtype, traced=True)
+    return _forward(x, weight, bias, eps, out_dtype, traced=True)
 
 
 @_define_op(
     "layernorm::triton_bwd", mutates_args=(),
     schema="(Tensor dy, Tensor x, Tensor weight, Tensor stats, bool has_bias) -> (Tensor, Tensor, Tensor)",
 )
-def triton_bwd(
+def _triton_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor, has_bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = backward(dy, x, weight, stats, has_bias, traced=True)
+    dx, dw, db = _backward(dy, x, weight, stats, has_bias, traced=True)
     return dx, dw, torch.zeros_like(dw) if db is None else db  # an op returns tensors, never None
 
 
 if not TRITON_OP:  # a triton_op's shapes come from running it on fake tensors; a custom op is told them
 
-    @triton_fwd.register_fake
+    @_triton_fwd.register_fake
     def _(x, weight, bias, eps, out_dtype):
         N = x.numel() // x.shape[-1]
-        return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((2, N), dtype=stats_dtype(x.dtype))
+        return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((2, N), dtype=_stats_dtype(x.dtype))
 
-    @triton_bwd.register_fake
+    @_triton_bwd.register_fake
     def _(dy, x, weight, stats, has_bias):
         return x.new_empty(x.shape), torch.empty_like(weight), torch.empty_like(weight)
 
@@ -410,11 +409,11 @@ def _backward_rule(ctx, dy, _dstats):
     if dy is None:  # y itself was not used
         return None, None, None, None, None
     x, weight, stats = ctx.saved_tensors
-    dx, dw, db = triton_bwd(dy, x, weight, stats, ctx.has_bias)
+    dx, dw, db = _triton_bwd(dy, x, weight, stats, ctx.has_bias)
     return dx, dw, db if ctx.has_bias else None, None, None
 
 
-triton_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
+_triton_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def layer_norm_triton(
@@ -427,5 +426,5 @@ def layer_norm_triton(
     checked: `layernorm.TritonLayerNorm` checks them, once per call.
     """
     if torch.compiler.is_compiling():
-        return triton_fwd(x, weight, bias, float(eps), _out_dtype(x))[0]
+        return _triton_fwd(x, weight, bias, float(eps), _out_dtype(x))[0]
     return _LayerNormTriton.apply(x, weight, bias, float(eps))

@@ -41,11 +41,11 @@ def assert_rel(out, ref, tol=1e-5):
 
 
 def test_block_size_choice():
-    assert lt.block_config(100, 8192) == (128, True, 1)
-    assert lt.block_config(100, 32) == (32, False, 1)
-    assert lt.block_config(768) == (1024, True, 4)
-    assert lt.block_config(70000, 8192) == (8192, False, 16)
-    assert lt.block_config(8192, 8192) == (8192, True, 16)
+    assert lt._block_config(100, 8192) == (128, True, 1)
+    assert lt._block_config(100, 32) == (32, False, 1)
+    assert lt._block_config(768) == (1024, True, 4)
+    assert lt._block_config(70000, 8192) == (8192, False, 16)
+    assert lt._block_config(8192, 8192) == (8192, True, 16)
 
 
 @pytest.mark.parametrize("C,max_block,N", [(100, 32, 5), (64, 32, 5), (33, 16, 5), (7, 4, 5), (33, 16, 40)])
@@ -53,12 +53,12 @@ def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N):
     """Force the looped path with a small block: every column still counts, forward and backward, with one
     backward program and with several (each clears its own partial sums first)."""
     x, w, b, dy = inputs(N, C)
-    y, stats = lt.forward(x, w, b, 1e-5, max_block=max_block)
-    dx, dw, db = lt.backward(dy, x, w, stats, max_block=max_block)
+    y, stats = lt._forward(x, w, b, 1e-5, max_block=max_block)
+    dx, dw, db = lt._backward(dy, x, w, stats, max_block=max_block)
     for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
         assert_rel(out, ref)
     # and the one-block path agrees with it
-    y1, stats1 = lt.forward(x, w, b, 1e-5)
+    y1, stats1 = lt._forward(x, w, b, 1e-5)
     torch.testing.assert_close(y1, y, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(stats1[1], stats[1], rtol=1e-6, atol=0)  # rstd
 
@@ -74,9 +74,9 @@ def test_feature_size_beyond_65536():
 
 def test_half_precision_in_the_looped_path():
     x, w, b, dy = inputs(3, 100, dtype=torch.bfloat16)
-    y, stats = lt.forward(x, w, b, 1e-5, max_block=32)
+    y, stats = lt._forward(x, w, b, 1e-5, max_block=32)
     assert y.dtype == torch.bfloat16 and stats.dtype == torch.float32 and stats.shape == (2, 3)
-    dx, dw, db = lt.backward(dy, x, w, stats, max_block=32)
+    dx, dw, db = lt._backward(dy, x, w, stats, max_block=32)
     assert dx.dtype == dw.dtype == db.dtype == torch.bfloat16
     for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
         assert_rel(out, ref, tol=2e-2)
@@ -88,7 +88,7 @@ def test_float64_is_computed_in_float64():
     x, w, b, dy = inputs(lt.ONE_PROGRAM_ROWS + 3, 24, dtype=torch.float64)  # several backward programs
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
     y = layer_norm_triton(xr, wr, br)
-    assert lt.forward(x, w, b, 1e-5)[1].dtype == torch.float64
+    assert lt._forward(x, w, b, 1e-5)[1].dtype == torch.float64
     for out, ref in zip((y, *torch.autograd.grad(y, (xr, wr, br), dy)), reference(x, w, b, dy), strict=True):
         assert out.dtype == torch.float64
         assert_rel(out, ref, tol=1e-12)
@@ -153,8 +153,8 @@ def test_backward_with_and_without_the_pipelined_row_loop(N, pipeline, with_bias
     bias (no dbias sums then), one program writing the sums or several their partial sums: float64's gradients."""
     monkeypatch.setattr(lt, "PIPELINE", pipeline)
     x, w, b, dy = inputs(N, 24)
-    y, stats = lt.forward(x, w, b if with_bias else None, 1e-5)
-    dx, dw, db = lt.backward(dy, x, w, stats, has_bias=with_bias)
+    y, stats = lt._forward(x, w, b if with_bias else None, 1e-5)
+    dx, dw, db = lt._backward(dy, x, w, stats, has_bias=with_bias)
     _, dx_ref, dw_ref, db_ref = reference(x, w, b if with_bias else torch.zeros_like(b), dy)
     assert_rel(dx, dx_ref)
     assert_rel(dw, dw_ref)
@@ -216,9 +216,9 @@ def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
 
 
 def test_direct_launch_version_gate():
-    assert lt.direct_launch_supported("3.6.0") and lt.direct_launch_supported("3.7.1")
+    assert lt._direct_launch_supported("3.6.0") and lt._direct_launch_supported("3.7.1")
     for version in ("3.5.1", "3.8.0", "4.0.0", "2.3.1"):
-        assert not lt.direct_launch_supported(version), version
+        assert not lt._direct_launch_supported(version), version
     assert not (lt.DIRECT_LAUNCH and lt.INTERPRET)  # the interpreter compiles nothing to call directly
 
 
@@ -246,7 +246,7 @@ def test_custom_ops_pass_opcheck():
     for out_dtype in (torch.float32, torch.bfloat16):
         torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, b, 1e-5, out_dtype))
     torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, None, 1e-5, torch.float32))
-    _, stats = lt.forward(x.detach(), w.detach(), b.detach(), 1e-5)
+    _, stats = lt._forward(x.detach(), w.detach(), b.detach(), 1e-5)
     for has_bias in (True, False):
         args = (dy, x.detach(), w.detach(), stats, has_bias)
         torch.library.opcheck(torch.ops.layernorm.triton_bwd.default, args)
