@@ -1,0 +1,196 @@
+"""Why DyT stalled: the scale of what each norm hands on, of the logits, and the gradient reaching each block.
+
+    python experiments/dyt_stall.py                  # the defaults: a few minutes on two CPU cores
+    python experiments/dyt_stall.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
+
+Three models of the CPU configuration (configs/shakespeare_char_cpu.json), from the same seed: LayerNorm
+(--norm=builtin), DyT as it was (every alpha starting at 0.5, the embeddings unscaled: OLD_DYT) and DyT with its
+recipe (--norm=dyt and its defaults). Each is measured at initialization (built here as train.py builds it) and
+after --iters iterations of train.py (the schedule of a full run, cut there), on --batches training batches:
+  - the per-token RMS of the residual stream entering each norm and of what the norm hands on (ln_1 to the
+    attention, ln_2 to the MLP, ln_f to the LM head), the median over tokens;
+  - for DyT, the share of elements that tanh saturates (|alpha x| > 2, where its slope is below 0.07) and alpha;
+  - the RMS of the logits;
+  - the gradient norm of each block's parameters (one backward per batch, the mean over batches).
+Writes to --results_dir dyt_stall.json (every number, the commands, the machine, the run time) and dyt_stall.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib
+import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from data.common import DataError, PreparedData  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from options import MODEL_KEYS, build_config, parse_args  # noqa: E402
+
+CONFIG = "configs/shakespeare_char_cpu.json"
+OLD_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
+MODELS = {"LayerNorm": ["--norm=builtin"], "DyT, alpha 0.5 (before)": OLD_DYT, "DyT, recipe": ["--norm=dyt"]}
+SMOKE = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4"]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", default=str(ROOT / "data" / "shakespeare_char"))
+    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "dyt_stall"))
+    p.add_argument("--iters", type=int, default=300, help="iterations of train.py before the second measurement")
+    p.add_argument("--batches", type=int, default=8, help="training batches each measurement averages over")
+    p.add_argument("--smoke", action="store_true", help="2 layers, 32 wide, 4 iterations: checks the pipeline")
+    args = p.parse_args(argv)
+    args.extra = SMOKE if args.smoke else []
+    if args.smoke:
+        args.iters, args.batches = 4, 2
+    return args
+
+
+def new_model(flags: list[str], vocab_size: int) -> GPT:
+    """The model train.py would build from CONFIG and these flags, with its initial weights."""
+    cfg = build_config(parse_args([CONFIG, *flags]))
+    torch.manual_seed(cfg.seed)
+    return GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=vocab_size))
+
+
+def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:
+    """--iters iterations of train.py with these flags (a child process); the model it checkpointed."""
+    cmd = [sys.executable, "train.py", CONFIG, *flags, f"--data_dir={args.data_dir}", f"--out_dir={out_dir}",
+           f"--max_iters={args.iters}", f"--eval_interval={args.iters}", "--eval_iters=10",
+           f"--log_interval={max(1, args.iters // 3)}", "--device=cpu", "--sample_at_end=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    print("    " + "\n    ".join(line for line in proc.stdout.splitlines() if line.startswith("step ")), flush=True)
+    return model_from_checkpoint(load_checkpoint(out_dir / "ckpt.pt"))
+
+
+def token_rms(x: torch.Tensor) -> float:
+    """The median over tokens of each token's RMS over its features."""
+    return x.detach().double().pow(2).mean(-1).sqrt().median().item()
+
+
+def measure(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """{"norm_in"/"norm_out": {norm: RMS}, "logits": RMS, "grad": [per block]}, each the mean over batches."""
+    model.train()
+    norms = {name.removeprefix("transformer."): m for name, m in model.named_modules() if name.split(".")[-1]
+             in ("ln_1", "ln_2", "ln_f")}
+    out: dict = {"norm_in": dict.fromkeys(norms, 0.0), "norm_out": dict.fromkeys(norms, 0.0), "logits": 0.0,
+                 "grad": [0.0] * len(model.transformer.h), "saturated": {}, "alpha": {}}
+
+    def hook(name: str):
+        def record(module, inputs, output):
+            out["norm_in"][name] += token_rms(inputs[0]) / len(batches)
+            out["norm_out"][name] += token_rms(output) / len(batches)
+            if hasattr(module, "alpha"):  # DyT
+                share = ((module.alpha * inputs[0]).abs() > 2).double().mean().item()
+                out["saturated"][name] = out["saturated"].get(name, 0.0) + share / len(batches)
+                out["alpha"][name] = module.alpha.item()
+        return record
+
+    handles = [m.register_forward_hook(hook(name)) for name, m in norms.items()]
+    for x, y in batches:
+        model.zero_grad(set_to_none=True)
+        logits, loss = model(x, y)
+        out["logits"] += token_rms(logits) / len(batches)
+        loss.backward()
+        for i, block in enumerate(model.transformer.h):
+            grads = [p.grad.double().pow(2).sum() for p in block.parameters() if p.grad is not None]
+            out["grad"][i] += torch.sqrt(sum(grads)).item() / len(batches)
+    for h in handles:
+        h.remove()
+    return out
+
+
+def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    axes = axes.flatten()
+    for (name, r), color in zip(results.items(), ("C0", "C3", "C2"), strict=True):
+        for when, style in (("init", "--"), ("trained", "-")):
+            m = r[when]
+            label = f"{name}, {'initialization' if when == 'init' else f'after {args.iters} iterations'}"
+            names = list(m["norm_out"])
+            axes[0].plot(range(len(names)), list(m["norm_in"].values()), style, color=color, marker=".", label=label)
+            axes[1].plot(range(len(names) + 1), [*m["norm_out"].values(), m["logits"]], style, color=color,
+                         marker=".", label=label)
+            axes[2].plot(range(1, len(m["grad"]) + 1), m["grad"], style, color=color, marker=".", label=label)
+            if m["saturated"]:
+                axes[3].plot(range(len(names)), list(m["saturated"].values()), style, color=color, marker=".",
+                             label=label)
+    axes[0].set(title="RMS of the residual stream entering each norm", xticks=range(len(names)))
+    axes[0].set_xticklabels(names, rotation=60, fontsize=7)
+    axes[1].set(title="RMS of what each norm hands on, and of the logits", xticks=range(len(names) + 1))
+    axes[1].set_xticklabels([*names, "logits"], rotation=60, fontsize=7)
+    axes[2].set(title="gradient norm of each block's parameters", xlabel="block", xticks=range(1, len(m["grad"]) + 1))
+    axes[3].set(title="DyT: share of elements tanh saturates (|alpha x| > 2)", xticks=range(len(names)),
+                ylim=(-0.02, 1.02))
+    axes[3].set_xticklabels(names, rotation=60, fontsize=7)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    for ax in axes[:3]:
+        ax.set_yscale("log")
+    axes[2].legend(fontsize=7)
+    fig.suptitle(f"{CONFIG} (median per-token RMS, mean of {args.batches} training batches of the same seed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def machine() -> dict:
+    cpus = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    return {"cpu": cpus[0] if cpus else platform.processor(), "cpu_count": len(cpus) or None,
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    t0, args = time.perf_counter(), parse(argv)
+    results_dir = Path(args.results_dir)
+    try:
+        data = PreparedData(args.data_dir, "shakespeare_char", 64 if not args.smoke else 16)
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from None
+    gen = torch.Generator().manual_seed(0)
+    batch_size = 4 if args.smoke else 12
+    batches = [data.get("train", torch.randint(data.num_starts("train"), (batch_size,), generator=gen), "cpu")
+               for _ in range(args.batches)]
+    vocab_size = data.vocab_size
+    data.close()
+    results, commands = {}, {}
+    with tempfile.TemporaryDirectory(prefix="dyt_stall-") as tmp:
+        for i, (name, flags) in enumerate(MODELS.items()):
+            flags = [*flags, *args.extra]
+            commands[name] = " ".join(["python train.py", CONFIG, *flags])
+            init = measure(new_model(flags, vocab_size), batches)
+            print(f"[{i + 1}/{len(MODELS)}] {name}: at init ln_1 of block 1 hands on RMS "
+                  f"{init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}; training {args.iters} "
+                  f"iterations ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+            trained = measure(trained_model(flags, args, Path(tmp) / str(i)), batches)
+            results[name] = {"flags": flags, "init": init, "trained": trained}
+    results_dir.mkdir(parents=True, exist_ok=True)
+    plot(results, args, results_dir / "dyt_stall.png")
+    run_time = time.perf_counter() - t0
+    (results_dir / "dyt_stall.json").write_text(json.dumps({
+        "command": " ".join(["python experiments/dyt_stall.py", *(argv if argv is not None else sys.argv[1:])]),
+        "train_commands": commands, "iters": args.iters, "batches": args.batches, "run_time_s": round(run_time, 1),
+        "machine": machine(),
+        "results": results}, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {results_dir}/dyt_stall.json and dyt_stall.png; total time {run_time:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
