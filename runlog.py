@@ -1,5 +1,6 @@
-"""The record a training run leaves: metrics.jsonl (one JSON object a line: train, eval, summary), the same
-figures in Weights & Biases when asked for, and the summary train.main() returns."""
+"""The record a training run leaves: the losses read back from the device, the log lines, metrics.jsonl (one JSON
+object a line: train, eval, summary), the same figures in Weights & Biases when asked for, and the summary
+train.main() returns."""
 
 from __future__ import annotations
 
@@ -12,9 +13,41 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import checkpoint
 from device import Dist, peak_memory
 from options import TrainConfig
+
+
+class LossWindow:
+    """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
+    the wall time they took. `read()` syncs once: each iteration's loss, averaged over the processes; log_line()
+    prints and records one."""
+
+    def __init__(self, dist: Dist) -> None:
+        self.dist, self.pending, self.n_read, self.ms_per_iter = dist, [], 0, []
+        self.t0, self.paused_s = time.perf_counter(), 0.0  # pauses: evaluations and checkpoints
+
+    def read(self) -> list[tuple[int, float, float]]:
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        losses = self.dist.all_reduce(torch.stack([loss for _, loss, _ in pending]).float()) / self.dist.world_size
+        self.n_read += len(pending)
+        return [(it, loss, lr) for (it, _, lr), loss in zip(pending, losses.tolist(), strict=True)]
+
+    def log_line(self, last: tuple[int, float, float], tokens_per_iter: int, log: Any) -> None:
+        """The log line and metrics record of the last iteration read, with the time per iteration since the last
+        line (pauses left out)."""
+        (it, loss, lr), now = last, time.perf_counter()
+        ms = (now - self.t0 - self.paused_s) * 1000 / max(self.n_read, 1)
+        self.t0, self.paused_s, self.n_read = now, 0.0, 0
+        self.ms_per_iter.append(ms)
+        tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
+        self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
+        log({"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
+            wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s})
 
 
 @contextlib.contextmanager

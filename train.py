@@ -137,39 +137,6 @@ def build_model(cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any]
     return model
 
 
-# ---- what outlives an iteration ----
-
-
-class LossWindow:
-    """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
-    the wall time they took. `read()` syncs once: each iteration's loss, averaged over the processes; log_line()
-    prints and records one."""
-
-    def __init__(self, dist: Dist) -> None:
-        self.dist, self.pending, self.n_read, self.ms_per_iter = dist, [], 0, []
-        self.t0, self.paused_s = time.perf_counter(), 0.0  # pauses: evaluations and checkpoints
-
-    def read(self) -> list[tuple[int, float, float]]:
-        pending, self.pending = self.pending, []
-        if not pending:
-            return []
-        losses = self.dist.all_reduce(torch.stack([loss for _, loss, _ in pending]).float()) / self.dist.world_size
-        self.n_read += len(pending)
-        return [(it, loss, lr) for (it, _, lr), loss in zip(pending, losses.tolist(), strict=True)]
-
-    def log_line(self, last: tuple[int, float, float], tokens_per_iter: int, log: Any) -> None:
-        """The log line and metrics record of the last iteration read, with the time per iteration since the last
-        line (pauses left out)."""
-        (it, loss, lr), now = last, time.perf_counter()
-        ms = (now - self.t0 - self.paused_s) * 1000 / max(self.n_read, 1)
-        self.t0, self.paused_s, self.n_read = now, 0.0, 0
-        self.ms_per_iter.append(ms)
-        tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
-        self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
-        log({"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
-            wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s})
-
-
 def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
     kept = (f"the last good checkpoint, {ckpt_path} (iteration {last_saved}), was kept" if last_saved is not None
             else "no checkpoint had been written by this run")
@@ -231,7 +198,7 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
     no_sync = train_model.no_sync if dist.enabled else contextlib.nullcontext
     with (runlog.open_log(cfg, dist, start if ckpt else None) as log, StopRequest(announce=dist.master) as stop,
           contextlib.closing(data)):
-        window = LossWindow(dist)
+        window = runlog.LossWindow(dist)
         while True:
             stop_reason = stop_reason or stop.agreed(dist, cfg.max_wall_s is not None
                                                      and time.perf_counter() - t_start > cfg.max_wall_s)
