@@ -5,6 +5,7 @@ nanoGPT itself is not needed: a stand-in prints nanoGPT's log lines.
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tarfile
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import common, decoding, training
+from device import maxrss_bytes
 from helpers import ROOT, make_dataset
 
 TINY = {"batch_size": 4, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.0, "max_iters": 6,
@@ -165,10 +167,11 @@ def test_matmul_rows_in_the_mode_do_not_depend_on_their_company():
 
 
 def test_run_child_reports_the_childs_peak_memory_and_kills_on_timeout():
-    # A child's ru_maxrss starts at this process's size (Linux carries it over fork and exec): allocate beyond it.
-    big = common.run_child([sys.executable, "-c", "b = bytearray(1200 * 2**20); print('done')"])
+    # A child's ru_maxrss starts at this process's peak (Linux carries it over fork and exec): allocate beyond it.
+    mib = maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) // 2**20 + 300
+    big = common.run_child([sys.executable, "-c", f"b = bytearray({mib} * 2**20); print('done')"])
     small = common.run_child([sys.executable, "-c", "print('done')"], echo="kid")
-    assert big.ok and big.lines == ["done"] and big.max_rss_bytes - small.max_rss_bytes > 400 * 2**20
+    assert big.ok and big.lines == ["done"] and big.max_rss_bytes >= mib * 2**20 > small.max_rss_bytes
     slow = common.run_child([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1)
     assert slow.timed_out and not slow.ok and slow.wall_s < 20
 
