@@ -167,8 +167,8 @@ def table(result: dict[str, Any]) -> str:
              f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every "
              f"{s['eval_interval']} on {s['eval_iters']} batches, {result['repeats']} alternating repeats")
     return "\n".join([title, "", markdown_table(
-        ["side", "runs ok", "ms/iter", "spread", "tokens/s", "peak RSS MiB", "CUDA peak MiB", "final val",
-         "best val", f"train s to val <= {result['target_val']}", "x builtin eager", "x nanoGPT"], rows)])
+        ["side", "runs ok", "ms/iter", "spread", "tokens/s", "peak RSS MiB", "CUDA peak MiB", "final val", "best val",
+         f"train s to val <= {result['target_val'] or '--target_val'}", "x builtin eager", "x nanoGPT"], rows)])
 
 
 def write_curves(out: Path, result: dict[str, Any]) -> None:
