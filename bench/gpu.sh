@@ -78,7 +78,7 @@ step full_run 90 "$PY" -m bench.training "${FULL[@]}" --curves --norms "$NORM" -
     --target_val 1.47 --data_dir "$WORK/data" --set max_wall_s=75 --verbose --out "$RES/full_run.json"
 [[ -n $NANOGPT ]] && step nanogpt 90 "$PY" -m bench.training "${FULL[@]}" --curves --norms "" --nanogpt "$NANOGPT" \
     --repeats 1 --target_val 1.47 --time_limit 85 --verbose --out "$RES/nanogpt.json"
-step tests 40 "$PY" -m pytest -q -p no:cacheprovider tests/test_layernorm*.py ${TESTS[@]+"${TESTS[@]}"}
+step tests 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_{layernorm*,batch_invariant_triton}.py ${TESTS[@]+"${TESTS[@]}"}
 step decode 30 "$PY" -m bench.decoding --device $DEV --paths cached,mode ${DECODE[@]+"${DECODE[@]}"} \
     --out "$RES/decode.json"
 step matmul 15 "$PY" -m bench.decoding --device $DEV --matmul ${MATMUL[@]+"${MATMUL[@]}"} --out "$RES/matmul.json"
