@@ -1,21 +1,20 @@
 """The experiments in experiments/: each runs end to end in a smoke mode on a tiny model."""
 
+import importlib.util
 import json
 import subprocess
 import sys
-from dataclasses import fields
 
 import pytest
 import torch
 
 from checkpoint import save_checkpoint, training_checkpoint
 from helpers import ROOT, make_dataset, subprocess_env
+from layernorm import NORMS, DyT
 from model import GPT, GPTConfig
 
-POSITIONS = ["pre", "post"] if "norm_position" in {f.name for f in fields(GPTConfig)} else ["pre"]
 
-
-@pytest.mark.parametrize("norm_position", POSITIONS)
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_inside_norms_smoke(tmp_path, norm_position):
     data = make_dataset(tmp_path / "data")
     extra = {"norm_position": norm_position} if norm_position != "pre" else {}
@@ -71,9 +70,86 @@ def test_norm_placement_smoke(tmp_path):
     [
         ("inside_norms.py", ["--out_dir", "nowhere"], "error: no checkpoint at nowhere/ckpt.pt"),
         ("norm_placement.py", ["--data_dir", "nowhere", "--smoke"], "error: no train.bin in nowhere"),
+        ("dyt_stall.py", ["--data_dir", "nowhere", "--smoke"], "error: no train.bin in nowhere"),
+        ("centre_and_rescale.py", ["--data_dir", "nowhere", "--smoke"], "error: no train.bin in nowhere"),
     ],
 )
 def test_missing_input_is_a_one_line_error(script, args, message):
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / script), *args], cwd=ROOT, capture_output=True,
                           text=True, env=subprocess_env(), timeout=120)
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def run_experiment(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, f"experiments/{script}", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(MPLBACKEND="Agg"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    assert "total time" in proc.stdout
+    return proc
+
+
+def test_dyt_stall_smoke(tmp_path):
+    """Three 2-layer models measured at init and after 4 iterations of train.py: every norm, the logits, the
+    gradient per block; at init the old DyT hands its sublayer far less than LayerNorm's unit RMS, the recipe
+    about as much, and each DyT's alpha starts where its flags say."""
+    data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
+    run_experiment("dyt_stall.py", "--smoke", f"--data_dir={data}", f"--results_dir={out}")
+    assert (out / "dyt_stall.png").stat().st_size > 0
+    result = json.loads((out / "dyt_stall.json").read_text())
+    assert result["run_time_s"] > 0 and set(result["train_commands"]) == set(result["results"])
+    ln, old, new = result["results"].values()
+    norms = ["h.0.ln_1", "h.0.ln_2", "h.1.ln_1", "h.1.ln_2", "ln_f"]
+    for r in (ln, old, new):
+        for when in ("init", "trained"):
+            m = r[when]
+            assert list(m["norm_in"]) == list(m["norm_out"]) == norms and m["logits"] > 0
+            assert len(m["grad"]) == 2 and all(g > 0 for g in m["grad"])
+            assert list(m["saturated"]) == (norms if r is not ln else [])
+    assert ln["init"]["norm_out"]["h.0.ln_1"] == pytest.approx(1, abs=0.02)
+    assert old["init"]["norm_out"]["h.0.ln_1"] < 0.05 < 0.5 < new["init"]["norm_out"]["h.0.ln_1"]
+    assert set(old["init"]["alpha"].values()) == {0.5}
+    assert new["init"]["alpha"]["ln_f"] == pytest.approx(DyT.initial_alpha(32))
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_centre_only_against_float64_and_swapped_in_for_every_norm():
+    car = load_script("centre_and_rescale")
+    m = car.CentreOnly(8)
+    with torch.no_grad():
+        m.weight.normal_(), m.bias.normal_()
+    x = torch.randn(3, 5, 8)
+    x64, w64, b64 = x.double(), m.weight.double(), m.bias.double()
+    torch.testing.assert_close(m(x).double(), (x64 - x64.mean(-1, keepdim=True)) * w64 + b64, rtol=0, atol=1e-6)
+    args = car.parse(["--smoke"])
+    model = car.build("centre", car.row_config("centre", 0, args), vocab_size=30)
+    norms = [model.transformer.ln_f] + [n for b in model.transformer.h for n in (b.ln_1, b.ln_2)]
+    assert all(type(n) is car.CentreOnly for n in norms)
+    assert set(car.ROWS) == {"layernorm", "rmsnorm", "centre", "dyt", "none"} and "centre" not in NORMS
+    assert car.row_config("dyt", 0, args).embed_scale and not car.row_config("rmsnorm", 0, args).embed_scale
+
+
+def test_centre_and_rescale_smoke(tmp_path):
+    """Five rows, two seeds of one of them, 6 iterations each; a second call finds every run done and only
+    rewrites the table."""
+    data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
+    common = ["--smoke", f"--data_dir={data}", f"--results_dir={out}"]
+    first = run_experiment("centre_and_rescale.py", *common)
+    run_experiment("centre_and_rescale.py", *common, "--rows", "rmsnorm", "--seeds", "1337", "7")
+    assert "5 runs of 6 iterations to go" in first.stdout and "min left" in first.stdout
+    result = json.loads((out / "centre_and_rescale.json").read_text())
+    assert len(result["runs"]) == 6 and {r["row"] for r in result["runs"]} == set(result["table"])
+    for run in result["runs"]:
+        assert [it for it, _ in run["evals"]] == [0, 3, 6] and run["final_val_loss"] == run["evals"][-1][1]
+    rms = result["table"]["rmsnorm"]
+    assert sorted(rms["seeds"]) == [7, 1337] and rms["std"] is not None
+    assert rms["mean"] == pytest.approx(sum(rms["final_val_loss"]) / 2)
+    table = (out / "centre_and_rescale.md").read_text()
+    assert all(f"| {row} |" in table for row in result["table"]) and (out / "centre_and_rescale.png").exists()
+    again = run_experiment("centre_and_rescale.py", *common)
+    assert "0 runs of 6 iterations to go" in again.stdout

@@ -1,0 +1,226 @@
+"""LayerNorm taken apart: it centres a token (subtracts its mean) and rescales it (divides by its standard deviation).
+Which of the two does training need here?
+
+    python experiments/centre_and_rescale.py                        # one seed each: about 25 minutes on two CPU cores
+    python experiments/centre_and_rescale.py --seeds 1337 1 2 --rows layernorm rmsnorm      # more seeds for some rows
+    python experiments/centre_and_rescale.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
+
+Five models of the CPU configuration (configs/shakespeare_char_cpu.json), each trained from the same seed on the
+same batches with the same schedule, by this script's loop (train.py's: AdamW, warmup then cosine decay, gradient
+clipping; in-process, since one of the norms is not in the registry):
+    layernorm    centre and rescale      --norm=builtin
+    rmsnorm      rescale only            --norm=rmsnorm
+    centre       centre only             CentreOnly below, swapped in for every norm: (x - mean(x)) * weight + bias
+    dyt          neither: tanh(alpha x)  --norm=dyt (its recipe: layernorm.DyT, model.py's embed_scale)
+    none         nothing                 --norm=none
+The val loss is estimated every --eval_interval iterations on --eval_batches fixed batches (the same for every row).
+Each finished run is kept in <results_dir>/runs/ and not run again (delete it to rerun); the table, figure and JSON
+are written from every run found there: centre_and_rescale.json, .md and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+import torch
+from torch import nn
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from checkpoint import seed_rngs  # noqa: E402
+from data.common import DataError, PreparedData  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from options import MODEL_KEYS, TrainConfig, build_config, parse_args  # noqa: E402
+
+CONFIG = "configs/shakespeare_char_cpu.json"
+ROWS = {  # name: (what it does, the registry norm it is built with)
+    "layernorm": ("centre and rescale", "builtin"),
+    "rmsnorm": ("rescale only", "rmsnorm"),
+    "centre": ("centre only", "builtin"),  # then every norm is swapped for CentreOnly
+    "dyt": ("neither: tanh(alpha x)", "dyt"),
+    "none": ("nothing", "none"),
+}
+SMOKE = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--max_iters=6",
+         "--lr_decay_iters=6", "--warmup_iters=2"]
+
+
+class CentreOnly(nn.Module):
+    """y = (x - mean(x)) * weight + bias over the last dimension: LayerNorm without the division by the std."""
+
+    def __init__(self, dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (x - x.mean(-1, keepdim=True)) * self.weight
+        return y if self.bias is None else y + self.bias
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data_dir", default=str(ROOT / "data" / "shakespeare_char"))
+    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "centre_and_rescale"))
+    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[1337], help="one run per row and seed")
+    p.add_argument("--eval_interval", type=int, default=100)
+    p.add_argument("--eval_batches", type=int, default=50)
+    p.add_argument("--smoke", action="store_true", help="2 layers, 32 wide, 6 iterations: checks the pipeline")
+    args = p.parse_args(argv)
+    args.extra = SMOKE if args.smoke else []
+    if args.smoke:
+        args.eval_interval, args.eval_batches = 3, 2
+    return args
+
+
+def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
+    """train.py's options for this row: CONFIG, the row's norm (with its defaults: DyT's recipe) and the seed."""
+    return build_config(parse_args([CONFIG, f"--norm={ROWS[row][1]}", f"--seed={seed}", *args.extra]))
+
+
+def machine() -> dict:
+    cpus = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    return {"cpu": cpus[0] if cpus else platform.processor(), "cpu_count": len(cpus) or None,
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+def lr_at(it: int, cfg: TrainConfig) -> float:
+    """train.py's schedule (get_lr): linear warmup, cosine decay to min_lr at lr_decay_iters."""
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    ratio = min(1.0, (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters))
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
+    """The row's model, from cfg.seed; the centre row's norms swapped for CentreOnly after construction."""
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=vocab_size))
+    if row == "centre":
+        for block in model.transformer.h:
+            block.ln_1, block.ln_2 = CentreOnly(cfg.n_embd, cfg.bias), CentreOnly(cfg.n_embd, cfg.bias)
+        model.transformer.ln_f = CentreOnly(cfg.n_embd, cfg.bias)
+    return model
+
+
+@torch.no_grad()
+def val_loss(model: GPT, batches: list) -> float:
+    model.eval()
+    loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
+    model.train()
+    return loss
+
+
+def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Namespace, clock: dict) -> dict:
+    """One run: {"row", "seed", "evals": [[iter, val loss]], "final_val_loss", "wall_s", "diverged"}."""
+    t0 = time.perf_counter()
+    model = build(row, cfg, data.vocab_size)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
+    eval_gen = torch.Generator().manual_seed(0)  # the same val batches for every row and seed
+    val = [data.get("val", torch.randint(data.num_starts("val"), (cfg.batch_size,), generator=eval_gen), "cpu")
+           for _ in range(args.eval_batches)]
+    data_gen, evals = seed_rngs(cfg.seed), []
+    for it in range(cfg.max_iters + 1):
+        if it % args.eval_interval == 0 or it == cfg.max_iters:
+            evals.append([it, val_loss(model, val)])
+            if not math.isfinite(evals[-1][1]):
+                break
+            done = clock["done"] + it  # iterations of this invocation so far
+            left = (time.perf_counter() - clock["t0"]) / max(done, 1) * (clock["total"] - done)
+            print(f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f} (about {left / 60:.1f} min left "
+                  f"in all)", flush=True)
+        if it == cfg.max_iters:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(it, cfg)
+        x, y = data.get("train", torch.randint(data.num_starts("train"), (cfg.batch_size,), generator=data_gen), "cpu")
+        model(x, y)[1].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    clock["done"] += cfg.max_iters
+    final = evals[-1][1]
+    return {"row": row, "seed": cfg.seed, "evals": evals, "final_val_loss": final, "diverged": not math.isfinite(final),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def summarize(runs: list[dict]) -> dict[str, dict]:
+    """Per row: the final val loss of each seed, their mean and (with 2+ seeds) standard deviation."""
+    table = {}
+    for row in ROWS:
+        finals = [r["final_val_loss"] for r in runs if r["row"] == row]
+        if finals:
+            table[row] = {"seeds": [r["seed"] for r in runs if r["row"] == row], "final_val_loss": finals,
+                          "mean": statistics.mean(finals), "std": statistics.stdev(finals) if len(finals) > 1 else None}
+    return table
+
+
+def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Namespace, run_time: float) -> None:
+    table = summarize(runs)
+    base = table.get("layernorm", {}).get("mean")
+    lines = ["| row | what it does | seeds | final val loss (mean) | std | vs layernorm |", "|---|---|---|---|---|---|"]
+    for row, t in table.items():
+        std = f"{t['std']:.4f}" if t["std"] is not None else "-"
+        delta = f"{t['mean'] - base:+.4f}" if base is not None else "-"
+        lines.append(f"| {row} | {ROWS[row][0]} | {len(t['seeds'])} | {t['mean']:.4f} | {std} | {delta} |")
+    (results / "centre_and_rescale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    common = set.intersection(*(set(t["seeds"]) for t in table.values()))  # the seed every row ran: solid lines
+    for i, row in enumerate(table):
+        for r in sorted((r for r in runs if r["row"] == row), key=lambda r: r["seed"] not in common):
+            first = r["seed"] in common
+            ax.plot(*zip(*r["evals"], strict=True), color=f"C{i}", alpha=1 if first else 0.35, lw=1.5 if first else 1,
+                    label=f"{row} ({ROWS[row][0]})" if first else None)
+    ax.set(xlabel="iteration", ylabel=f"val loss ({args.eval_batches} batches)", ylim=(1.4, 4.3),
+           title=f"{CONFIG}: {cfg.max_iters} iterations, seed {min(common, default='-')} (faint: other seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(results / "centre_and_rescale.png", dpi=120)
+    plt.close(fig)
+    (results / "centre_and_rescale.json").write_text(json.dumps({
+        "command": " ".join(["python experiments/centre_and_rescale.py", *(sys.argv[1:])]),
+        "config": CONFIG, "eval_interval": args.eval_interval, "eval_batches": args.eval_batches,
+        "machine": machine(),
+        "this_invocation_s": round(run_time, 1), "table": table, "runs": runs}, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> None:
+    t0, args = time.perf_counter(), parse(argv)
+    results = Path(args.results_dir)
+    (results / "runs").mkdir(parents=True, exist_ok=True)
+    base = row_config("layernorm", args.seeds[0], args)
+    try:
+        data = PreparedData(args.data_dir, "shakespeare_char", base.block_size)
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from None
+    todo = [(row, seed) for seed in args.seeds for row in args.rows
+            if not (results / "runs" / f"{row}_seed{seed}.json").exists()]
+    clock = {"t0": t0, "done": 0, "total": len(todo) * base.max_iters}
+    print(f"{len(todo)} runs of {base.max_iters} iterations to go", flush=True)
+    for row, seed in todo:
+        run = train_row(row, row_config(row, seed, args), data, args, clock)
+        (results / "runs" / f"{row}_seed{seed}.json").write_text(json.dumps(run) + "\n", encoding="utf-8")
+        print(f"{row} seed {seed}: final val loss {run['final_val_loss']:.4f} ({run['wall_s']:.0f} s)", flush=True)
+    data.close()
+    runs = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*.json"))]
+    write(runs, results, base, args, time.perf_counter() - t0)
+    print(f"wrote {results}/centre_and_rescale.json, .md, .png; total time {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
