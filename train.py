@@ -125,16 +125,42 @@ def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, 
 # ---- set-up: each function returns plain values ----
 
 
-def build_model(cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, data: PreparedData,
-                device: str, dist: Dist) -> GPT:
-    """The model to train: new (the same initial weights on every process) or the checkpoint's."""
+def setup(cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str,
+          dist: Dist) -> tuple[PreparedData, GPT, torch.optim.Optimizer, torch.amp.GradScaler, torch.Generator, int,
+                               float]:
+    """The data; the model (new, with the same initial weights on every process, or the checkpoint's), its
+    optimizer and loss scaler; the data stream's own generator; the iteration and best val loss to start from."""
+    data, path = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size), Path(cfg.out_dir) / "ckpt.pt"
+    data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)
     if ckpt is not None:
-        return checkpoint.resume_model(ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size,
-                                       data.meta.get("tokenizer"), Path(cfg.out_dir) / "ckpt.pt", device)
-    torch.manual_seed(cfg.seed)
-    model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=data.vocab_size)).to(device)
-    torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process
-    return model
+        raw_model = checkpoint.resume_model(ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size,
+                                            data.meta.get("tokenizer"), path, device)
+    else:
+        torch.manual_seed(cfg.seed)
+        raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=data.vocab_size)).to(device)
+        torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process
+    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                               device.split(":")[0])
+    scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")  # loss scaling for float16
+    it, best_val = 0, math.inf
+    if ckpt is not None:
+        it, best_val = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, path, dist)
+    return data, raw_model, optimizer, scaler, data_gen, it, best_val
+
+
+def wrap(raw_model: GPT, cfg: TrainConfig, data: PreparedData, device: str, dtype: str, dist: Dist
+         ) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The model that evaluates (compiled, if asked) and the one that trains: the same, in DDP with several
+    processes, with its micro-step (forward and backward) captured once in a CUDA graph and replayed, if asked."""
+    model = torch.compile(raw_model, mode=cfg.compile_mode) if cfg.compile else raw_model
+    train_model = dist.wrap(model, device)
+    if cfg.cuda_graphs:  # static shapes: every micro-batch is [batch_size, block_size]
+        with autocast(device, dtype, cache_enabled=False):  # (the casts are captured into the graph)
+            sample = data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), device)
+            train_model = torch.cuda.make_graphed_callables(train_model, sample)
+        for p in raw_model.parameters():  # .grad buffers of our own, added into: a replay rewrites the graph's
+            p.grad = torch.zeros_like(p)  # gradient outputs, which must never become .grad (pytorch#181723)
+    return model, train_model
 
 
 def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
@@ -144,37 +170,16 @@ def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
                       f"with a lower --learning_rate or a longer --warmup_iters")
 
 
-# ---- the run ----
-
-
 def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None,
           dist: Dist) -> dict[str, Any]:
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, run the micro-steps, clip and step,
     log. Returns the summary record."""
     t_start, ckpt_path = time.perf_counter(), Path(cfg.out_dir) / "ckpt.pt"
-    data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
+    data, raw_model, optimizer, scaler, data_gen, it, best_val = setup(cfg, explicit, ckpt, device, dtype, dist)
+    model, train_model = wrap(raw_model, cfg, data, device, dtype, dist)
+    start, last_saved, last_val, stop_reason, amp = it, it if ckpt else None, None, None, autocast(device, dtype)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)  # the data stream's own generator
-    raw_model = build_model(cfg, explicit, ckpt, data, device, dist)
-    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                               device.split(":")[0])
-    scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")  # loss scaling for float16
-    it, best_val = 0, math.inf
-    if ckpt is not None:
-        it, best_val = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, ckpt_path, dist)
-    start, last_saved, last_val, stop_reason = it, it if ckpt else None, None, None
-    amp = autocast(device, dtype)
-    model = torch.compile(raw_model, mode=cfg.compile_mode) if cfg.compile else raw_model  # evaluates
-    train_model = dist.wrap(model, device)  # trains: with several processes, wrapped in DDP
-    if cfg.cuda_graphs:  # the micro-step's forward and backward captured once, then replayed (static shapes)
-        with autocast(device, dtype, cache_enabled=False):  # (the casts are captured into the graph)
-            sample = data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), device)
-            train_model = torch.cuda.make_graphed_callables(train_model, sample)
-        for p in raw_model.parameters():  # .grad buffers of our own, added into: a replay rewrites the graph's
-            p.grad = torch.zeros_like(p)  # gradient outputs, which must never become .grad (pytorch#181723)
-    facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
-             "cuda_graphs": cfg.cuda_graphs, "world_size": dist.world_size, "n_params": raw_model.get_num_params()}
 
     def save(it: int, path: Path) -> None:
         if not all(bool(torch.isfinite(t).all()) for t in raw_model.state_dict().values() if t.is_floating_point()):
@@ -191,8 +196,8 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
         return read
 
     where = f"resuming {ckpt_path} at iteration {it}" if ckpt else "from scratch"
-    dist.print(f"training {where}: norm={cfg.norm}, {facts['n_params'] / 1e6:.2f}M parameters, device={device}, "
-               f"dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}")
+    dist.print(f"training {where}: norm={cfg.norm}, {raw_model.get_num_params() / 1e6:.2f}M parameters, "
+               f"device={device}, dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}")
     dist.print(f"{data.describe()}; {tokens_per_iter:,} tokens per iteration")
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)  # this process's micro-batches
     no_sync = train_model.no_sync if dist.enabled else contextlib.nullcontext
@@ -255,6 +260,8 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
             if it % cfg.log_interval == 0:
                 window.log_line(read_back()[-1], tokens_per_iter, log)
             it += 1
+        facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
+                 "cuda_graphs": cfg.cuda_graphs, "world_size": dist.world_size, "n_params": raw_model.get_num_params()}
         summary = runlog.summarize(it, window.ms_per_iter, last_val, best_val, tokens_per_iter, t_start, facts,
                             "eval_only" if cfg.eval_only else stop_reason or "max_iters")
         log(summary)
