@@ -277,19 +277,11 @@ class DyT(Norm):
 
         y = tanh(alpha * x) * weight + bias,    alpha one learned scalar
 
-    No statistics at all: nothing is reduced over features or rows, each element is squashed on its own, so it is
-    batch independent like LayerNorm but does not centre or rescale a token. The paper's observation: trained
-    LayerNorms map their inputs along tanh-like S curves, linear in the middle and flat for outliers.
-
-    Where LayerNorm divides a token by its standard deviation, DyT multiplies it by alpha, so alpha's starting
-    value is the gain at which the residual stream reaches every sublayer and the LM head. The paper's default,
-    0.5, stalled this GPT on the unigram plateau: its stream starts at an RMS of 0.028 (GPT-2's embedding init), so
-    the sublayers saw inputs near 0.014 (experiments/dyt_stall.py). The recipe here is the one of the paper's
-    language models: the embeddings times a learned scalar starting at sqrt(n_embd) (model.py's embed_scale, on
-    with DyT by default), and alpha starting lower for wider models: `initial_alpha(dim)`, as 1 / sqrt(dim), which
-    keeps alpha times the scaled stream's RMS (0.02 * sqrt(2 * dim)) the same at every width. An `alpha` given
-    starts there instead (0.5: the paper's default, as before). `eps` is accepted, for the shared signature, and
-    unused.
+    No statistics at all: each element is squashed on its own, so it is batch independent like LayerNorm but does
+    not centre or rescale a token; alpha is the gain that LayerNorm's 1/std would be. The paper's observation:
+    trained LayerNorms map their inputs along tanh-like S curves. alpha starts as in its language models (with
+    model.py's embed_scale, on with DyT): lower the wider the model, `initial_alpha(dim)`; an `alpha` given starts
+    there instead (0.5, the paper's default, stalls this GPT: README, experiments/dyt_stall.py). `eps` is unused.
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> None:
@@ -301,7 +293,7 @@ class DyT(Norm):
 
     @staticmethod
     def initial_alpha(dim: int) -> float:
-        """alpha's start by width: 4 at 128 features (chosen by the probes in the README), times sqrt(128 / dim)."""
+        """4 at 128 features (the README's probes), as 1/sqrt(dim): with embed_scale, alpha * x starts at RMS 1.3."""
         return 4.0 * (128 / dim) ** 0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -328,9 +320,7 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5,
         raise ValueError(
             f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
         )
-    if name == "dyt":
-        return DyT(dim, bias=bias, eps=eps, alpha=alpha)
-    return _CLASSES[name](dim, bias=bias, eps=eps)
+    return _CLASSES[name](dim, bias=bias, eps=eps, **({} if alpha is None else {"alpha": alpha}))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -54,9 +54,7 @@ class GPTConfig:
     norm: str = "builtin"  # any name in layernorm.NORMS
     norm_position: str = "pre"  # "pre": x + f(ln(x)), as GPT-2; "post": ln(x + f(x)), as the original Transformer
     norm_alpha: float | None = None  # the norm's starting alpha, for a norm that has one (DyT); None: the norm's own
-    # The embeddings (token + position) times a learned scalar starting at sqrt(n_embd), as in the DyT paper's
-    # language models; any norm runs with it. False: today's model.
-    embed_scale: bool = False
+    embed_scale: bool = False  # the embeddings times a learned scalar from sqrt(n_embd), as the DyT paper's LMs
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
