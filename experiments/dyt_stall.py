@@ -1,6 +1,6 @@
 """Why DyT stalled: the scale of what each norm hands on, of the logits, and the gradient reaching each block.
 
-    python experiments/dyt_stall.py                  # the defaults: a few minutes on two CPU cores
+    python experiments/dyt_stall.py                  # the defaults: about 1.5 minutes on two CPU cores
     python experiments/dyt_stall.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
 
 Three models of the CPU configuration (configs/shakespeare_char_cpu.json), from the same seed: LayerNorm
@@ -176,9 +176,11 @@ def main(argv: list[str] | None = None) -> None:
             flags = [*flags, *args.extra]
             commands[name] = " ".join(["python train.py", CONFIG, *flags])
             init = measure(new_model(flags, vocab_size), batches)
+            spent = time.perf_counter() - t0
+            left = f", about {spent / i * (len(MODELS) - i):.0f} s left" if i else ""
             print(f"[{i + 1}/{len(MODELS)}] {name}: at init ln_1 of block 1 hands on RMS "
                   f"{init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}; training {args.iters} "
-                  f"iterations ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+                  f"iterations ({spent:.0f} s so far{left})", flush=True)
             trained = measure(trained_model(flags, args, Path(tmp) / str(i)), batches)
             results[name] = {"flags": flags, "init": init, "trained": trained}
     results_dir.mkdir(parents=True, exist_ok=True)
