@@ -36,7 +36,8 @@ FORMAT = "layernorm-gpt/1"
 INTERCHANGEABLE_NORMS = LAYERNORMS
 # model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
 # interchangeable norm may change on resume, these may not.
-MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position")
+MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position",
+                    "embed_scale")
 RESUME_KEYS = ("model", "model_args", "optimizer", "iter_num", "best_val_loss", "config", "rng")
 
 

@@ -429,6 +429,14 @@ def test_checkpoint_of_another_model_size(trained: tuple[Path, Path, dict]) -> N
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12  # untouched
 
 
+def test_resume_with_the_embedding_scale_asked_for_but_not_in_the_checkpoint(trained: tuple[Path, Path, dict]) -> None:
+    """embed_scale adds a parameter: asked for explicitly on a checkpoint trained without it, it is refused, not
+    silently dropped."""
+    _, out, _ = trained
+    with pytest.raises(CheckpointError, match="embed_scale: False -> True"):
+        train.main([f"--out_dir={out}", "--init_from=resume", "--embed_scale=true", "--max_iters=13"])
+
+
 def test_checkpoint_resumed_with_a_norm_that_computes_another_function(trained: tuple[Path, Path, dict]) -> None:
     _, out, _ = trained
     with pytest.raises(CheckpointError, match="trained with norm='builtin'.*but not with 'rmsnorm'"):
