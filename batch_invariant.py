@@ -17,7 +17,7 @@ Either fix alone leaves about 1e-6 in the logits; both give 0 (`linear=False` or
 
 Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch": products
 in blocks of ROWS rows, attention one (batch row, query) at a time over copies of its keys; 1.2-1.6x stock's time
-per token at batch 1, 2.4-3.9x at batch 8, bench/bench_invariant.py); on CUDA, Triton kernels ("triton",
+per token at batch 1, 2.4-3.9x at batch 8, python -m bench.decoding); on CUDA, Triton kernels ("triton",
 batch_invariant_triton.py: one fixed tile and no split-K; one program per query), tested under Triton's
 interpreter on CPU tensors (kernels="triton", TRITON_INTERPRET=1), not yet run on a GPU. Equal shapes give equal
 bits on one machine, with one build and one thread count: invariance within a process, not across machines. For

@@ -30,7 +30,7 @@ from torch import nn
 # any other; the contrasts compute other functions.
 LAYERNORMS: tuple[str, ...] = ("custom", "builtin", "triton")
 NORMS: tuple[str, ...] = (*LAYERNORMS, "rmsnorm", "batchnorm", "dyt")
-# Not a norm: make_norm("none", dim) is the identity, the no-normalization baseline of bench/compare_norms.py.
+# Not a norm: make_norm("none", dim) is the identity, the no-normalization baseline of the norm comparison.
 NO_NORM = "none"
 
 
@@ -116,7 +116,7 @@ def layer_norm_naive(
     correction: int = 0,
 ) -> torch.Tensor:
     """The formula op by op, differentiated by autograd: the check on the hand-written backward (in float64 the
-    tests hold them to 1e-10), and the baseline it must beat in speed (bench/bench_layernorm.py)."""
+    tests hold them to 1e-10), and the baseline it must beat in speed (python -m bench.kernels)."""
     mean = x.mean(-1, keepdim=True)
     var = ((x - mean) ** 2).sum(-1, keepdim=True) / (x.shape[-1] - correction)
     y = (x - mean) / torch.sqrt(var + eps) * weight

@@ -17,7 +17,7 @@ class ConfigError(ValueError):
     """A bad option: unknown, of the wrong type, out of range, or impossible on this machine (exit status 2)."""
 
 
-# layernorm.NORMS, plus "none" (no normalization at all: the baseline of bench/compare_norms.py).
+# layernorm.NORMS, plus "none" (no normalization at all: the norm comparison's baseline).
 VALID_NORMS = (*layernorm.NORMS, layernorm.NO_NORM)
 
 
