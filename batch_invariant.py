@@ -5,23 +5,21 @@
 
 LayerNorm is batch independent in exact arithmetic, and on a computer too: each token's statistics come from its
 own features, added in the same order however many tokens there are (batch_independence.py, check 3). The rest of
-the model is not, because two operations pick their order of additions from the shapes they get (measured on a
-2-core x86 CPU, torch 2.13 with MKL: bench/results/batch_invariant_cpu.md; cuBLAS and SDPA choose by shape too):
-- Matrix products (every nn.Linear). MKL's sgemm gives a row other bits in a product of 1-3 rows (with 2 threads
-  also 5-7 or 9-11) than among 64, up to 1.9e-6 at 384 -> 1152: decoding alone is 1 row, in a batch of 4, 4.
+the model is not, because two operations pick their order of additions from the shapes they get (MKL and cuBLAS
+for matrix products, SDPA for attention; the README gives the differences measured):
+- Matrix products (every nn.Linear): a row gets other bits among 1 row (a decoding step alone) than among 4 or 64.
   The mode sends every row through the same additions, however many rows came.
-- Attention. A query gets other bits inside a causal pass than alone over its visible keys (1.1e-6), and one
-  sequence's decoding step other bits than in a batch of 4 (4.5e-8). The mode adds exactly the keys each query
-  sees, in one order, whether it is decoded alone, in a batch, from the cache or in a full forward pass.
+- Attention: a query gets other bits inside a causal pass than alone over its visible keys, and in a batch than
+  alone. The mode adds exactly the keys each query sees, in one order, decoded alone, in a batch, from the cache or
+  in a full forward pass.
 Either fix alone leaves about 1e-6 in the logits; both give 0 (`linear=False` or `attention=False` drops one).
 
 Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch": products
-in blocks of ROWS rows, attention one (batch row, query) at a time over copies of its keys; 1.2-1.6x stock's time
-per token at batch 1, 2.4-3.9x at batch 8, python -m bench.decoding); on CUDA, Triton kernels ("triton",
-batch_invariant_triton.py: one fixed tile and no split-K; one program per query), tested under Triton's
-interpreter on CPU tensors (kernels="triton", TRITON_INTERPRET=1), not yet run on a GPU. Equal shapes give equal
-bits on one machine, with one build and one thread count: invariance within a process, not across machines. For
-inference: attention dropout is refused, as is a device with no implementation.
+in blocks of ROWS rows, attention one (batch row, query) at a time over copies of its keys; its cost: python -m
+bench.decoding); on CUDA, Triton kernels ("triton", batch_invariant_triton.py: one fixed tile and no split-K; one
+program per query), which Triton's interpreter also runs on CPU tensors (kernels="triton", TRITON_INTERPRET=1).
+Equal shapes give equal bits on one machine, with one build and one thread count: invariance within a process, not
+across machines. For inference: attention dropout is refused, as is a device with no implementation.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checkpoints: what they hold, written atomically, read without unpickling code, every failure explained, and
 the checks and the state that let train.py resume a run exactly.
 
-A checkpoint is one dict saved with torch.save (see training_checkpoint):
+A checkpoint is one dict saved with torch.save (see save_training_checkpoint):
 
     {"format": FORMAT, "model": state_dict, "model_args": asdict(GPTConfig), "optimizer": state_dict,
      "iter_num": int, "best_val_loss": float, "config": {train options}, "tokenizer": {see tokenizer.py},
@@ -14,14 +14,13 @@ without running any pickled code.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import random
 import tempfile
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import torch
@@ -100,11 +99,6 @@ def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else ""
 
 
-def config_mismatch(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """The keys on which two model_args dicts differ, as 'key: saved -> wanted' lines."""
-    return [f"{k}: {saved.get(k)!r} -> {wanted.get(k)!r}" for k in sorted(wanted) if saved.get(k) != wanted.get(k)]
-
-
 def checkpoint_config(checkpoint: dict[str, Any]) -> GPTConfig:
     """The GPTConfig a checkpoint was trained with (keys this version does not know are left out)."""
     known = {f.name for f in fields(GPTConfig)}
@@ -176,26 +170,23 @@ def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
     return rng
 
 
-def training_checkpoint(*, model: GPT, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                        iter_num: int, best_val_loss: float, config: dict[str, Any], tokenizer: dict[str, Any] | None,
-                        data_gen: torch.Generator, rng_ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The whole state of a run after `iter_num` iterations: enough to go on as if it had never stopped.
-    `rng_ranks`: with several processes, every process's rng_state (each has its own dropout stream)."""
+def save_training_checkpoint(path: Path, dist: Dist, *, model: GPT, optimizer: torch.optim.Optimizer,
+                             scaler: torch.amp.GradScaler, iter_num: int, best_val_loss: float, config: dict[str, Any],
+                             tokenizer: dict[str, Any] | None, data_gen: torch.Generator) -> None:
+    """Every process calls it: their RNG states are gathered (each has its own dropout stream), and rank 0 writes
+    the whole state of the run after `iter_num` iterations: enough to go on as if it had never stopped."""
+    rng = rng_state(data_gen)
+    ranks = dist.gather(rng)
+    if not dist.master:
+        return
     ckpt = {"format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config),
             "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-            "config": config, "tokenizer": tokenizer, "rng": rng_state(data_gen)}
-    if rng_ranks is not None:
-        ckpt["rng_ranks"] = rng_ranks
+            "config": config, "tokenizer": tokenizer, "rng": rng}
+    if dist.enabled:
+        ckpt["rng_ranks"] = ranks
     if scaler.is_enabled():
         ckpt["scaler"] = scaler.state_dict()
-    return ckpt
-
-
-def save_training_checkpoint(path: Path, dist: Dist, **state: Any) -> None:
-    """Every process calls it: their RNG states are gathered, and rank 0 writes training_checkpoint(**state)."""
-    ranks = dist.gather(rng_state(state["data_gen"]))
-    if dist.master:
-        save_checkpoint(path, training_checkpoint(**state, rng_ranks=ranks if dist.enabled else None))
+    save_checkpoint(path, ckpt)
 
 
 def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
@@ -214,8 +205,9 @@ def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, drop
     """The checkpoint's model in train mode, with dropout as asked now and, if asked, an interchangeable norm.
     CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
     the other options come from the checkpoint) is not the checkpoint's."""
-    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
-    diffs = config_mismatch(asdict(checkpoint_config(ckpt)), {**wanted, "vocab_size": vocab_size})
+    saved, wanted = asdict(checkpoint_config(ckpt)), {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
+    diffs = [f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted({**wanted, "vocab_size": vocab_size}.items())
+             if saved[k] != v]
     if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
         diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
     if diffs:
@@ -265,29 +257,3 @@ def _set_rng(rng: dict[str, Any]) -> None:
     np.random.set_state({**np_state, "state": {**np_state["state"], "key": key}})
     if isinstance(rng.get("cuda"), torch.Tensor) and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"].cpu())
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file ([] if there is none); a line cut short by a kill is skipped."""
-    path = Path(path)
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> TextIO:
-    """metrics.jsonl open for appending: afresh, or as it is (append=True), or on a resume after `resumed_at`
-    iterations without the records at or after it (the tail a killed run wrote after its last checkpoint) and
-    without a line cut short by a kill, so that the file reads as one uninterrupted run."""
-    if not append:
-        records = read_metrics(path) if resumed_at is not None else []
-        kept = [json.dumps(rec) + "\n" for rec in records
-                if rec.get("iter") is None or rec["iter"] < resumed_at
-                or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)]
-        path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
-        os.replace(path.with_suffix(".jsonl.tmp"), path)
-    return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
-import checkpoint
 from device import Dist, peak_memory
 from options import TrainConfig
 
@@ -58,7 +58,7 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
         metrics = run = None
         if dist.master:
             path = Path(cfg.out_dir) / "metrics.jsonl"
-            metrics = closing.enter_context(checkpoint.open_metrics(path, resumed_at, append=cfg.eval_only))
+            metrics = closing.enter_context(open_metrics(path, resumed_at, append=cfg.eval_only))
             if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
                 import wandb
 
@@ -89,3 +89,29 @@ def summarize(it: int, ms_per_iter: list[float], last_val: float | None, best_va
         "median_tokens_per_s": tokens_per_iter / (median_ms / 1000) if median_ms else None,
         "wall_s": time.perf_counter() - t_start, **facts, "stop_reason": stop_reason,
     }
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file ([] if there is none); a line cut short by a kill is skipped."""
+    path = Path(path)
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> TextIO:
+    """metrics.jsonl open for appending: afresh, or as it is (append=True), or on a resume after `resumed_at`
+    iterations without the records at or after it (the tail a killed run wrote after its last checkpoint) and
+    without a line cut short by a kill, so that the file reads as one uninterrupted run."""
+    if not append:
+        records = read_metrics(path) if resumed_at is not None else []
+        kept = [json.dumps(rec) + "\n" for rec in records
+                if rec.get("iter") is None or rec["iter"] < resumed_at
+                or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)]
+        path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
+        os.replace(path.with_suffix(".jsonl.tmp"), path)
+    return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)

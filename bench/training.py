@@ -29,9 +29,9 @@ from typing import Any
 
 import options
 from bench.common import ROOT, comma_list, fmt, markdown_table, median, progress, run_child, spread, write_results
-from checkpoint import read_metrics
 from device import DeviceError, resolve_device
 from layernorm import NO_NORM, NORMS
+from runlog import read_metrics
 
 # train.py's flags for each mode; all but eager need CUDA.
 MODES = {"eager": [], "graphs": ["--cuda_graphs=True"], "compile": ["--compile=True", "--compile_mode=default"],

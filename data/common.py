@@ -36,14 +36,6 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(f"error: {message}")
 
 
-def _display(path: Path) -> str:
-    """``path`` relative to the repository root when it is inside it (shorter messages), else as given."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
 def decode_text(data: bytes, name: str) -> str:
     """UTF-8 bytes -> text, refusing empty and binary input. Newlines are kept exactly as they are (no
     universal-newline translation), so the same file gives the same tokens on every platform."""
@@ -83,15 +75,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def download(url: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> bytes:
-    """The bytes at ``url``; raises OSError (or ValueError for a malformed URL) on failure."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read()
-    except http.client.HTTPException as e:  # not an OSError: a broken or truncated response
-        raise OSError(f"bad HTTP response: {e!r}") from e
-
-
 def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: str) -> tuple[str, str]:
     """The text to prepare and a name for it: ``--input`` if given, else ``<out_dir>/input.txt`` if present,
     else downloaded from ``url`` and saved as ``<out_dir>/input.txt``. Fails with how to supply the file if none
@@ -102,9 +85,10 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
     if local.exists():
         return read_text_file(local), str(local)
     print(f"{local} not found; downloading {url}")
-    try:
-        data = download(url)
-    except (OSError, ValueError) as e:
+    try:  # besides OSError: ValueError for a malformed URL, HTTPException for a broken or truncated response
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            data = response.read()
+    except (OSError, ValueError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e
         fail(f"no input text: no --input, no {local}, and downloading {url} failed ({reason}). "
              f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})")
@@ -131,7 +115,7 @@ def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_f
     parser.add_argument("--input", type=Path, default=None,
                         help="a UTF-8 text file to use (default: <out_dir>/input.txt, downloaded if missing)")
     parser.add_argument("--out_dir", type=Path, default=script_dir,
-                        help=f"where train.bin, val.bin and meta.json go (default: {_display(script_dir)})")
+                        help=f"where train.bin, val.bin and meta.json go (default: {script_dir.relative_to(ROOT)})")
     parser.add_argument("--url", default=TINY_SHAKESPEARE_URL,
                         help="where to download input.txt from when there is no --input and no input.txt "
                              "(default: the canonical Tiny Shakespeare)")
@@ -142,7 +126,7 @@ def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_f
     except OSError as e:
         fail(f"cannot create --out_dir {out_dir}: {e.strerror or e}")
 
-    text, source = read_text_source(args.input, out_dir, args.url, _display(Path(script_file)))
+    text, source = read_text_source(args.input, out_dir, args.url, Path(script_file).resolve().relative_to(ROOT))
     try:
         tok = make_tokenizer(text)
     except (ValueError, RuntimeError) as e:

@@ -39,9 +39,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from checkpoint import read_metrics  # noqa: E402
 from data.common import DataError, PreparedData  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from runlog import read_metrics  # noqa: E402
 
 POSITIONS = ("pre", "post")
 

@@ -115,8 +115,3 @@ def test_compiled_and_ddp_prefixes_are_stripped():
     ckpt["model"] = {"_orig_mod.module." + k: v for k, v in ckpt["model"].items()}
     model_from_checkpoint(ckpt)
 
-
-def test_config_mismatch_names_the_keys():
-    assert checkpoint.config_mismatch({"n_layer": 4, "vocab_size": 65}, {"n_layer": 6, "vocab_size": 65}) == [
-        "n_layer: 4 -> 6"
-    ]

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from checkpoint import save_checkpoint, training_checkpoint
+from checkpoint import save_training_checkpoint
+from device import Dist
 from helpers import ROOT, make_dataset, subprocess_env
 from layernorm import NORMS, DyT
 from model import GPT, GPTConfig
@@ -20,12 +21,11 @@ def test_inside_norms_smoke(tmp_path, norm_position):
     extra = {"norm_position": norm_position} if norm_position != "pre" else {}
     model = GPT(GPTConfig(block_size=16, vocab_size=30, n_layer=3, n_head=2, n_embd=32, **extra))
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    ckpt = training_checkpoint(model=model, optimizer=optimizer, scaler=torch.amp.GradScaler("cpu", enabled=False),
-                               iter_num=0, best_val_loss=float("inf"),
-                               config={"dataset": "tiny", "data_dir": str(data)},
-                               tokenizer=json.loads((data / "meta.json").read_text())["tokenizer"],
-                               data_gen=torch.Generator().manual_seed(0))
-    save_checkpoint(tmp_path / "run" / "ckpt.pt", ckpt)
+    save_training_checkpoint(tmp_path / "run" / "ckpt.pt", Dist(), model=model, optimizer=optimizer,
+                             scaler=torch.amp.GradScaler("cpu", enabled=False), iter_num=0,
+                             best_val_loss=float("inf"), config={"dataset": "tiny", "data_dir": str(data)},
+                             tokenizer=json.loads((data / "meta.json").read_text())["tokenizer"],
+                             data_gen=torch.Generator().manual_seed(0))
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, "experiments/inside_norms.py", f"--out_dir={tmp_path / 'run'}", "--smoke",
                            f"--results_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
