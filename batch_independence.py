@@ -23,7 +23,7 @@ import torch
 
 from batch_invariant import batch_invariant, refusal
 from checkpoint import CheckpointError, checkpoint_config, checkpoint_weights, load_checkpoint
-from device import DeviceError, resolve_device
+from device import DEVICE_HELP, DeviceError, resolve_device
 from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig
 from options import read_config_file
@@ -65,7 +65,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=TOLERANCE, default="float32", help="float32, or bfloat16 autocast")
     p.add_argument("--tol", type=float, help=f"relative tolerance (default per dtype: {TOLERANCE})")
     p.add_argument("--seed", type=int, default=1337, help="seed of the random model, prompts and x (default 1337)")
-    p.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda, cuda:N, mps")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     args = p.parse_args(argv)
     split = lambda values: list(dict.fromkeys(s for v in values for s in v.split(",") if s))  # 'a,b a' -> [a, b]

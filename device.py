@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what --device takes, everywhere
+
 
 class DeviceError(ValueError):
     """The asked-for device or dtype is not there; the message says what is valid."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import layernorm
+from device import DEVICE_HELP
 from model import GPTConfig
 
 
@@ -67,7 +68,7 @@ class TrainConfig:
     lr_decay_iters: int = opt(2000, "iteration at which the cosine reaches min_lr (usually max_iters)")
     min_lr: float = opt(1e-4, "learning rate at the end of the decay (about learning_rate / 10)")
     # system
-    device: str = opt("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    device: str = opt("auto", DEVICE_HELP)
     dtype: str = opt("auto", "auto: bfloat16 autocast on CUDA where supported, else float32; float16 uses a "
                      "GradScaler", ("auto", "float32", "bfloat16", "float16"))
     compile: bool = opt(False, "wrap the model in torch.compile")

@@ -23,7 +23,7 @@ import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from data.common import fail
-from device import DeviceError, autocast, resolve_device, resolve_dtype
+from device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
 from layernorm import NORMS, check_triton_device
 from model import GPT
 from tokenizer import tokenizer_from_meta
@@ -41,7 +41,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy; <1 sharper, >1 flatter (default 0.8)")
     p.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens; 0 = all (default 200)")
     p.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--norm", choices=NORMS, help="run with this norm instead of the checkpoint's (same weights)")
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context every step")
     args = p.parse_args(argv)
