@@ -126,7 +126,7 @@ def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_f
     except OSError as e:
         fail(f"cannot create --out_dir {out_dir}: {e.strerror or e}")
 
-    text, source = read_text_source(args.input, out_dir, args.url, Path(script_file).resolve().relative_to(ROOT))
+    text, source = read_text_source(args.input, out_dir, args.url, str(Path(script_file).resolve().relative_to(ROOT)))
     try:
         tok = make_tokenizer(text)
     except (ValueError, RuntimeError) as e:
