@@ -30,9 +30,6 @@ from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
 
 FORMAT = "layernorm-gpt/1"
-# The LayerNorm implementations compute the same function from the same parameters, so a checkpoint trained with
-# one can be run with any other. RMSNorm and BatchNorm compute other functions (BatchNorm also has buffers).
-INTERCHANGEABLE_NORMS = LAYERNORMS
 # model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
 # interchangeable norm may change on resume, these may not.
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position",
@@ -119,15 +116,15 @@ def model_from_checkpoint(checkpoint: dict[str, Any], norm: str | None = None,
                           device: str | torch.device = "cpu") -> GPT:
     """Build the GPT a checkpoint describes, load its weights, and put it in eval mode.
 
-    `norm` swaps the normalization implementation: any of INTERCHANGEABLE_NORMS for a checkpoint trained with
-    one of them. Swapping to a norm that computes another function is refused rather than run silently.
+    `norm` swaps the normalization implementation: any of layernorm.LAYERNORMS (one function, one parameter
+    layout) for a checkpoint trained with one of them. A norm that computes another function is refused.
     """
     config = checkpoint_config(checkpoint)
     if norm is not None and norm != config.norm:
-        if not (norm in INTERCHANGEABLE_NORMS and config.norm in INTERCHANGEABLE_NORMS):
+        if not (norm in LAYERNORMS and config.norm in LAYERNORMS):
             raise CheckpointError(
                 f"this checkpoint was trained with norm={config.norm!r}; it can run with "
-                f"{', '.join(INTERCHANGEABLE_NORMS) if config.norm in INTERCHANGEABLE_NORMS else config.norm!r} "
+                f"{', '.join(LAYERNORMS) if config.norm in LAYERNORMS else config.norm!r} "
                 f"but not with {norm!r}, which computes a different function"
             )
         config = replace(config, norm=norm)

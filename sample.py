@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from data.common import fail
+from data.common import fail, read_text_file
 from device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
 from layernorm import NORMS, check_triton_device
 from model import GPT
@@ -51,18 +51,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def read_prompt(start: str) -> str:
-    """The prompt text: `start` itself, or the contents of the file named after 'FILE:'."""
-    if not start.startswith("FILE:"):
-        return start
-    path = Path(start[len("FILE:") :])
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        fail(f"--start {start!r}: no such file {str(path)!r}")
-    except UnicodeDecodeError as e:
-        fail(f"--start {start!r}: the file is not valid UTF-8 text (byte {e.start}: {e.reason})")
-    except OSError as e:
-        fail(f"--start {start!r}: cannot read {str(path)!r} ({e.strerror or e})")
+    """The prompt text: `start` itself, or the UTF-8 file named after 'FILE:' (read as the prepare scripts do)."""
+    return read_text_file(Path(start.removeprefix("FILE:"))) if start.startswith("FILE:") else start
 
 
 def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:

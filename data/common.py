@@ -1,9 +1,5 @@
-"""The prepared-data format, written by the ``data/*/prepare.py`` scripts (find the text, check it, split 90/10,
-tokenize, write) and read back by train.py through ``PreparedData``.
-
-Each dataset folder ends up with ``train.bin`` and ``val.bin`` (flat ``np.uint16`` token ids) and ``meta.json``::
-
-    {"vocab_size": int, "tokenizer": {...tokenizer.py meta...}, "train_tokens": int, "val_tokens": int}
+"""Prepared data (data/README.md: train.bin, val.bin and meta.json), written by the ``data/*/prepare.py`` scripts
+(find the text, check it, split 90/10, tokenize, write) and read back by train.py through ``PreparedData``.
 
 Bad input to a prepare script stops with ``SystemExit("error: ...")``: a one-line message, exit status 1, no
 traceback. A dataset train.py cannot use raises ``DataError`` with a message that says how to prepare it.

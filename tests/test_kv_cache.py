@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from helpers import skip_unless_runs
+from layernorm import LAYERNORMS
 from model import GPT, GPTConfig, KVCache
 
 BLOCK = 16
 TINY = GPTConfig(block_size=BLOCK, vocab_size=13, n_layer=2, n_head=2, n_embd=32, norm="custom")
-LAYERNORMS = ("custom", "builtin", "triton")
 TOL = 1e-5  # float32
 
 

@@ -15,12 +15,11 @@ from torch import nn
 
 import model as model_module
 from helpers import skip_unless_runs
-from layernorm import NORMS, make_norm
+from layernorm import LAYERNORMS, NORMS, make_norm
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = GPTConfig(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=32, norm="custom")
-LAYERNORMS = ("custom", "builtin", "triton")
 
 
 def tiny(norm: str = "custom", seed: int = 0, **overrides: object) -> GPT:

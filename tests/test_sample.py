@@ -334,7 +334,7 @@ def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--start", "FILE:/nonexistent/prompt.txt"], "no such file"),
+        (["--start", "FILE:/nonexistent/prompt.txt"], "/nonexistent/prompt.txt does not exist"),
         (["--num_samples", "0"], "--num_samples"),
         (["--max_new_tokens", "-1"], "--max_new_tokens must be >= 0"),  # GPT.stream's checks, named as flags
         (["--temperature", "-1"], "--temperature must be >= 0"),
@@ -354,5 +354,5 @@ def test_bad_arguments(out_dir: Path, args: list[str], fragment: str, capsys: py
 def test_prompt_file_that_is_not_utf8(out_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "latin1.txt"
     path.write_bytes("café".encode("latin-1"))
-    with pytest.raises(SystemExit, match="not valid UTF-8"):
+    with pytest.raises(SystemExit, match="latin1.txt is not UTF-8 text"):
         run(out_dir, "--start", f"FILE:{path}")
