@@ -18,6 +18,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+GPT2_ENCODING = "r50k_base"  # GPT-2's BPE: tiktoken's "gpt2" has the same ranks, split pattern and <|endoftext|>
+
 
 def _check_ids(ids: Sequence[int], vocab_size: int) -> None:
     for pos, i in enumerate(ids):
@@ -74,12 +76,11 @@ class CharTokenizer:
 
 
 class TiktokenTokenizer:
-    """GPT-2 BPE through tiktoken. ``r50k_base`` has the same ranks, split pattern and ``<|endoftext|>`` token as
-    tiktoken's ``gpt2``."""
+    """Byte-level BPE through tiktoken: GPT-2's (GPT2_ENCODING) unless another encoding is named."""
 
     kind = "tiktoken"
 
-    def __init__(self, encoding: str = "r50k_base") -> None:
+    def __init__(self, encoding: str = GPT2_ENCODING) -> None:
         try:
             import tiktoken
         except ImportError:
@@ -130,7 +131,7 @@ def tokenizer_from_meta(tok: dict[str, Any]) -> CharTokenizer | TiktokenTokenize
             raise ValueError("char tokenizer meta needs 'itos': a list of characters")
         return CharTokenizer(tok["itos"])
     if tok.get("kind") == "tiktoken":
-        encoding = tok.get("encoding", "r50k_base")
+        encoding = tok.get("encoding", GPT2_ENCODING)
         if not isinstance(encoding, str):
             raise ValueError(f"tiktoken tokenizer meta 'encoding' must be a string, got {encoding!r}")
         return TiktokenTokenizer(encoding)

@@ -18,12 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: t
 from data.common import run_prepare  # noqa: E402
 from tokenizer import TiktokenTokenizer  # noqa: E402
 
-ENCODING = "r50k_base"  # == GPT-2's BPE ("gpt2" in tiktoken): same ranks, pattern and <|endoftext|>
-
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     return run_prepare(argv, description=__doc__, script_file=__file__,
-                       make_tokenizer=lambda text: TiktokenTokenizer(ENCODING))
+                       make_tokenizer=lambda text: TiktokenTokenizer())
 
 
 if __name__ == "__main__":
