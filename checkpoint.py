@@ -89,6 +89,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise CheckpointError(f"{path} is not a checkpoint of this project (format {found!r}, expected {FORMAT!r})")
+    try:  # what every reader needs: the model's config and weights
+        checkpoint_config(checkpoint), checkpoint_weights(checkpoint)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); "
+                              f"use another checkpoint") from None
     return checkpoint
 
 

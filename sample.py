@@ -65,9 +65,7 @@ def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
         model = model_from_checkpoint(checkpoint, norm=args.norm, device=device)
     except CheckpointError as e:
         fail(str(e))
-    except (KeyError, TypeError, AttributeError) as e:  # the right format but an entry missing or malformed
-        fail(f"{ckpt_path} is incomplete or malformed ({type(e).__name__}: {e}); use another checkpoint")
-    except (ValueError, RuntimeError) as e:  # e.g. bad model_args, or Triton not installed
+    except (ValueError, RuntimeError) as e:  # e.g. Triton not installed
         fail(f"cannot build the model from {ckpt_path}: {str(e).splitlines()[0]}")
     return model, checkpoint
 

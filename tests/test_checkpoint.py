@@ -96,6 +96,26 @@ def test_another_projects_file_is_refused(tmp_path):
         load_checkpoint(tmp_path / "ckpt.pt")
 
 
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda c: c.pop("model_args"), "KeyError: 'model_args'"),
+        (lambda c: c.pop("model"), "KeyError: 'model'"),
+        (lambda c: c.update(model_args="n_layer=1"), "AttributeError"),
+        (lambda c: c.update(model=[1, 2]), "AttributeError"),
+        (lambda c: c["model_args"].update(n_head=3), "ValueError: n_embd (16) must be divisible by n_head (3)"),
+    ],
+    ids=["no-model_args", "no-model", "model_args-not-a-dict", "model-not-a-dict", "model_args-impossible"],
+)
+def test_a_checkpoint_of_this_format_with_a_malformed_entry_is_refused_at_load(tmp_path, damage, named):
+    ckpt = _checkpoint()
+    damage(ckpt)
+    save_checkpoint(tmp_path / "ckpt.pt", ckpt)
+    with pytest.raises(CheckpointError, match="is incomplete or malformed") as e:
+        load_checkpoint(tmp_path / "ckpt.pt")
+    assert named in str(e.value) and str(tmp_path / "ckpt.pt") in str(e.value) and "\n" not in str(e.value)
+
+
 def test_layernorm_checkpoint_runs_with_another_layernorm_but_not_rmsnorm():
     ckpt = _checkpoint("custom")
     assert model_from_checkpoint(ckpt, norm="builtin").config.norm == "builtin"
