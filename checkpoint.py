@@ -5,7 +5,7 @@ A checkpoint is one dict saved with torch.save (see save_training_checkpoint):
 
     {"format": FORMAT, "model": state_dict, "model_args": asdict(GPTConfig), "optimizer": state_dict,
      "iter_num": int, "best_val_loss": float, "config": {train options}, "tokenizer": {see tokenizer.py},
-     "rng": {torch, python, numpy, data (the position in the data stream), cuda}, "scaler": state_dict (float16),
+     "rng": {torch, data (the position in the data stream), cuda}, "scaler": state_dict (float16),
      "rng_ranks": [every process's "rng"] (several processes)}
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import tempfile
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from device import Dist
@@ -150,23 +148,19 @@ def model_from_checkpoint(checkpoint: dict[str, Any], norm: str | None = None,
 
 
 def seed_rngs(seed: int, rank: int = 0) -> torch.Generator:
-    """Seed every random state a run depends on; return the data stream's own generator.
+    """Seed the random states a run draws from; return the data stream's own generator.
 
     Weights and dropout draw from the global torch RNG (one stream per process: seed + rank), the data from the
-    returned generator (the same on every process), so its state is the position in the data stream.
+    returned generator (the same on every process), so its state is the position in the data stream. Nothing here
+    draws from Python's or NumPy's generators, so their states are neither seeded nor saved.
     """
     torch.manual_seed(seed + rank)
-    random.seed(seed)
-    np.random.seed(seed)
     return torch.Generator().manual_seed(seed)
 
 
 def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
-    """This process's random state: torch (weights, dropout), python, numpy, the data stream, and CUDA's."""
-    np_state = np.random.get_state(legacy=False)
-    np_state["state"]["key"] = np_state["state"]["key"].tolist()  # plain data, loadable with weights_only=True
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np_state,
-           "data": data_gen.get_state()}
+    """This process's random state: torch's (weights, dropout), the data stream's, and CUDA's."""
+    rng = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()  # this process's GPU
     return rng
@@ -253,9 +247,5 @@ def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimize
 
 def _set_rng(rng: dict[str, Any]) -> None:
     torch.set_rng_state(rng["torch"].cpu())
-    random.setstate(rng["python"])
-    np_state = rng["numpy"]
-    key = np.array(np_state["state"]["key"], dtype=np.uint32)
-    np.random.set_state({**np_state, "state": {**np_state["state"], "key": key}})
     if isinstance(rng.get("cuda"), torch.Tensor) and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"].cpu())

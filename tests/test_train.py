@@ -297,7 +297,7 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, Path, dict]) -> 
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
     assert ckpt["config"]["max_iters"] == 12 and ckpt["config"]["data_dir"] == str(data)
     assert ckpt["tokenizer"]["kind"] == "char"
-    assert set(ckpt["rng"]) >= {"torch", "python", "numpy", "data"}
+    assert set(ckpt["rng"]) - {"cuda"} == {"torch", "data"}  # "cuda" where CUDA was initialized
     assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records(out, "eval"))
     assert sorted(train_losses(out)) == list(range(12))
     train_rec = records(out, "train")[0]
