@@ -32,7 +32,7 @@ FORMAT = "layernorm-gpt/1"
 # interchangeable norm may change on resume, these may not.
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position",
                     "embed_scale")
-RESUME_KEYS = ("model", "model_args", "optimizer", "iter_num", "best_val_loss", "config", "rng")
+RESUME_KEYS = ("optimizer", "iter_num", "best_val_loss", "config", "rng")  # beyond model(_args): load_checkpoint
 
 
 class CheckpointError(RuntimeError):
