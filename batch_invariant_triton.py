@@ -54,7 +54,7 @@ def linear_kernel(
     X, W, Bias, Y,  # pointers: x [M, K], w [N, K] (nn.Linear's layout), bias [N], y [M, N]
     M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -65,9 +65,12 @@ def linear_kernel(
                     mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
         w = tl.load(W + ks[:, None] * stride_wk + cols[None, :] * stride_wn,  # w.T's tile, [BLOCK_K, BLOCK_N]
                     mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
-        if UPCAST:  # the interpreter multiplies with numpy, which has no bfloat16: exact casts to float32 first
-            x, w = x.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(x, w, acc, input_precision=PRECISION)
+        if INTERPRETED:  # numpy runs the kernel. Its tl.dot is the host BLAS's matmul, which on some CPUs adds a
+            # row's products in an order that depends on where the row sits in the tile: the products are summed
+            # here instead, in one order for every row (and bfloat16, which numpy lacks, cast exactly to float32)
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(x, w, acc, input_precision=PRECISION)
     if HAS_BIAS:  # added once, after the whole sum: the same for every row
         acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + rows[:, None] * stride_ym + cols[None, :], acc.to(Y.dtype.element_ty),
@@ -93,7 +96,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 x2, weight, bias_arg, y, x2.size(0), N, K, x2.stride(0), x2.stride(1), weight.stride(0),
                 weight.stride(1), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
                 BLOCK_K=block_k, PRECISION="ieee",  # float32 multiplied in float32, not TF32: what it is given
-                UPCAST=INTERPRET, num_warps=warps,
+                INTERPRETED=INTERPRET, num_warps=warps,
             )
     return y.view(*x.shape[:-1], N)
 
