@@ -49,8 +49,10 @@ WHY_BATCHNORM_FAILS = (
     "token: its mean is the token itself and there is no variance to take, so its output is the bias alone; after the "
     "prompt the final norm hands lm_head that same bias at every step, whatever the token, and the model decodes blind."
 )
-WHY_EVAL = ("batchnorm-eval uses its running averages instead: per token again, so batch independent, but not the "
-            "function the model trained with (the averages are at their init unless the checkpoint had them).")
+WHY_EVAL = (
+    "batchnorm-eval uses its running averages instead: per token again, so batch independent, but not the "
+    "function the model trained with (the averages are at their init unless the checkpoint had them)."
+)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -121,8 +123,15 @@ def compare(pair: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, 
 
 
 @torch.no_grad()
-def run_row(name: str, config: GPTConfig, state: dict[str, torch.Tensor], prompts: torch.Tensor, x: torch.Tensor,
-            args: argparse.Namespace, invariant: bool) -> dict[str, Any]:
+def run_row(
+    name: str,
+    config: GPTConfig,
+    state: dict[str, torch.Tensor],
+    prompts: torch.Tensor,
+    x: torch.Tensor,
+    args: argparse.Namespace,
+    invariant: bool,
+) -> dict[str, Any]:
     """Row `name`: its GPT with the shared weights, the three checks of LEGEND, and whether the row passed."""
     model = GPT(replace(config, norm="batchnorm" if name == EVAL_ROW else name, dropout=0.0))
     missing, unexpected = model.load_state_dict(state, strict=False)  # only norm entries may differ
@@ -155,8 +164,9 @@ def run_row(name: str, config: GPTConfig, state: dict[str, torch.Tensor], prompt
         ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
         norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
     checks = (alone_vs_batch, cached_vs_full, norm_alone)  # the mode promises the same bits: tolerance 0
-    within_tol = all(c["error"] is None and c["max_abs_diff"] <= (0 if invariant else args.tol) * c["scale"]
-                     for c in checks)
+    within_tol = all(
+        c["error"] is None and c["max_abs_diff"] <= (0 if invariant else args.tol) * c["scale"] for c in checks
+    )
     return {
         "name": name,
         "statistics": STATISTICS.get(name, "per token"),
@@ -187,25 +197,37 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def report(result: dict[str, Any]) -> str:
     """The two tables and what they mean, read from the JSON."""
     m, rows = result["model"], [(w, r) for w in WORLDS for r in result.get(w, [])]
-    return "\n".join([
-        "Batch independence: does a sequence's output depend on the other sequences in its batch?",
-        f"model: {result['source']}",
-        f"       {m['n_layer']} layers, {m['n_head']} heads, {m['n_embd']} wide, block {m['block_size']}, "
-        f"vocab {m['vocab_size']}; device {result['device']}, {result['dtype']}, TF32 off, dropout off",
-        f"decoding: prompts of {result['prompt_len']} tokens, {result['new_tokens']} greedy new tokens (KV cache), "
-        f"a batch of {result['batch_size']} different prompts; tolerance {result['tolerance']:g} x max |value|",
-        *(f"note: {n}" for n in result["notes"]),
-        *(f"skipped {name}: {why}" for name, why in result["skipped"].items()),
-        *(line for world, title in WORLDS.items() if world in result for line in ["", title, *table(result[world])]),
-        "",
-        *(f"  {line}" for line in LEGEND),
-        *(f"  {r['name']}{'' if w == 'rows' else ' (batch-invariant)'}: {r[c]['error']}"
-          for w, r in rows for c in CHECKS if r[c]["error"]),
-        *(["", WHY_BATCHNORM_FAILS, WHY_EVAL] if any(r["name"] == "batchnorm" for _, r in rows) else []),
-        "",
-        f"FAIL: required rows that failed: {', '.join(result['failed'])}" if result["failed"] else
-        "OK: every required row passes",
-    ])
+    return "\n".join(
+        [
+            "Batch independence: does a sequence's output depend on the other sequences in its batch?",
+            f"model: {result['source']}",
+            f"       {m['n_layer']} layers, {m['n_head']} heads, {m['n_embd']} wide, block {m['block_size']}, "
+            f"vocab {m['vocab_size']}; device {result['device']}, {result['dtype']}, TF32 off, dropout off",
+            f"decoding: prompts of {result['prompt_len']} tokens, {result['new_tokens']} greedy new tokens (KV cache), "
+            f"a batch of {result['batch_size']} different prompts; tolerance {result['tolerance']:g} x max |value|",
+            *(f"note: {n}" for n in result["notes"]),
+            *(f"skipped {name}: {why}" for name, why in result["skipped"].items()),
+            *(
+                line
+                for world, title in WORLDS.items()
+                if world in result
+                for line in ["", title, *table(result[world])]
+            ),
+            "",
+            *(f"  {line}" for line in LEGEND),
+            *(
+                f"  {r['name']}{'' if w == 'rows' else ' (batch-invariant)'}: {r[c]['error']}"
+                for w, r in rows
+                for c in CHECKS
+                if r[c]["error"]
+            ),
+            *(["", WHY_BATCHNORM_FAILS, WHY_EVAL] if any(r["name"] == "batchnorm" for _, r in rows) else []),
+            "",
+            f"FAIL: required rows that failed: {', '.join(result['failed'])}"
+            if result["failed"]
+            else "OK: every required row passes",
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -236,8 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped[name] = str(e).split(". To fix")[0]
     missing = [n for n in args.require or [] if n in skipped]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
-    failed = [r["name"] + ("" if w == "rows" else " (batch-invariant)")
-              for w in worlds for r in rows[w] if r["required"] and not r["passed"]] + missing
+    failed = [
+        r["name"] + ("" if w == "rows" else " (batch-invariant)")
+        for w in worlds
+        for r in rows[w]
+        if r["required"] and not r["passed"]
+    ] + missing
     result = {
         "source": source,
         "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},

@@ -47,8 +47,10 @@ def refusal(device: torch.device | str, kernels: str = "auto") -> str | None:
     """Why the mode cannot serve tensors on this device with these kernels, or None where it can."""
     kind = torch.device(device).type
     if kind not in ("cpu", "cuda"):
-        return (f"batch_invariant() has no implementation for {device}: it runs on the CPU (PyTorch's kernels) and "
-                f"on CUDA (Triton kernels). Run the model on one of them (--device=cpu)")
+        return (
+            f"batch_invariant() has no implementation for {device}: it runs on the CPU (PyTorch's kernels) and "
+            f"on CUDA (Triton kernels). Run the model on one of them (--device=cpu)"
+        )
     if kind == "cuda" and kernels == "torch":
         return f"batch_invariant(kernels='torch') is the CPU implementation, not for {device}: use 'auto' or 'triton'"
     if (kind == "cuda" or kernels == "triton") and find_spec("triton") is None:
@@ -67,8 +69,9 @@ def triton_kernels(device: torch.device, kernels: str) -> ModuleType | None:
     return importlib.import_module("batch_invariant_triton") if device.type == "cuda" or kernels == "triton" else None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernels: str = "auto"
-           ) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernels: str = "auto"
+) -> torch.Tensor:
     """F.linear whose rows do not depend on how many rows came (on the CPU: ROWS rows at a time)."""
     if triton := triton_kernels(x.device, kernels):
         return triton.linear(x, weight, bias)
@@ -94,9 +97,17 @@ def visible_keys(T: int, S: int, attn_mask: torch.Tensor | None, is_causal: bool
     return counts.tolist()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
-              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, *, kernels: str = "auto"
-              ) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    kernels: str = "auto",
+) -> torch.Tensor:
     """F.scaled_dot_product_attention for q [B, nh, T, hs] and k, v [B, nh, S, hs], each query over exactly the keys
     it may see. Masks must let query i see a prefix of the keys (causal, or model.py's mask after a cache)."""
     triton = triton_kernels(q.device, kernels)
@@ -123,8 +134,9 @@ FIXES = {"linear": linear, "scaled_dot_product_attention": attention}
 
 
 @contextmanager
-def batch_invariant(enabled: bool = True, *, linear: bool = True, attention: bool = True, kernels: str = "auto"
-                    ) -> Iterator[None]:
+def batch_invariant(
+    enabled: bool = True, *, linear: bool = True, attention: bool = True, kernels: str = "auto"
+) -> Iterator[None]:
     """Within the block, F.linear and F.scaled_dot_product_attention (or only the one asked for) are the
     batch-invariant versions above, computed with `kernels`: "auto" (by the tensors' device), "torch" or "triton"."""
     if kernels not in KERNELS:

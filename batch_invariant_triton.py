@@ -51,20 +51,40 @@ def on_device(device: torch.device) -> torch.cuda.device | nullcontext:
 
 @triton.jit(do_not_specialize=["M"])  # M (rows) is what changes between calls: one compiled kernel for every M
 def linear_kernel(
-    X, W, Bias, Y,  # pointers: x [M, K], w [N, K] (nn.Linear's layout), bias [N], y [M, N]
-    M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
+    X,
+    W,
+    Bias,
+    Y,  # pointers: x [M, K], w [N, K] (nn.Linear's layout), bias [N], y [M, N]
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # no split-K: one program adds all of K, in this one order
         ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(X + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
-                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
-        w = tl.load(W + ks[:, None] * stride_wk + cols[None, :] * stride_wn,  # w.T's tile, [BLOCK_K, BLOCK_N]
-                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
+        x = tl.load(
+            X + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+            mask=(rows[:, None] < M) & (ks[None, :] < K),
+            other=0.0,
+        )
+        w = tl.load(
+            W + ks[:, None] * stride_wk + cols[None, :] * stride_wn,  # w.T's tile, [BLOCK_K, BLOCK_N]
+            mask=(ks[:, None] < K) & (cols[None, :] < N),
+            other=0.0,
+        )
         if INTERPRETED:  # numpy runs the kernel. Its tl.dot is the host BLAS's matmul, which on some CPUs adds a
             # row's products in an order that depends on where the row sits in the tile: the products are summed
             # here instead, in one order for every row (and bfloat16, which numpy lacks, cast exactly to float32)
@@ -73,8 +93,11 @@ def linear_kernel(
             acc = tl.dot(x, w, acc, input_precision=PRECISION)
     if HAS_BIAS:  # added once, after the whole sum: the same for every row
         acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + rows[:, None] * stride_ym + cols[None, :], acc.to(Y.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
+    tl.store(
+        Y + rows[:, None] * stride_ym + cols[None, :],
+        acc.to(Y.dtype.element_ty),
+        mask=(rows[:, None] < M) & (cols[None, :] < N),
+    )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -82,8 +105,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x, weight, bias = as_autocast_would(x, weight, bias)
     if x.dtype not in LINEAR_TILES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         got = f"x {x.dtype}, weight {weight.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
-        raise ValueError(f"batch_invariant() linear takes {', '.join(map(str, LINEAR_TILES))} inputs of one dtype, "
-                         f"got {got}")
+        raise ValueError(
+            f"batch_invariant() linear takes {', '.join(map(str, LINEAR_TILES))} inputs of one dtype, got {got}"
+        )
     K, N = x.size(-1), weight.size(0)
     x2 = x.reshape(-1, K)  # a view where it can be; strides are read as they are
     y = torch.empty(x2.size(0), N, dtype=x.dtype, device=x.device)
@@ -93,10 +117,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x2.size(0):
         with on_device(x.device):
             linear_kernel[grid](
-                x2, weight, bias_arg, y, x2.size(0), N, K, x2.stride(0), x2.stride(1), weight.stride(0),
-                weight.stride(1), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                BLOCK_K=block_k, PRECISION="ieee",  # float32 multiplied in float32, not TF32: what it is given
-                INTERPRETED=INTERPRET, num_warps=warps,
+                x2,
+                weight,
+                bias_arg,
+                y,
+                x2.size(0),
+                N,
+                K,
+                x2.stride(0),
+                x2.stride(1),
+                weight.stride(0),
+                weight.stride(1),
+                y.stride(0),
+                HAS_BIAS=bias is not None,
+                BLOCK_M=block_m,
+                BLOCK_N=block_n,
+                BLOCK_K=block_k,
+                PRECISION="ieee",  # float32 multiplied in float32, not TF32: what it is given
+                INTERPRETED=INTERPRET,
+                num_warps=warps,
             )
     return y.view(*x.shape[:-1], N)
 
@@ -110,10 +149,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 @triton.jit(do_not_specialize=["S", "offset"])  # the lengths change every decoding step: one compiled kernel
 def attention_kernel(
-    Q, K, V, Out,  # pointers: q, out [B, H, T, D]; k, v [B, H, S, D]; each read through its strides (last one 1)
-    H, S, D, offset, scale,
-    sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot,
-    BLOCK_KEYS: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q,
+    K,
+    V,
+    Out,  # pointers: q, out [B, H, T, D]; k, v [B, H, S, D]; each read through its strides (last one 1)
+    H,
+    S,
+    D,
+    offset,
+    scale,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    sks,
+    svb,
+    svh,
+    svs,
+    sob,
+    soh,
+    sot,
+    BLOCK_KEYS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     i = tl.program_id(0)
     b, h = tl.program_id(1) // H, tl.program_id(1) % H
@@ -146,8 +204,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[in
     sees one key more than the one before it up to S (causal, or causal after a cache: every mask model.py makes)."""
     offset, S = counts[0] - 1, k.size(2)
     if counts != [min(offset + i + 1, S) for i in range(len(counts))]:
-        raise ValueError(f"batch_invariant() Triton attention needs query i to see one key more than query i - 1 "
-                         f"(causal, or causal after a cache), got visible keys {counts}")
+        raise ValueError(
+            f"batch_invariant() Triton attention needs query i to see one key more than query i - 1 "
+            f"(causal, or causal after a cache), got visible keys {counts}"
+        )
     q, k, v = as_autocast_would(q, k, v)
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"batch_invariant() attention takes q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -157,7 +217,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[in
     if out.numel():
         with on_device(q.device):
             attention_kernel[(T, B * H)](
-                q, k, v, out, H, S, D, offset, scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                *out.stride()[:3], BLOCK_KEYS=BLOCK_KEYS, BLOCK_D=triton.next_power_of_2(D),
+                q,
+                k,
+                v,
+                out,
+                H,
+                S,
+                D,
+                offset,
+                scale,
+                *q.stride()[:3],
+                *k.stride()[:3],
+                *v.stride()[:3],
+                *out.stride()[:3],
+                BLOCK_KEYS=BLOCK_KEYS,
+                BLOCK_D=triton.next_power_of_2(D),
             )
     return out

@@ -30,8 +30,7 @@ from model import GPT, GPTConfig
 FORMAT = "layernorm-gpt/1"
 # model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
 # interchangeable norm may change on resume, these may not.
-MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position",
-                    "embed_scale")
+MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
 RESUME_KEYS = ("optimizer", "iter_num", "best_val_loss", "config", "rng")  # beyond model(_args): load_checkpoint
 
 
@@ -73,25 +72,32 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """Read a checkpoint written by save_checkpoint; CheckpointError says what is wrong if it can't."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}: train one first (python train.py ... --out_dir={path.parent}) "
-                              f"or point --out_dir at the folder holding ckpt.pt")
+        raise CheckpointError(
+            f"no checkpoint at {path}: train one first (python train.py ... --out_dir={path.parent}) "
+            f"or point --out_dir at the folder holding ckpt.pt"
+        )
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load fails in many ways on damaged bytes; each gets the same clear answer
         # torch names a global it refuses "Unsupported global", or "unsupported GLOBAL ... is blocked" (os.system)
         if isinstance(e, pickle.UnpicklingError) and "unsupported global" in str(e).lower():
-            raise CheckpointError(f"{path} holds objects other than tensors and plain data, which are not loaded "
-                                  f"(weights_only=True): it was not written by this project's train.py") from None
-        raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "
-                              f"it may come from an interrupted copy: use another checkpoint or train again") from None
+            raise CheckpointError(
+                f"{path} holds objects other than tensors and plain data, which are not loaded "
+                f"(weights_only=True): it was not written by this project's train.py"
+            ) from None
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "
+            f"it may come from an interrupted copy: use another checkpoint or train again"
+        ) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise CheckpointError(f"{path} is not a checkpoint of this project (format {found!r}, expected {FORMAT!r})")
     try:  # what every reader needs: the model's config and weights
         checkpoint_config(checkpoint), checkpoint_weights(checkpoint)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); "
-                              f"use another checkpoint") from None
+        raise CheckpointError(
+            f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); use another checkpoint"
+        ) from None
     return checkpoint
 
 
@@ -115,8 +121,9 @@ def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state
 
 
-def model_from_checkpoint(checkpoint: dict[str, Any], norm: str | None = None,
-                          device: str | torch.device = "cpu") -> GPT:
+def model_from_checkpoint(
+    checkpoint: dict[str, Any], norm: str | None = None, device: str | torch.device = "cpu"
+) -> GPT:
     """Build the GPT a checkpoint describes, load its weights, and put it in eval mode.
 
     `norm` swaps the normalization implementation: any of layernorm.LAYERNORMS (one function, one parameter
@@ -135,8 +142,10 @@ def model_from_checkpoint(checkpoint: dict[str, Any], norm: str | None = None,
     state = checkpoint_weights(checkpoint)
     missing, unexpected = sorted(model.state_dict().keys() - state), sorted(state.keys() - model.state_dict())
     if missing or unexpected:
-        raise CheckpointError(f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]})")
+        raise CheckpointError(
+            f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]})"
+        )
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -166,18 +175,36 @@ def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
     return rng
 
 
-def save_training_checkpoint(path: Path, dist: Dist, *, model: GPT, optimizer: torch.optim.Optimizer,
-                             scaler: torch.amp.GradScaler, iter_num: int, best_val_loss: float, config: dict[str, Any],
-                             tokenizer: dict[str, Any] | None, data_gen: torch.Generator) -> None:
+def save_training_checkpoint(
+    path: Path,
+    dist: Dist,
+    *,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    iter_num: int,
+    best_val_loss: float,
+    config: dict[str, Any],
+    tokenizer: dict[str, Any] | None,
+    data_gen: torch.Generator,
+) -> None:
     """Every process calls it: their RNG states are gathered (each has its own dropout stream), and rank 0 writes
     the whole state of the run after `iter_num` iterations: enough to go on as if it had never stopped."""
     rng = rng_state(data_gen)
     ranks = dist.gather(rng)
     if not dist.master:
         return
-    ckpt = {"format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config),
-            "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-            "config": config, "tokenizer": tokenizer, "rng": rng}
+    ckpt = {
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "model_args": asdict(model.config),
+        "optimizer": optimizer.state_dict(),
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "config": config,
+        "tokenizer": tokenizer,
+        "rng": rng,
+    }
     if dist.enabled:
         ckpt["rng_ranks"] = ranks
     if scaler.is_enabled():
@@ -191,19 +218,30 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
     ckpt = load_checkpoint(path, map_location="cpu")
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
-        raise CheckpointError(f"{path} cannot be resumed: it has no {', '.join(missing)} "
-                              f"(it was not written by train.py, or by an older version)")
+        raise CheckpointError(
+            f"{path} cannot be resumed: it has no {', '.join(missing)} "
+            f"(it was not written by train.py, or by an older version)"
+        )
     return ckpt
 
 
-def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, dropout: float, vocab_size: int,
-                 tokenizer: dict[str, Any] | None, path: Path, device: str) -> GPT:
+def resume_model(
+    ckpt: dict[str, Any],
+    explicit: dict[str, Any],
+    norm: str,
+    dropout: float,
+    vocab_size: int,
+    tokenizer: dict[str, Any] | None,
+    path: Path,
+    device: str,
+) -> GPT:
     """The checkpoint's model in train mode, with dropout as asked now and, if asked, an interchangeable norm.
     CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
     the other options come from the checkpoint) is not the checkpoint's."""
     saved, wanted = asdict(checkpoint_config(ckpt)), {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
-    diffs = [f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted({**wanted, "vocab_size": vocab_size}.items())
-             if saved[k] != v]
+    diffs = [
+        f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted({**wanted, "vocab_size": vocab_size}.items()) if saved[k] != v
+    ]
     if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
         diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
     if diffs:
@@ -216,8 +254,14 @@ def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], norm: str, drop
     return model_from_checkpoint(ckpt, norm=norm, device=device).train()
 
 
-def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                           data_gen: torch.Generator, path: Path, dist: Dist | None = None) -> tuple[int, float]:
+def restore_training_state(
+    ckpt: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    data_gen: torch.Generator,
+    path: Path,
+    dist: Dist | None = None,
+) -> tuple[int, float]:
     """Load the optimizer, the scaler and this process's RNG states from `ckpt`; return (iter_num, best_val_loss).
 
     With several processes each gets back its own dropout stream; from a checkpoint of another number of
@@ -241,8 +285,9 @@ def restore_training_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimize
             torch.manual_seed(int(ckpt["config"]["seed"]) + rank + 7919 * int(ckpt["iter_num"]))
         return int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{path} cannot be resumed: its optimizer or RNG state does not fit "
-                              f"({type(e).__name__}: {_first_line(e)})") from None
+        raise CheckpointError(
+            f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
+        ) from None
 
 
 def _set_rng(rng: dict[str, Any]) -> None:

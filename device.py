@@ -123,8 +123,10 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
         raise DeviceError(f"device={name!r} is not a device here; choose auto, cpu, cuda, cuda:N or mps")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(f"device={name!r} but CUDA is not available here (torch {torch.__version__}); "
-                              f"use --device=cpu or --device=auto")
+            raise DeviceError(
+                f"device={name!r} but CUDA is not available here (torch {torch.__version__}); "
+                f"use --device=cpu or --device=auto"
+            )
         if dist.enabled:
             name = f"cuda:{dist.local_rank}"  # one GPU per process
         if (torch.device(name).index or 0) >= torch.cuda.device_count():

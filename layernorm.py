@@ -308,8 +308,7 @@ class DyT(Norm):
 _CLASSES = dict(zip(NORMS, (LayerNorm, BuiltinLayerNorm, TritonLayerNorm, RMSNorm, BatchNorm, DyT), strict=True))
 
 
-def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5,
-              alpha: float | None = None) -> nn.Module:
+def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> nn.Module:
     """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter.
     `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one."""
     if alpha is not None and name != "dyt":

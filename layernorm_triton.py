@@ -57,9 +57,19 @@ TRITON_OP = hasattr(torch.library, "triton_op") and not INTERPRET
 
 @triton.jit
 def layer_norm_fwd_kernel(
-    X, Y, W, B, Stats,  # pointers: x, y [N, C] (row strides below); w, b [C]; stats [2, N]: mean_s, rstd
-    stride_x, stride_y, C, N, eps,
-    HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr,
+    X,
+    Y,
+    W,
+    B,
+    Stats,  # pointers: x, y [N, C] (row strides below); w, b [C]; stats [2, N]: mean_s, rstd
+    stride_x,
+    stride_y,
+    C,
+    N,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
 ):
     acc = Stats.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so row * stride cannot wrap past 2**31 elements
@@ -130,8 +140,13 @@ def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _forward(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-    out_dtype: torch.dtype | None = None, max_block: int = MAX_BLOCK, traced: bool = False,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+    max_block: int = MAX_BLOCK,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel: (y [x.shape] in out_dtype (x's by default), stats [2, N]: mean_s and rstd)."""
     C = x.shape[-1]
@@ -177,9 +192,23 @@ def _backward_row(X, DY, DX, MeanS, Rstd, C, cols, mask, w, dw, db):
 
 @triton.jit
 def layer_norm_bwd_kernel(
-    DY, X, W, Stats, DX, DW, DB,  # DY, X, DX [N, C] (row strides below); stats [2, N]; DW, DB [programs, C]
-    stride_dy, stride_x, stride_dx, N, C, rows_per_program,
-    HAS_BIAS: tl.constexpr, BLOCK_SIZE: tl.constexpr, ONE_BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
+    DY,
+    X,
+    W,
+    Stats,
+    DX,
+    DW,
+    DB,  # DY, X, DX [N, C] (row strides below); stats [2, N]; DW, DB [programs, C]
+    stride_dy,
+    stride_x,
+    stride_dx,
+    N,
+    C,
+    rows_per_program,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+    PIPELINE: tl.constexpr,
 ):
     acc = Stats.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)  # 64-bit, and so are the row indices below
@@ -243,7 +272,6 @@ def layer_norm_bwd_kernel(
             tl.debug_barrier()  # this row's updates of DW/DB are visible to every thread before the next
 
 
-
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -263,8 +291,13 @@ def _backward_programs(N: int, device: torch.device) -> int:
 
 
 def _backward(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor, has_bias: bool = True,
-    max_block: int = MAX_BLOCK, traced: bool = False,
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stats: torch.Tensor,
+    has_bias: bool = True,
+    max_block: int = MAX_BLOCK,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Launch the backward kernel: (dx like x, dweight like weight, dbias like weight or None without a bias)."""
     C = x.shape[-1]
@@ -285,9 +318,24 @@ def _backward(
         buffer = new(1 + has_bias, programs, C, dtype=stats.dtype, device=x.device)
         slabs = (buffer[0], buffer[-1])
     if N:
-        args = (dy2, x2, weight.contiguous(), stats, dx, *slabs,
-                stride_dy, stride_x, C, N, C, -(-N // programs),  # rows per program, rounded up
-                has_bias, block, one_block, PIPELINE)
+        args = (
+            dy2,
+            x2,
+            weight.contiguous(),
+            stats,
+            dx,
+            *slabs,
+            stride_dy,
+            stride_x,
+            C,
+            N,
+            C,
+            -(-N // programs),  # rows per program, rounded up
+            has_bias,
+            block,
+            one_block,
+            PIPELINE,
+        )
         _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced, tensors=7)
     if one_program:
         return dx, dw, slabs[1] if has_bias else None
@@ -366,7 +414,8 @@ _define_op = torch.library.triton_op if TRITON_OP else torch.library.custom_op
 
 # (schemas spelled out: older torch cannot infer them from `Tensor | None` and tuple annotations)
 @_define_op(
-    "layernorm::triton_fwd", mutates_args=(),
+    "layernorm::triton_fwd",
+    mutates_args=(),
     schema="(Tensor x, Tensor weight, Tensor? bias, float eps, ScalarType out_dtype) -> (Tensor, Tensor)",
 )
 def _triton_fwd(
@@ -376,7 +425,8 @@ def _triton_fwd(
 
 
 @_define_op(
-    "layernorm::triton_bwd", mutates_args=(),
+    "layernorm::triton_bwd",
+    mutates_args=(),
     schema="(Tensor dy, Tensor x, Tensor weight, Tensor stats, bool has_bias) -> (Tensor, Tensor, Tensor)",
 )
 def _triton_bwd(

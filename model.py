@@ -62,8 +62,10 @@ class GPTConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets "
-                             f"n_embd // n_head features")
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): each head gets "
+                f"n_embd // n_head features"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.norm_position not in ("pre", "post"):
@@ -165,17 +167,18 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm, and a
-            # second one straight after it would only add a redundant scale and shift. Identity keeps the name, so
-            # code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
-            ln_f=new_norm(config)
-            if config.norm_position == "pre" else nn.Identity(),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm, and a
+                # second one straight after it would only add a redundant scale and shift. Identity keeps the name, so
+                # code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
+                ln_f=new_norm(config) if config.norm_position == "pre" else nn.Identity(),
+            )
+        )
         self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(config.n_embd))) if config.embed_scale else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: the output projection is the token embedding (Press & Wolf, 2017).
@@ -207,8 +210,10 @@ class GPT(nn.Module):
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}: "
-                             f"crop the context to the last {self.config.block_size} tokens")
+            raise ValueError(
+                f"sequence of {start + T} tokens is longer than block_size {self.config.block_size}: "
+                f"crop the context to the last {self.config.block_size} tokens"
+            )
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         x = self.transformer.drop(x if self.embed_scale is None else x * self.embed_scale)
@@ -241,9 +246,16 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
     @torch.inference_mode()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 use_kv_cache: bool = True, generator: torch.Generator | None = None,
-                 return_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_kv_cache: bool = True,
+        generator: torch.Generator | None = None,
+        return_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Continue each row of idx [B, T] by max_new_tokens tokens; temperature 0 decodes greedily.
 
         Returns the tokens [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled
@@ -259,9 +271,15 @@ class GPT(nn.Module):
         empty = torch.zeros(idx.size(0), 0, self.config.vocab_size, device=idx.device)
         return torch.cat(tokens, dim=1), torch.stack(all_logits, dim=1) if all_logits else empty
 
-    def stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               use_kv_cache: bool = True,
-               generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_kv_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """generate's decoding one step at a time: yields each step's next tokens [B, 1] and the logits [B, V]
         they were picked from, as soon as they are known. The arguments are checked here, before any step runs."""
         if not temperature >= 0:  # also catches NaN
@@ -298,8 +316,9 @@ class GPT(nn.Module):
         return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
 
     @staticmethod
-    def _pick(logits: torch.Tensor, temperature: float, top_k: int | None,
-              generator: torch.Generator | None) -> torch.Tensor:
+    def _pick(
+        logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+    ) -> torch.Tensor:
         """Choose the next token of each row from its logits [B, V] -> [B, 1]."""
         if temperature == 0:
             return logits.argmax(dim=-1, keepdim=True)

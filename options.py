@@ -33,8 +33,9 @@ class TrainConfig:
     out_dir: str = opt("out", "folder for ckpt.pt and metrics.jsonl")
     dataset: str = opt("shakespeare_char", "dataset name: its data is data/<dataset>/ unless data_dir is given")
     data_dir: str | None = opt(None, "folder holding train.bin, val.bin and meta.json (None: data/<dataset>)")
-    init_from: str = opt("scratch", "scratch: a new model; resume: continue from <out_dir>/ckpt.pt",
-                         ("scratch", "resume"))
+    init_from: str = opt(
+        "scratch", "scratch: a new model; resume: continue from <out_dir>/ckpt.pt", ("scratch", "resume")
+    )
     eval_interval: int = opt(250, "estimate train/val loss (and maybe checkpoint) every this many iterations")
     log_interval: int = opt(10, "print a log line and a metrics record every this many iterations")
     eval_iters: int = opt(200, "batches per split in each loss estimate")
@@ -51,11 +52,14 @@ class TrainConfig:
     dropout: float = opt(0.0, "dropout probability, in [0, 1)")
     bias: bool = opt(True, "bias in the Linear layers and the norms")
     norm: str = opt("builtin", "normalization layer: a name from layernorm.NORMS, or none", VALID_NORMS)
-    norm_position: str = opt("pre", "pre: x + f(norm(x)), as GPT-2; post: norm(x + f(x)), as the original Transformer",
-                             ("pre", "post"))
+    norm_position: str = opt(
+        "pre", "pre: x + f(norm(x)), as GPT-2; post: norm(x + f(x)), as the original Transformer", ("pre", "post")
+    )
     norm_alpha: float | None = opt(None, "DyT's starting alpha; None: its recipe by width (layernorm.DyT)")
-    embed_scale: bool | None = opt(None, "embeddings times a learned scalar from sqrt(n_embd); None: on with dyt "
-                                   "(its recipe), off with the other norms")
+    embed_scale: bool | None = opt(
+        None,
+        "embeddings times a learned scalar from sqrt(n_embd); None: on with dyt (its recipe), off with the other norms",
+    )
     # optimizer and schedule
     learning_rate: float = opt(1e-3, "peak learning rate")
     max_iters: int = opt(2000, "optimizer steps in the whole run")
@@ -69,13 +73,20 @@ class TrainConfig:
     min_lr: float = opt(1e-4, "learning rate at the end of the decay (about learning_rate / 10)")
     # system
     device: str = opt("auto", DEVICE_HELP)
-    dtype: str = opt("auto", "auto: bfloat16 autocast on CUDA where supported, else float32; float16 uses a "
-                     "GradScaler", ("auto", "float32", "bfloat16", "float16"))
+    dtype: str = opt(
+        "auto",
+        "auto: bfloat16 autocast on CUDA where supported, else float32; float16 uses a GradScaler",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
     compile: bool = opt(False, "wrap the model in torch.compile")
-    compile_mode: str = opt("default", "torch.compile's mode (with compile=True)",
-                            ("default", "reduce-overhead", "max-autotune"))
-    cuda_graphs: bool = opt(False, "capture the training micro-step (forward and backward) in a CUDA graph once "
-                            "and replay it (CUDA; one process; not with compile: use compile_mode=reduce-overhead)")
+    compile_mode: str = opt(
+        "default", "torch.compile's mode (with compile=True)", ("default", "reduce-overhead", "max-autotune")
+    )
+    cuda_graphs: bool = opt(
+        False,
+        "capture the training micro-step (forward and backward) in a CUDA graph once "
+        "and replay it (CUDA; one process; not with compile: use compile_mode=reduce-overhead)",
+    )
     seed: int = opt(1337, "seeds the weights, dropout, the data stream and the eval batches")
     max_wall_s: float | None = opt(None, "stop (evaluate, checkpoint) once training has run this many seconds")
     # logging and sampling
@@ -88,14 +99,28 @@ class TrainConfig:
 
 TYPES = {f.name: f.type for f in fields(TrainConfig)}  # "int", "float | None", ... (annotations are strings)
 # and the data's vocab_size
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "dropout", "norm", "norm_position", "norm_alpha",
-              "embed_scale")
+MODEL_KEYS = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "bias",
+    "dropout",
+    "norm",
+    "norm_position",
+    "norm_alpha",
+    "embed_scale",
+)
 # The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
 RANGES = {
-    **dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters",
-                     "lr_decay_iters"), (lambda v: v >= 1, "a positive integer")),
-    **dict.fromkeys(("max_iters", "warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr"),
-                    (lambda v: v >= 0, ">= 0")),
+    **dict.fromkeys(
+        ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters", "lr_decay_iters"),
+        (lambda v: v >= 1, "a positive integer"),
+    ),
+    **dict.fromkeys(
+        ("max_iters", "warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr"),
+        (lambda v: v >= 0, ">= 0"),
+    ),
     "learning_rate": (lambda v: v > 0, "> 0"),
     "max_wall_s": (lambda v: v is None or v > 0, "> 0 or None"),
     **dict.fromkeys(("beta1", "beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),
@@ -111,8 +136,10 @@ def _typed(key: str, value: Any, source: str | None = None) -> Any:
     """A flag's text (source None), or a value from a JSON `source`, as the option's type; else ConfigError."""
     if key not in TYPES:
         where = f"in {source}" if source else "on the command line"
-        raise ConfigError(f"unknown option {key!r} ({where}).{_did_you_mean(key, list(TYPES), ' Did you mean {!r}?')}"
-                          f" Valid options: {', '.join(TYPES)}")
+        raise ConfigError(
+            f"unknown option {key!r} ({where}).{_did_you_mean(key, list(TYPES), ' Did you mean {!r}?')}"
+            f" Valid options: {', '.join(TYPES)}"
+        )
     base = {"str": str, "int": int, "float": float, "bool": bool}[TYPES[key].split(" | ")[0]]
     optional = TYPES[key].endswith("| None")
     expected = "bool (true/false/1/0)" if base is bool else TYPES[key].replace(" | ", " or ")
@@ -131,9 +158,12 @@ def _typed(key: str, value: Any, source: str | None = None) -> Any:
 
 
 def usage() -> str:
-    lines = ["usage: python train.py [CONFIG.json] [--key=value ...]", "",
-             "Train a GPT. A JSON config file sets some options, --key=value flags override it; the rest keep their",
-             "defaults. With --init_from=resume the checkpoint's saved options are the defaults. Options (=default):"]
+    lines = [
+        "usage: python train.py [CONFIG.json] [--key=value ...]",
+        "",
+        "Train a GPT. A JSON config file sets some options, --key=value flags override it; the rest keep their",
+        "defaults. With --init_from=resume the checkpoint's saved options are the defaults. Options (=default):",
+    ]
     for f in fields(TrainConfig):
         extra = f" [{'|'.join(f.metadata['choices'])}]" if f.metadata["choices"] else ""
         lines.append(f"{'  --' + f.name + '=' + str(f.default):<36} ({f.type}) {f.metadata['help']}{extra}")
@@ -176,8 +206,9 @@ def read_config_file(path: str) -> dict[str, Any]:
     return {key: _typed(key, value, path) for key, value in data.items()}
 
 
-def build_config(explicit: dict[str, Any], base: dict[str, Any] | None = None, source: str = "",
-                 processes: int = 1) -> TrainConfig:
+def build_config(
+    explicit: dict[str, Any], base: dict[str, Any] | None = None, source: str = "", processes: int = 1
+) -> TrainConfig:
     """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
     checked for a run of that many processes: the checks GPTConfig does not make, then GPTConfig's own."""
     known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES}
@@ -189,33 +220,42 @@ def build_config(explicit: dict[str, Any], base: dict[str, Any] | None = None, s
             raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)}")
     steps = cfg.gradient_accumulation_steps
     if steps % processes:
-        raise ConfigError(f"gradient_accumulation_steps={steps} is the global number of micro-batches and must be "
-                          f"divisible by the number of processes ({processes}); e.g. "
-                          f"--gradient_accumulation_steps={processes * max(1, steps // processes)}")
+        raise ConfigError(
+            f"gradient_accumulation_steps={steps} is the global number of micro-batches and must be "
+            f"divisible by the number of processes ({processes}); e.g. "
+            f"--gradient_accumulation_steps={processes * max(1, steps // processes)}"
+        )
     if cfg.cuda_graphs and cfg.compile:
-        raise ConfigError("cuda_graphs=True cannot run with compile=True: use --compile_mode=reduce-overhead, which "
-                          "captures CUDA graphs itself, or drop one of them")
+        raise ConfigError(
+            "cuda_graphs=True cannot run with compile=True: use --compile_mode=reduce-overhead, which "
+            "captures CUDA graphs itself, or drop one of them"
+        )
     if cfg.cuda_graphs and processes > 1:
         raise ConfigError(f"cuda_graphs=True runs one process, not {processes}: drop --cuda_graphs or run one process")
     if cfg.compile_mode != "default" and not cfg.compile:
         raise ConfigError(f"compile_mode={cfg.compile_mode!r} needs compile=True: add --compile=True")
     if cfg.decay_lr and cfg.lr_decay_iters <= cfg.warmup_iters:
-        raise ConfigError(f"lr_decay_iters ({cfg.lr_decay_iters}) must be greater than warmup_iters "
-                          f"({cfg.warmup_iters}) when decay_lr=True")
+        raise ConfigError(
+            f"lr_decay_iters ({cfg.lr_decay_iters}) must be greater than warmup_iters "
+            f"({cfg.warmup_iters}) when decay_lr=True"
+        )
     for f in fields(TrainConfig):
         value, choices = getattr(cfg, f.name), f.metadata["choices"]
         if choices and value not in choices:
             hint = _did_you_mean(value, choices, " (did you mean {!r}?)")
-            raise ConfigError(f"{f.name}={value!r} is not {'a norm' if f.name == 'norm' else 'valid'}{hint}; "
-                              f"choose one of {', '.join(choices)}")
+            raise ConfigError(
+                f"{f.name}={value!r} is not {'a norm' if f.name == 'norm' else 'valid'}{hint}; "
+                f"choose one of {', '.join(choices)}"
+            )
     if not cfg.dataset or not cfg.out_dir:
         raise ConfigError("dataset and out_dir must not be empty")
     if cfg.wandb_log:  # only then: a run without it never imports wandb
         try:
             import wandb  # noqa: F401
         except ImportError as e:
-            raise ConfigError(f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, "
-                              f"or drop --wandb_log") from None
+            raise ConfigError(
+                f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, or drop --wandb_log"
+            ) from None
     try:  # the model's own checks: sizes, n_embd divisible by n_head, dropout in [0, 1)
         GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS})
     except ValueError as e:

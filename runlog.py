@@ -46,8 +46,10 @@ class LossWindow:
         self.ms_per_iter.append(ms)
         tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
         self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
-        log({"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
-            wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s})
+        log(
+            {"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
+            wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
+        )
 
 
 @contextlib.contextmanager
@@ -78,16 +80,29 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
         yield log
 
 
-def summarize(it: int, ms_per_iter: list[float], last_val: float | None, best_val: float,
-              tokens_per_iter: int, t_start: float, facts: dict[str, Any], stop_reason: str) -> dict[str, Any]:
+def summarize(
+    it: int,
+    ms_per_iter: list[float],
+    last_val: float | None,
+    best_val: float,
+    tokens_per_iter: int,
+    t_start: float,
+    facts: dict[str, Any],
+    stop_reason: str,
+) -> dict[str, Any]:
     timed = ms_per_iter[1:] if len(ms_per_iter) > 1 else ms_per_iter  # the first holds startup
     median_ms = statistics.median(timed) if timed else None
     return {
-        "kind": "summary", "iters": it, "final_val_loss": last_val,
+        "kind": "summary",
+        "iters": it,
+        "final_val_loss": last_val,
         "best_val_loss": best_val if math.isfinite(best_val) else None,
-        "peak_memory_bytes": peak_memory(facts["device"]), "median_ms_per_iter": median_ms,
+        "peak_memory_bytes": peak_memory(facts["device"]),
+        "median_ms_per_iter": median_ms,
         "median_tokens_per_s": tokens_per_iter / (median_ms / 1000) if median_ms else None,
-        "wall_s": time.perf_counter() - t_start, **facts, "stop_reason": stop_reason,
+        "wall_s": time.perf_counter() - t_start,
+        **facts,
+        "stop_reason": stop_reason,
     }
 
 
@@ -109,9 +124,13 @@ def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> Te
     without a line cut short by a kill, so that the file reads as one uninterrupted run."""
     if not append:
         records = read_metrics(path) if resumed_at is not None else []
-        kept = [json.dumps(rec) + "\n" for rec in records
-                if rec.get("iter") is None or rec["iter"] < resumed_at
-                or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)]
+        kept = [
+            json.dumps(rec) + "\n"
+            for rec in records
+            if rec.get("iter") is None
+            or rec["iter"] < resumed_at
+            or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
+        ]
         path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
         os.replace(path.with_suffix(".jsonl.tmp"), path)
     return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)

@@ -115,8 +115,13 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     with autocast(device, resolve_dtype("auto", device.split(":")[0])):
         for _ in range(args.num_samples):
             try:  # the checks run here, before anything is printed; their messages start with the argument's name
-                steps = model.stream(x, args.max_new_tokens, temperature=args.temperature,
-                                     top_k=args.top_k or None, use_kv_cache=not args.no_kv_cache)
+                steps = model.stream(
+                    x,
+                    args.max_new_tokens,
+                    temperature=args.temperature,
+                    top_k=args.top_k or None,
+                    use_kv_cache=not args.no_kv_cache,
+                )
             except ValueError as e:
                 fail(f"--{e}")
             pieces = [prompt]

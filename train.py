@@ -62,8 +62,10 @@ class Interrupted(TrainError):
         """Saved at `path` after `it` iterations: the message says how to go on (ckpt_path is where resume reads)."""
         resume = f"python train.py --init_from=resume --out_dir={ckpt_path.parent}"
         resume = resume if path == ckpt_path else f"mv {path} {ckpt_path} && {resume}"
-        return cls(f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}",
-                   stop.signum or signal.SIGINT)
+        return cls(
+            f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}",
+            stop.signum or signal.SIGINT,
+        )
 
 
 def get_lr(it: int, cfg: TrainConfig) -> float:
@@ -80,8 +82,9 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def estimate_loss(model: GPT, data: PreparedData, cfg: TrainConfig, dist: Dist, device: str,
-                  autocast: Any) -> dict[str, float]:
+def estimate_loss(
+    model: GPT, data: PreparedData, cfg: TrainConfig, dist: Dist, device: str, autocast: Any
+) -> dict[str, float]:
     """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
     own, so that evaluating never moves the training data stream."""
     gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
@@ -116,8 +119,13 @@ def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, 
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     model.eval()
     with autocast:
-        out = model.generate(torch.tensor([start], device=device), cfg.sample_tokens,
-                             temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, generator=gen)
+        out = model.generate(
+            torch.tensor([start], device=device),
+            cfg.sample_tokens,
+            temperature=SAMPLE_TEMPERATURE,
+            top_k=SAMPLE_TOP_K,
+            generator=gen,
+        )
     print(f"--- sample ({cfg.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
     print(tok.decode(out[0].tolist()), flush=True)
 
@@ -125,22 +133,24 @@ def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, 
 # ---- set-up: each function returns plain values ----
 
 
-def setup(cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str,
-          dist: Dist) -> tuple[PreparedData, GPT, torch.optim.Optimizer, torch.amp.GradScaler, torch.Generator, int,
-                               float]:
+def setup(
+    cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str, dist: Dist
+) -> tuple[PreparedData, GPT, torch.optim.Optimizer, torch.amp.GradScaler, torch.Generator, int, float]:
     """The data; the model (new, with the same initial weights on every process, or the checkpoint's), its
     optimizer and loss scaler; the data stream's own generator; the iteration and best val loss to start from."""
     data, path = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size), Path(cfg.out_dir) / "ckpt.pt"
     data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)
     if ckpt is not None:
-        raw_model = checkpoint.resume_model(ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size,
-                                            data.meta.get("tokenizer"), path, device)
+        raw_model = checkpoint.resume_model(
+            ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size, data.meta.get("tokenizer"), path, device
+        )
     else:
         torch.manual_seed(cfg.seed)
         raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=data.vocab_size)).to(device)
         torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process
-    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                               device.split(":")[0])
+    optimizer = raw_model.configure_optimizers(
+        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.split(":")[0]
+    )
     scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")  # loss scaling for float16
     it, best_val = 0, math.inf
     if ckpt is not None:
@@ -148,8 +158,9 @@ def setup(cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | Non
     return data, raw_model, optimizer, scaler, data_gen, it, best_val
 
 
-def wrap(raw_model: GPT, cfg: TrainConfig, data: PreparedData, device: str, dtype: str, dist: Dist
-         ) -> tuple[torch.nn.Module, torch.nn.Module]:
+def wrap(
+    raw_model: GPT, cfg: TrainConfig, data: PreparedData, device: str, dtype: str, dist: Dist
+) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The model that evaluates (compiled, if asked) and the one that trains: the same, in DDP with several
     processes, with its micro-step (forward and backward) captured once in a CUDA graph and replayed, if asked."""
     model = torch.compile(raw_model, mode=cfg.compile_mode) if cfg.compile else raw_model
@@ -164,14 +175,20 @@ def wrap(raw_model: GPT, cfg: TrainConfig, data: PreparedData, device: str, dtyp
 
 
 def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
-    kept = (f"the last good checkpoint, {ckpt_path} (iteration {last_saved}), was kept" if last_saved is not None
-            else "no checkpoint had been written by this run")
-    return TrainError(f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
-                      f"with a lower --learning_rate or a longer --warmup_iters")
+    kept = (
+        f"the last good checkpoint, {ckpt_path} (iteration {last_saved}), was kept"
+        if last_saved is not None
+        else "no checkpoint had been written by this run"
+    )
+    return TrainError(
+        f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
+        f"with a lower --learning_rate or a longer --warmup_iters"
+    )
 
 
-def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None,
-          dist: Dist) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None, dist: Dist
+) -> dict[str, Any]:
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, run the micro-steps, clip and step,
     log. Returns the summary record."""
     t_start, ckpt_path = time.perf_counter(), Path(cfg.out_dir) / "ckpt.pt"
@@ -184,9 +201,18 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
     def save(it: int, path: Path) -> None:
         if not all(bool(torch.isfinite(t).all()) for t in raw_model.state_dict().values() if t.is_floating_point()):
             raise diverged(f"the weights are not finite at iteration {it}", last_saved, ckpt_path)
-        checkpoint.save_training_checkpoint(path, dist, model=raw_model, optimizer=optimizer, scaler=scaler,
-                                            iter_num=it, best_val_loss=best_val, config=asdict(cfg),
-                                            tokenizer=data.meta.get("tokenizer"), data_gen=data_gen)
+        checkpoint.save_training_checkpoint(
+            path,
+            dist,
+            model=raw_model,
+            optimizer=optimizer,
+            scaler=scaler,
+            iter_num=it,
+            best_val_loss=best_val,
+            config=asdict(cfg),
+            tokenizer=data.meta.get("tokenizer"),
+            data_gen=data_gen,
+        )
 
     def read_back() -> list[tuple[int, float, float]]:  # and stop if a loss is not finite
         read = window.read()
@@ -196,17 +222,23 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
         return read
 
     where = f"resuming {ckpt_path} at iteration {it}" if ckpt else "from scratch"
-    dist.print(f"training {where}: norm={cfg.norm}, {raw_model.get_num_params() / 1e6:.2f}M parameters, "
-               f"device={device}, dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}")
+    dist.print(
+        f"training {where}: norm={cfg.norm}, {raw_model.get_num_params() / 1e6:.2f}M parameters, "
+        f"device={device}, dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}"
+    )
     dist.print(f"{data.describe()}; {tokens_per_iter:,} tokens per iteration")
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)  # this process's micro-batches
     no_sync = train_model.no_sync if dist.enabled else contextlib.nullcontext
-    with (runlog.open_log(cfg, dist, start if ckpt else None) as log, StopRequest(announce=dist.master) as stop,
-          contextlib.closing(data)):
+    with (
+        runlog.open_log(cfg, dist, start if ckpt else None) as log,
+        StopRequest(announce=dist.master) as stop,
+        contextlib.closing(data),
+    ):
         window = runlog.LossWindow(dist)
         while True:
-            stop_reason = stop_reason or stop.agreed(dist, cfg.max_wall_s is not None
-                                                     and time.perf_counter() - t_start > cfg.max_wall_s)
+            stop_reason = stop_reason or stop.agreed(
+                dist, cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
+            )
             end = it >= cfg.max_iters or stop_reason == "max_wall_s" or cfg.eval_only
             # Evaluate (and maybe checkpoint); a resumed run was evaluated just before its checkpoint.
             if (it % cfg.eval_interval == 0 or end) and not (ckpt and it == start and not end):
@@ -214,11 +246,14 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
                 read_back()  # never evaluate or save weights that a NaN went through
                 losses = estimate_loss(model, data, cfg, dist, device, amp)
                 dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                log({"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
-                    wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]})
+                log(
+                    {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
+                    wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]},
+                )
                 if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
-                    raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", last_saved,
-                                   ckpt_path)
+                    raise diverged(
+                        f"the estimated loss is not finite at iteration {it} ({losses})", last_saved, ckpt_path
+                    )
                 last_val, improved, best_val = losses["val"], losses["val"] < best_val, min(best_val, losses["val"])
                 if it > start and not cfg.eval_only and (improved or cfg.always_save_checkpoint):
                     save(it, ckpt_path)
@@ -238,8 +273,9 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
             for group in optimizer.param_groups:
                 group["lr"] = lr
             # The whole global batch's offsets (so any number of processes sees the same data); then ours.
-            starts = torch.randint(data.num_starts("train"), (cfg.gradient_accumulation_steps, cfg.batch_size),
-                                   generator=data_gen)
+            starts = torch.randint(
+                data.num_starts("train"), (cfg.gradient_accumulation_steps, cfg.batch_size), generator=data_gen
+            )
             xs, ys = data.get("train", starts[rows], device)
             loss_sum = 0.0
             for m in range(micro_steps):
@@ -260,10 +296,25 @@ def train(cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, c
             if it % cfg.log_interval == 0:
                 window.log_line(read_back()[-1], tokens_per_iter, log)
             it += 1
-        facts = {"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile,
-                 "cuda_graphs": cfg.cuda_graphs, "world_size": dist.world_size, "n_params": raw_model.get_num_params()}
-        summary = runlog.summarize(it, window.ms_per_iter, last_val, best_val, tokens_per_iter, t_start, facts,
-                            "eval_only" if cfg.eval_only else stop_reason or "max_iters")
+        facts = {
+            "norm": cfg.norm,
+            "device": device,
+            "dtype": dtype,
+            "compile": cfg.compile,
+            "cuda_graphs": cfg.cuda_graphs,
+            "world_size": dist.world_size,
+            "n_params": raw_model.get_num_params(),
+        }
+        summary = runlog.summarize(
+            it,
+            window.ms_per_iter,
+            last_val,
+            best_val,
+            tokens_per_iter,
+            t_start,
+            facts,
+            "eval_only" if cfg.eval_only else stop_reason or "max_iters",
+        )
         log(summary)
         if cfg.sample_at_end and dist.master and not cfg.eval_only:
             print_sample(raw_model, data, cfg, device, amp)

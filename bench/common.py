@@ -1,6 +1,6 @@
 """What the benchmarks share: the machine, a child process with its peak memory, Markdown tables, result files.
 
-    python -m bench.common RESULTS_DIR OUT_DIR    # bench/gpu.sh's last step: RESULTS_DIR as the files of PACKED
+python -m bench.common RESULTS_DIR OUT_DIR    # bench/gpu.sh's last step: RESULTS_DIR as the files of PACKED
 """
 
 from __future__ import annotations
@@ -44,13 +44,26 @@ class Child:
         return self.returncode == 0 and not self.timed_out
 
 
-def run_child(cmd: Sequence[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None,
-              timeout_s: float | None = None, echo: str | None = None) -> Child:
+def run_child(
+    cmd: Sequence[str],
+    *,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    echo: str | None = None,
+) -> Child:
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
     outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (on Linux at least this
     process's size when it started the child: the kernel carries that over fork and exec)."""
-    proc = subprocess.Popen(list(cmd), cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
     killed = threading.Event()
     timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), proc.kill()))
     if timeout_s:
@@ -88,13 +101,16 @@ def timed(fn: Callable[[], Any], device: str, calls: int = 1) -> float:
 
 def comma_list(choices: Sequence[str] | None = None) -> Callable[[str], list]:
     """An argparse type: 'a,b' -> ['a', 'b'], each one of choices; without choices, positive integers."""
+
     def parse(text: str) -> list:
         items = [v for v in text.split(",") if v] if choices else [int(v) for v in text.split(",")]
         bad = [v for v in items if (v not in choices if choices else v < 1)]
         if bad:
-            raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(choices)}" if choices else
-                                             f"{bad[0]} is not a positive integer")
+            raise argparse.ArgumentTypeError(
+                f"{bad[0]!r} is not one of {', '.join(choices)}" if choices else f"{bad[0]} is not a positive integer"
+            )
         return items
+
     return parse
 
 
@@ -125,24 +141,48 @@ def write_results(path: Path, command: Sequence[str], result: dict[str, Any], ta
 
 def machine_info() -> dict[str, Any]:
     """The commit measured ('+changes' if the files differ from it), CPU, GPU and the versions behind the figures."""
+
     def version(name: str) -> str | None:  # without importing it (importing triton fixes TRITON_INTERPRET)
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             return None
 
-    git = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"],
-                         capture_output=True, text=True)
-    cpu = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-           if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    info = {"commit": git.stdout.strip() or None,
-            "platform": platform.platform(), "python": platform.python_version(),
-            "cpu": cpu[0] if cpu else platform.processor(), "cpu_count": os.cpu_count(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "triton": version("triton"),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    git = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"],
+        capture_output=True,
+        text=True,
+    )
+    cpu = (
+        [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        if Path("/proc/cpuinfo").exists()
+        else []
+    )
+    info = {
+        "commit": git.stdout.strip() or None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu[0] if cpu else platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "triton": version("triton"),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
     if info["gpu"]:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True)
+        smi = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+        )
         info["nvidia_smi"], info["cuda"] = smi.stdout.strip(), torch.version.cuda
     return info
 
@@ -152,12 +192,18 @@ def pack(res: Path, out: Path) -> None:
     the end of its log), results.json (every JSON under its step's name) and the whole folder as a tarball."""
     steps = [line.split("\t") for line in (res / "steps.tsv").read_text().splitlines()]
     machine = machine_info()
-    results = {"machine": machine, "steps": [dict(zip(("step", "rc", "seconds", "limit_s"), s, strict=True))
-                                             for s in steps],
-               **{path.stem: json.loads(path.read_text(encoding="utf-8")) for path in sorted(res.glob("*.json"))}}
-    summary = [f"# bench/gpu.sh at commit {machine.get('commit')}", "", f"{machine.get('gpu') or 'no GPU'}, torch "
-               f"{machine.get('torch')}, triton {machine.get('triton')}", "",
-               markdown_table(["step", "exit", "seconds", "limit s"], steps)]
+    results = {
+        "machine": machine,
+        "steps": [dict(zip(("step", "rc", "seconds", "limit_s"), s, strict=True)) for s in steps],
+        **{path.stem: json.loads(path.read_text(encoding="utf-8")) for path in sorted(res.glob("*.json"))},
+    }
+    summary = [
+        f"# bench/gpu.sh at commit {machine.get('commit')}",
+        "",
+        f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}",
+        "",
+        markdown_table(["step", "exit", "seconds", "limit s"], steps),
+    ]
     for name, *_ in steps:
         if (res / f"{name}.md").exists():
             summary += ["", f"## {name}", "", (res / f"{name}.md").read_text(encoding="utf-8").strip()]

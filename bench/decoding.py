@@ -43,8 +43,10 @@ def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
         from checkpoint import load_checkpoint, model_from_checkpoint
 
         ckpt = load_checkpoint(Path(args.out_dir) / "ckpt.pt", map_location=device)
-        return [(f"{args.out_dir} norm={norm}", model_from_checkpoint(ckpt, norm=norm, device=device).eval())
-                for norm in args.norms.split(",")]
+        return [
+            (f"{args.out_dir} norm={norm}", model_from_checkpoint(ckpt, norm=norm, device=device).eval())
+            for norm in args.norms.split(",")
+        ]
     out = []
     for path in args.sizes.split(","):
         config = options.read_config_file(path)
@@ -56,8 +58,9 @@ def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
 
 @torch.no_grad()
 def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
-    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator()
-                            .manual_seed(0)).to(device)
+    prompts = torch.randint(
+        model.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(0)
+    ).to(device)
 
     def run(name: str, n: int) -> torch.Tensor:
         with batch_invariant(enabled=name == "mode"):
@@ -69,20 +72,27 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
     for _ in range(args.repeats):
         rounds.append({})
         for name in args.paths:
-            seconds = timed(lambda name=name: new.__setitem__(name, run(name, args.new_tokens)[:, args.prompt_len:]),
-                            device)
+            seconds = timed(
+                lambda name=name: new.__setitem__(name, run(name, args.new_tokens)[:, args.prompt_len :]), device
+            )
             rounds[-1][name] = batch * args.new_tokens / seconds
     block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
 
     def agree(a: str, b: str, n: int | None = None) -> bool | None:
         return bool(torch.equal(new[a][:, :n], new[b][:, :n])) if {a, b} <= new.keys() else None
 
-    return {"model": label, "n_layer": model.config.n_layer, "n_embd": model.config.n_embd,
-            "block_size": model.config.block_size, "batch": batch,
-            "tokens_per_s": {k: median([r[k] for r in rounds]) for k in args.paths},
-            "spread": {k: spread([r[k] for r in rounds]) for k in args.paths},
-            "cached_equals_uncached_up_to_block": agree("cached", "uncached", block),
-            "mode_equals_cached": agree("mode", "cached"), "tokens": next(iter(new.values())).tolist()}
+    return {
+        "model": label,
+        "n_layer": model.config.n_layer,
+        "n_embd": model.config.n_embd,
+        "block_size": model.config.block_size,
+        "batch": batch,
+        "tokens_per_s": {k: median([r[k] for r in rounds]) for k in args.paths},
+        "spread": {k: spread([r[k] for r in rounds]) for k in args.paths},
+        "cached_equals_uncached_up_to_block": agree("cached", "uncached", block),
+        "mode_equals_cached": agree("mode", "cached"),
+        "tokens": next(iter(new.values())).tolist(),
+    }
 
 
 def decode_table(result: dict[str, Any]) -> str:
@@ -90,16 +100,39 @@ def decode_table(result: dict[str, Any]) -> str:
     rows = []
     for r in result["runs"]:
         tps, cached = r["tokens_per_s"], r["tokens_per_s"].get("cached")
-        rows.append([f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})", r["batch"],
-                     *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
-                     fmt(cached and tps.get("uncached") and cached / tps["uncached"], ".2f") + "x",
-                     fmt(cached and tps.get("mode") and cached / tps["mode"], ".2f") + "x",
-                     r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]])
-    return "\n".join([f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token "
-                      f"prompts, {result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of "
-                      f"{result['repeats']}", "", markdown_table(
-                          ["model", "batch", *[f"{p} tok/s" for p in paths], "cache speedup", "mode's time per token",
-                           "cached = uncached (to block)", "mode = cached", "same tokens as first model"], rows)])
+        rows.append(
+            [
+                f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})",
+                r["batch"],
+                *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
+                fmt(cached and tps.get("uncached") and cached / tps["uncached"], ".2f") + "x",
+                fmt(cached and tps.get("mode") and cached / tps["mode"], ".2f") + "x",
+                r["cached_equals_uncached_up_to_block"],
+                r["mode_equals_cached"],
+                r["same_tokens_as_first"],
+            ]
+        )
+    return "\n".join(
+        [
+            f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token "
+            f"prompts, {result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of "
+            f"{result['repeats']}",
+            "",
+            markdown_table(
+                [
+                    "model",
+                    "batch",
+                    *[f"{p} tok/s" for p in paths],
+                    "cache speedup",
+                    "mode's time per token",
+                    "cached = uncached (to block)",
+                    "mode = cached",
+                    "same tokens as first model",
+                ],
+                rows,
+            ),
+        ]
+    )
 
 
 def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows: tuple[int, ...]) -> list[dict]:
@@ -123,13 +156,37 @@ def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows
 
 
 def matmul_table(rows: list[dict], device: str) -> str:
-    return "\n".join([f"### F.linear at decoding shapes on {device}: M rows x K, K x N weight, us per call", "",
-                      markdown_table(["dtype", "K = N", "M", "stock us", "mode us", "mode / stock", "stock: row vs "
-                                      "among 64", "mode: row vs among 64"],
-                                     [[r["dtype"], r["K=N"], r["M"], fmt(r["stock_us"], ".1f"),
-                                       fmt(r["mode_us"], ".1f"),
-                                       fmt(r["mode_us"] / r["stock_us"], ".2f"), f"{r['stock_diff']:.1e}",
-                                       f"{r['mode_diff']:.1e}"] for r in rows])])
+    return "\n".join(
+        [
+            f"### F.linear at decoding shapes on {device}: M rows x K, K x N weight, us per call",
+            "",
+            markdown_table(
+                [
+                    "dtype",
+                    "K = N",
+                    "M",
+                    "stock us",
+                    "mode us",
+                    "mode / stock",
+                    "stock: row vs among 64",
+                    "mode: row vs among 64",
+                ],
+                [
+                    [
+                        r["dtype"],
+                        r["K=N"],
+                        r["M"],
+                        fmt(r["stock_us"], ".1f"),
+                        fmt(r["mode_us"], ".1f"),
+                        fmt(r["mode_us"] / r["stock_us"], ".2f"),
+                        f"{r['stock_diff']:.1e}",
+                        f"{r['mode_diff']:.1e}",
+                    ]
+                    for r in rows
+                ],
+            ),
+        ]
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -163,8 +220,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
             result, table = {"device": device, "matmul": runs}, matmul_table(runs, device)
         else:
-            result = {"device": device, **{k: getattr(args, k) for k in ("paths", "prompt_len",
-                                                                           "new_tokens", "repeats")}, "runs": []}
+            result = {
+                "device": device,
+                **{k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")},
+                "runs": [],
+            }
             todo = [(m, b) for m in models(args, device) for b in args.batches]
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):

@@ -57,12 +57,14 @@ def timer(device: str, reps: int) -> Callable[[dict[str, Callable[[], Any]]], di
     if device.startswith("cuda"):
         import triton.testing
 
-        return lambda fns: {k: triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median")
-                            for k, fn in fns.items()}
+        return lambda fns: {
+            k: triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median") for k, fn in fns.items()
+        }
 
     def cpu(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
         times = [[timed(fn, device) * 1e3 for fn in fns.values()] for _ in range(reps + 2)][2:]  # 2 to warm up
         return {k: statistics.median(t[i] for t in times) for i, k in enumerate(fns)}
+
     return cpu
 
 
@@ -78,27 +80,64 @@ def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[
         reference = fns[impls[0] if "builtin" not in fns else "builtin"](x).float()
         errors = {name: (fn(x).float() - reference).abs().max().item() for name, fn in fns.items()}
     fwd = time_ms({name: lambda fn=fn: fn(x) for name, fn in fns.items()})
-    fwd_bwd = time_ms({name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy)
-                       for name, fn in fns.items()})
+    fwd_bwd = time_ms(
+        {name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy) for name, fn in fns.items()}
+    )
     size = rows * C * x.element_size() / 1e9  # GB per pass
-    return [{"impl": name, "rows": rows, "C": C, "dtype": str(dtype).removeprefix("torch."), "device": device,
-             "max_abs_err_vs_builtin": errors[name], "fwd_ms": fwd[name], "fwd_bwd_ms": fwd_bwd[name],
-             "bwd_ms": fwd_bwd[name] - fwd[name], "fwd_gbps": 2 * size / (fwd[name] / 1e3),
-             "fwd_bwd_gbps": 5 * size / (fwd_bwd[name] / 1e3), "copy_gbps": 2 * size / (copy_ms / 1e3)}
-            for name in impls]
+    return [
+        {
+            "impl": name,
+            "rows": rows,
+            "C": C,
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": device,
+            "max_abs_err_vs_builtin": errors[name],
+            "fwd_ms": fwd[name],
+            "fwd_bwd_ms": fwd_bwd[name],
+            "bwd_ms": fwd_bwd[name] - fwd[name],
+            "fwd_gbps": 2 * size / (fwd[name] / 1e3),
+            "fwd_bwd_gbps": 5 * size / (fwd_bwd[name] / 1e3),
+            "copy_gbps": 2 * size / (copy_ms / 1e3),
+        }
+        for name in impls
+    ]
 
 
 def kernels_table(rows: list[dict]) -> str:
     builtin = {(r["rows"], r["C"], r["dtype"]): r["fwd_bwd_ms"] for r in rows if r["impl"] == "builtin"}
     return markdown_table(
-        ["impl", "shape", "dtype", "fwd ms", "fwd GB/s (% copy)", "fwd+bwd ms", "fwd+bwd GB/s (% copy)", "bwd ms",
-         "fwd+bwd vs builtin", "copy GB/s", "max err vs builtin"],
-        [[r["impl"], f"[{r['rows']}, {r['C']}]", r["dtype"], fmt(r["fwd_ms"], ".3f"),
-          f"{r['fwd_gbps']:.1f} ({100 * r['fwd_gbps'] / r['copy_gbps']:.0f}%)", fmt(r["fwd_bwd_ms"], ".3f"),
-          f"{r['fwd_bwd_gbps']:.1f} ({100 * r['fwd_bwd_gbps'] / r['copy_gbps']:.0f}%)", fmt(r["bwd_ms"], ".3f"),
-          fmt(r["fwd_bwd_ms"] / builtin[(r["rows"], r["C"], r["dtype"])], ".2f") + "x"
-          if (r["rows"], r["C"], r["dtype"]) in builtin else "n/a", fmt(r["copy_gbps"], ".1f"),
-          f"{r['max_abs_err_vs_builtin']:.1e}"] for r in rows])
+        [
+            "impl",
+            "shape",
+            "dtype",
+            "fwd ms",
+            "fwd GB/s (% copy)",
+            "fwd+bwd ms",
+            "fwd+bwd GB/s (% copy)",
+            "bwd ms",
+            "fwd+bwd vs builtin",
+            "copy GB/s",
+            "max err vs builtin",
+        ],
+        [
+            [
+                r["impl"],
+                f"[{r['rows']}, {r['C']}]",
+                r["dtype"],
+                fmt(r["fwd_ms"], ".3f"),
+                f"{r['fwd_gbps']:.1f} ({100 * r['fwd_gbps'] / r['copy_gbps']:.0f}%)",
+                fmt(r["fwd_bwd_ms"], ".3f"),
+                f"{r['fwd_bwd_gbps']:.1f} ({100 * r['fwd_bwd_gbps'] / r['copy_gbps']:.0f}%)",
+                fmt(r["bwd_ms"], ".3f"),
+                fmt(r["fwd_bwd_ms"] / builtin[(r["rows"], r["C"], r["dtype"])], ".2f") + "x"
+                if (r["rows"], r["C"], r["dtype"]) in builtin
+                else "n/a",
+                fmt(r["copy_gbps"], ".1f"),
+                f"{r['max_abs_err_vs_builtin']:.1e}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 class _NoLaunch:
@@ -121,36 +160,50 @@ def overhead(device: str, calls: int, repeats: int) -> list[dict]:
     x = torch.randn(8, 384, device=device, requires_grad=True)
     dy = torch.randn(8, 384, device=device)
     modules = {name: layernorm.make_norm(name, 384).to(device) for name in ("builtin", "triton")}
-    fns = {**{f"{k} fwd": lambda m=m: m(x) for k, m in modules.items()},
-           **{f"{k} fwd+bwd": lambda m=m: torch.autograd.grad(m(x), [x, *m.parameters()], dy)
-              for k, m in modules.items()}}
+    fns = {
+        **{f"{k} fwd": lambda m=m: m(x) for k, m in modules.items()},
+        **{f"{k} fwd+bwd": lambda m=m: torch.autograd.grad(m(x), [x, *m.parameters()], dy) for k, m in modules.items()},
+    }
     try:  # the first round warms up
         rounds = [[timed(fn, device, calls) * 1e6 for fn in fns.values()] for _ in range(repeats + 1)][1:]
     finally:
         vars(layernorm_triton).update(kernels)
     times = {k: [r[i] for r in rounds] for i, k in enumerate(fns)}
-    return [{"impl": k.split()[0], "what": k.split()[1], "us": statistics.median(v), "spread": [min(v), max(v)]}
-            for k, v in times.items()]
+    return [
+        {"impl": k.split()[0], "what": k.split()[1], "us": statistics.median(v), "spread": [min(v), max(v)]}
+        for k, v in times.items()
+    ]
 
 
 def overhead_table(rows: list[dict], device: str, calls: int, repeats: int) -> str:
     how = "kernel launches stubbed" if device == "cpu" else "real calls, launch-bound"
     cell = {(r["impl"], r["what"]): f"{r['us']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f})" for r in rows}
-    return "\n".join([f"### Python cost per call on {device} ({how}), [8, 384] float32, median (min-max) of "
-                      f"{repeats} rounds of {calls} calls", "", markdown_table(
-                          ["impl", "forward us/call", "forward+backward us/call"],
-                          [[impl, cell[impl, "fwd"], cell[impl, "fwd+bwd"]] for impl in ("builtin", "triton")])])
+    return "\n".join(
+        [
+            f"### Python cost per call on {device} ({how}), [8, 384] float32, median (min-max) of "
+            f"{repeats} rounds of {calls} calls",
+            "",
+            markdown_table(
+                ["impl", "forward us/call", "forward+backward us/call"],
+                [[impl, cell[impl, "fwd"], cell[impl, "fwd+bwd"]] for impl in ("builtin", "triton")],
+            ),
+        ]
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", type=comma_list(DTYPES), help="comma list of float32, bfloat16, float16 (default "
-                   "float32; CUDA bfloat16,float32)")
+    p.add_argument(
+        "--dtype",
+        type=comma_list(DTYPES),
+        help="comma list of float32, bfloat16, float16 (default float32; CUDA bfloat16,float32)",
+    )
     p.add_argument("--sizes", type=comma_list(), help=f"comma list of C (default {CPU_SIZES}; CUDA {CUDA_SIZES})")
     p.add_argument("--rows", type=lambda v: comma_list()(v)[0], help="rows = B * T (default 16384; CUDA 32768)")
-    p.add_argument("--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those "
-                   "that run here)")
+    p.add_argument(
+        "--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those that run here)"
+    )
     p.add_argument("--reps", type=int, default=10, help="timed calls per measurement on the CPU (median)")
     p.add_argument("--overhead", action="store_true", help="the Python cost per call instead (see above)")
     p.add_argument("--calls", type=int, default=1000, help="--overhead: calls per round")
@@ -167,8 +220,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: CPU tensors pass; launches are stubbed
     cuda = args.device.startswith("cuda")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    args.impls = args.impls or [i for i in IMPLS if (i != "triton" or cuda or interpreter) and (i != "naive" or
-                                                                                                not cuda)]
+    args.impls = args.impls or [
+        i for i in IMPLS if (i != "triton" or cuda or interpreter) and (i != "naive" or not cuda)
+    ]
     args.dtype = args.dtype or (["bfloat16", "float32"] if cuda else ["float32"])
     args.sizes = args.sizes or comma_list()(CUDA_SIZES if cuda else CPU_SIZES)
     if "triton" in args.impls and not (cuda or interpreter or args.overhead):
@@ -180,8 +234,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.overhead:
         rows = overhead(args.device, args.calls, args.repeats)
-        result, table = {"device": args.device, "overhead": rows}, overhead_table(rows, args.device, args.calls,
-                                                                                   args.repeats)
+        result, table = (
+            {"device": args.device, "overhead": rows},
+            overhead_table(rows, args.device, args.calls, args.repeats),
+        )
         if args.out:
             write_results(args.out, ["bench.kernels", *args.argv], result, table)
         print(table)
@@ -190,18 +246,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"device": args.device, "malloc": malloc, "results": []}
     for dtype in args.dtype:
         for C in args.sizes:
-            result["results"] += bench_shape(args.rows or (32768 if args.device.startswith("cuda") else 16384), C,
-                                             DTYPES[dtype], args.device, args.impls, timer(args.device, args.reps))
+            result["results"] += bench_shape(
+                args.rows or (32768 if args.device.startswith("cuda") else 16384),
+                C,
+                DTYPES[dtype],
+                args.device,
+                args.impls,
+                timer(args.device, args.reps),
+            )
             table = kernels_table(result["results"])
-            print("\n".join(table.splitlines()[-len(args.impls):]), flush=True)
+            print("\n".join(table.splitlines()[-len(args.impls) :]), flush=True)
             if args.out:  # after every shape, so that a run cut short keeps what it measured
                 write_results(args.out, ["bench.kernels", *args.argv], result, table)
     return result
 
 
 if __name__ == "__main__":
-    if sys.platform == "linux" and "--system-malloc" not in sys.argv and any(os.environ.get(k) != v for k, v in
-                                                                              STEADY_MALLOC.items()):
-        os.execve(sys.executable, [sys.executable, "-m", "bench.kernels", *sys.argv[1:]],
-                  {**os.environ, **STEADY_MALLOC})
+    if (
+        sys.platform == "linux"
+        and "--system-malloc" not in sys.argv
+        and any(os.environ.get(k) != v for k, v in STEADY_MALLOC.items())
+    ):
+        os.execve(
+            sys.executable, [sys.executable, "-m", "bench.kernels", *sys.argv[1:]], {**os.environ, **STEADY_MALLOC}
+        )
     main()

@@ -34,12 +34,32 @@ from layernorm import NO_NORM, NORMS
 from runlog import read_metrics
 
 # train.py's flags for each mode; all but eager need CUDA.
-MODES = {"eager": [], "graphs": ["--cuda_graphs=True"], "compile": ["--compile=True", "--compile_mode=default"],
-         "reduce-overhead": ["--compile=True", "--compile_mode=reduce-overhead"]}
+MODES = {
+    "eager": [],
+    "graphs": ["--cuda_graphs=True"],
+    "compile": ["--compile=True", "--compile_mode=default"],
+    "reduce-overhead": ["--compile=True", "--compile_mode=reduce-overhead"],
+}
 # What decides the work of a step, and the schedule: nanoGPT gets each of these explicitly (its defaults differ).
-NANOGPT_KEYS = ("batch_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias",
-                "gradient_accumulation_steps", "learning_rate", "weight_decay", "beta1", "beta2", "grad_clip",
-                "decay_lr", "warmup_iters", "lr_decay_iters", "min_lr")
+NANOGPT_KEYS = (
+    "batch_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "dropout",
+    "bias",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+    "decay_lr",
+    "warmup_iters",
+    "lr_decay_iters",
+    "min_lr",
+)
 PROFILE_STEPS = 5  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
 NANOGPT_ITER = re.compile(r"^iter (\d+): loss [^,]+, time ([\d.]+)ms")  # nanoGPT's log lines, the only ones parsed
 NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.naif]+), val loss ([\d.naif]+)")
@@ -48,8 +68,9 @@ NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.naif]+), val loss ([\d.
 def train_config(args: argparse.Namespace) -> options.TrainConfig:
     """The config file with --set on top, typed and checked by options.py (one clear line if something is wrong)."""
     try:
-        return options.build_config({**options.read_config_file(args.config),
-                                     **options.parse_args([f"--{item}" for item in args.set])})
+        return options.build_config(
+            {**options.read_config_file(args.config), **options.parse_args([f"--{item}" for item in args.set])}
+        )
     except options.ConfigError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -84,20 +105,36 @@ def schedule(args: argparse.Namespace, cfg: options.TrainConfig) -> dict[str, An
     return {"max_iters": max_iters, "eval_interval": max_iters, "eval_iters": args.eval_iters, "log_interval": 1}
 
 
-def commands(side: tuple[str, str] | None, cfg: options.TrainConfig, sched: dict[str, Any], out_dir: Path,
-             device: str, args: argparse.Namespace) -> tuple[list[str], Path]:
+def commands(
+    side: tuple[str, str] | None,
+    cfg: options.TrainConfig,
+    sched: dict[str, Any],
+    out_dir: Path,
+    device: str,
+    args: argparse.Namespace,
+) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None)."""
     common = {**sched, "out_dir": out_dir, "device": device, "always_save_checkpoint": False}
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **common}
         if device != "cuda":
             values.update(compile=False, dtype="float32")  # on CUDA its own defaults: compile on, bfloat16
-        return [sys.executable, "train.py", "config/train_shakespeare_char.py",
-                *[f"--{k}={v}" for k, v in values.items()]], Path(args.nanogpt)
+        return [
+            sys.executable,
+            "train.py",
+            "config/train_shakespeare_char.py",
+            *[f"--{k}={v}" for k, v in values.items()],
+        ], Path(args.nanogpt)
     norm, mode = side
     ours = {**common, "norm": norm, "sample_at_end": False, **({"data_dir": args.data_dir} if args.data_dir else {})}
-    return [sys.executable, "train.py", args.config, *[f"--{item}" for item in args.set],
-            *[f"--{k}={v}" for k, v in ours.items()], *MODES[mode]], ROOT
+    return [
+        sys.executable,
+        "train.py",
+        args.config,
+        *[f"--{item}" for item in args.set],
+        *[f"--{k}={v}" for k, v in ours.items()],
+        *MODES[mode],
+    ], ROOT
 
 
 def to_target(steps: list[tuple[int, float]], evals: list[dict[str, Any]], target: float | None) -> float | None:
@@ -109,13 +146,17 @@ def to_target(steps: list[tuple[int, float]], evals: list[dict[str, Any]], targe
     return sum(ms * (it - prev) for (it, ms), prev in zip(steps, previous, strict=False) if it <= hit) / 1000
 
 
-def measure(side: tuple[str, str] | None, child: Any, out_dir: Path, cfg: options.TrainConfig, warmup: int,
-            target: float | None) -> dict[str, Any]:
+def measure(
+    side: tuple[str, str] | None, child: Any, out_dir: Path, cfg: options.TrainConfig, warmup: int, target: float | None
+) -> dict[str, Any]:
     """One run's figures: ours from its metrics.jsonl, nanoGPT's from its log lines."""
     if side is None:
         logged = {int(m[1]): float(m[2]) for m in map(NANOGPT_ITER.match, child.lines) if m}
-        evals = [{"iter": int(m[1]), "train_loss": float(m[2]), "val_loss": float(m[3])}
-                 for m in map(NANOGPT_EVAL.match, child.lines) if m]
+        evals = [
+            {"iter": int(m[1]), "train_loss": float(m[2]), "val_loss": float(m[3])}
+            for m in map(NANOGPT_EVAL.match, child.lines)
+            if m
+        ]
         eval_iters = {e["iter"] for e in evals if e["iter"] > 0}
         timed = [ms for it, ms in logged.items() if it >= warmup and it not in eval_iters]
         typical = median(timed) or 0.0
@@ -130,60 +171,115 @@ def measure(side: tuple[str, str] | None, child: Any, out_dir: Path, cfg: option
         kept = [r for r in train[1:] if r["iter"] >= warmup]  # the first window holds the start-up
         timed, tok_s = [r["ms_per_iter"] for r in kept], [r["tokens_per_s"] for r in kept]
         steps = [(r["iter"], r["ms_per_iter"]) for r in train]
-    return {"ok": child.ok and (side is None or bool(summary)), "returncode": child.returncode,
-            "timed_out": child.timed_out, "steps_timed": len(timed), "ms_per_iter": median(timed),
-            "ms_range": spread(timed),
-            "tokens_per_s": median(tok_s), "max_rss_bytes": child.max_rss_bytes, "wall_s": child.wall_s,
-            "cuda_peak_bytes": summary.get("peak_memory_bytes") if summary.get("device", "").startswith("cuda")
-            else None, "evals": evals, "best_val_loss": min((e["val_loss"] for e in evals), default=None),
-            "final_val_loss": evals[-1]["val_loss"] if evals else None, "train_s_to_target": to_target(
-                steps, evals, target), "tail": child.lines[-5:] if not child.ok else []}
+    return {
+        "ok": child.ok and (side is None or bool(summary)),
+        "returncode": child.returncode,
+        "timed_out": child.timed_out,
+        "steps_timed": len(timed),
+        "ms_per_iter": median(timed),
+        "ms_range": spread(timed),
+        "tokens_per_s": median(tok_s),
+        "max_rss_bytes": child.max_rss_bytes,
+        "wall_s": child.wall_s,
+        "cuda_peak_bytes": summary.get("peak_memory_bytes") if summary.get("device", "").startswith("cuda") else None,
+        "evals": evals,
+        "best_val_loss": min((e["val_loss"] for e in evals), default=None),
+        "final_val_loss": evals[-1]["val_loss"] if evals else None,
+        "train_s_to_target": to_target(steps, evals, target),
+        "tail": child.lines[-5:] if not child.ok else [],
+    }
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     good = [r for r in runs if r["ok"] or r["steps_timed"]]  # a run cut by its time limit still timed its steps
     ms = [r["ms_per_iter"] for r in good if r["ms_per_iter"] is not None]
-    return {"runs_ok": sum(r["ok"] for r in runs), "runs": len(runs), "ms_per_iter": median(ms),
-            "ms_spread": spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None,
-            "tokens_per_s": median([r["tokens_per_s"] for r in good if r["tokens_per_s"]]),
-            "max_rss_mib": median([r["max_rss_bytes"] / 2**20 for r in good]),
-            **{k: median([r[k] for r in good if r[k] is not None]) for k in (
-                "cuda_peak_bytes", "final_val_loss", "best_val_loss", "train_s_to_target", "wall_s")}}
+    return {
+        "runs_ok": sum(r["ok"] for r in runs),
+        "runs": len(runs),
+        "ms_per_iter": median(ms),
+        "ms_spread": spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None,
+        "tokens_per_s": median([r["tokens_per_s"] for r in good if r["tokens_per_s"]]),
+        "max_rss_mib": median([r["max_rss_bytes"] / 2**20 for r in good]),
+        **{
+            k: median([r[k] for r in good if r[k] is not None])
+            for k in ("cuda_peak_bytes", "final_val_loss", "best_val_loss", "train_s_to_target", "wall_s")
+        },
+    }
 
 
 def table(result: dict[str, Any]) -> str:
     sides = result["sides"]
     base = sides.get("builtin eager", {}).get("ms_per_iter")
     nano = sides.get("nanogpt", {}).get("ms_per_iter")
-    rows = [[name, f"{s['runs_ok']}/{s['runs']}", fmt(s["ms_per_iter"]),
-             "-".join(fmt(v) for v in s["ms_spread"] or [None]), fmt(s["tokens_per_s"], ".0f"),
-             fmt(s["max_rss_mib"], ".0f"), fmt(s["cuda_peak_bytes"] and s["cuda_peak_bytes"] / 2**20, ".0f"),
-             fmt(s["final_val_loss"], ".4f"), fmt(s["best_val_loss"], ".4f"), fmt(s["train_s_to_target"], ".1f"),
-             fmt(s["ms_per_iter"] and base and s["ms_per_iter"] / base, ".3f"),
-             fmt(s["ms_per_iter"] and nano and s["ms_per_iter"] / nano, ".3f")] for name, s in sides.items()]
+    rows = [
+        [
+            name,
+            f"{s['runs_ok']}/{s['runs']}",
+            fmt(s["ms_per_iter"]),
+            "-".join(fmt(v) for v in s["ms_spread"] or [None]),
+            fmt(s["tokens_per_s"], ".0f"),
+            fmt(s["max_rss_mib"], ".0f"),
+            fmt(s["cuda_peak_bytes"] and s["cuda_peak_bytes"] / 2**20, ".0f"),
+            fmt(s["final_val_loss"], ".4f"),
+            fmt(s["best_val_loss"], ".4f"),
+            fmt(s["train_s_to_target"], ".1f"),
+            fmt(s["ms_per_iter"] and base and s["ms_per_iter"] / base, ".3f"),
+            fmt(s["ms_per_iter"] and nano and s["ms_per_iter"] / nano, ".3f"),
+        ]
+        for name, s in sides.items()
+    ]
     rows += [[name, f"skipped: {why}", *[""] * 10] for name, why in result["skipped"].items()]
     c, s = result["config"], result["schedule"]
-    title = (f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
-             f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every "
-             f"{s['eval_interval']} on {s['eval_iters']} batches, {result['repeats']} alternating repeats")
-    return "\n".join([title, "", markdown_table(
-        ["side", "runs ok", "ms/iter", "spread", "tokens/s", "peak RSS MiB", "CUDA peak MiB", "final val", "best val",
-         f"train s to val <= {result['target_val'] or '--target_val'}", "x builtin eager", "x nanoGPT"], rows)])
+    title = (
+        f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
+        f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every "
+        f"{s['eval_interval']} on {s['eval_iters']} batches, {result['repeats']} alternating repeats"
+    )
+    return "\n".join(
+        [
+            title,
+            "",
+            markdown_table(
+                [
+                    "side",
+                    "runs ok",
+                    "ms/iter",
+                    "spread",
+                    "tokens/s",
+                    "peak RSS MiB",
+                    "CUDA peak MiB",
+                    "final val",
+                    "best val",
+                    f"train s to val <= {result['target_val'] or '--target_val'}",
+                    "x builtin eager",
+                    "x nanoGPT",
+                ],
+                rows,
+            ),
+        ]
+    )
 
 
 def write_curves(out: Path, result: dict[str, Any]) -> None:
     """evals.csv (norm, iter, train_loss, val_loss) and val_loss.png: every side's curve, and its second half."""
     curves = {name.split()[0]: runs[0]["evals"] for name, runs in result["runs"].items()}
-    (out.parent / "evals.csv").write_text("".join(["norm,iter,train_loss,val_loss\n", *[
-        f"{n},{e['iter']},{e['train_loss']},{e['val_loss']}\n" for n, evals in curves.items() for e in evals]]))
+    (out.parent / "evals.csv").write_text(
+        "".join(
+            [
+                "norm,iter,train_loss,val_loss\n",
+                *[f"{n},{e['iter']},{e['train_loss']},{e['val_loss']}\n" for n, evals in curves.items() for e in evals],
+            ]
+        )
+    )
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, start, title in zip(axes, (0, result["schedule"]["max_iters"] // 2), ("val loss", "second half"),
-                                strict=True):
+    for ax, start, title in zip(
+        axes, (0, result["schedule"]["max_iters"] // 2), ("val loss", "second half"), strict=True
+    ):
         for norm, evals in curves.items():
             kept = [e for e in evals if e["iter"] >= start]
             ax.plot([e["iter"] for e in kept], [e["val_loss"] for e in kept], marker=".", label=norm)
@@ -199,17 +295,27 @@ def run_all(args: argparse.Namespace, device: str, out: Path | None) -> dict[str
     sides, skipped = plan_sides(args, device)
     sched = schedule(args, cfg)
     names = [f"{n} {m}" for n, m in sides] + (["nanogpt"] if args.nanogpt else [])
-    plan = [(rep, name, side) for rep in range(args.repeats)
-            for name, side in zip(names, [*sides, None], strict=False)]
-    result = {"device": device, "config": {"config": args.config, **dataclasses.asdict(cfg)}, "schedule": sched,
-              "repeats": args.repeats, "target_val": args.target_val, "skipped": skipped, "sides": {},
-              "runs": {name: [] for name in names}}
+    plan = [(rep, name, side) for rep in range(args.repeats) for name, side in zip(names, [*sides, None], strict=False)]
+    result = {
+        "device": device,
+        "config": {"config": args.config, **dataclasses.asdict(cfg)},
+        "schedule": sched,
+        "repeats": args.repeats,
+        "target_val": args.target_val,
+        "skipped": skipped,
+        "sides": {},
+        "runs": {name: [] for name in names},
+    }
     if args.nanogpt:
-        git = subprocess.run(["git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True)
+        git = subprocess.run(
+            ["git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
         result["nanogpt_commit"] = git.stdout.strip() or None
-    print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}"
-          + "".join(f"\nskipping {k}: {why}" for k, why in skipped.items()), flush=True)
+    print(
+        f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}"
+        + "".join(f"\nskipping {k}: {why}" for k, why in skipped.items()),
+        flush=True,
+    )
     work, t0 = Path(tempfile.mkdtemp(prefix="bench_training_")), time.perf_counter()
     try:
         for done, (rep, name, side) in enumerate(plan):
@@ -219,9 +325,11 @@ def run_all(args: argparse.Namespace, device: str, out: Path | None) -> dict[str
             run = measure(side, child, work / f"{name.replace(' ', '_')}_{rep}", cfg, args.warmup, args.target_val)
             result["runs"][name].append(run)
             result["sides"][name] = summarise(result["runs"][name])
-            print(f"   {name}: {fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}"
-                  f"{'' if run['ok'] else ', FAILED: ' + ' | '.join(run['tail'])}; {progress(done + 1, len(plan), t0)}",
-                  flush=True)
+            print(
+                f"   {name}: {fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}"
+                f"{'' if run['ok'] else ', FAILED: ' + ' | '.join(run['tail'])}; {progress(done + 1, len(plan), t0)}",
+                flush=True,
+            )
             if out:  # after every run, so that a benchmark cut short keeps what it measured
                 write_results(out, ["bench.training", *args.argv], result, table(result))
     finally:
@@ -264,9 +372,12 @@ def profile_norm(norm: str, cfg: options.TrainConfig, device: str, steps: int) -
     wall_us = (time.perf_counter() - t0) * 1e6
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
-    return {"ms_per_step": wall_us / 1000 / steps, "kernels_per_step": len(kernels) / steps if kernels else None,
-            "gpu_busy": sum(e.device_time for e in kernels) / wall_us if kernels else None,
-            "cpu_us_per_step": {e.key: e.self_cpu_time_total / steps for e in ops}}
+    return {
+        "ms_per_step": wall_us / 1000 / steps,
+        "kernels_per_step": len(kernels) / steps if kernels else None,
+        "gpu_busy": sum(e.device_time for e in kernels) / wall_us if kernels else None,
+        "cpu_us_per_step": {e.key: e.self_cpu_time_total / steps for e in ops},
+    }
 
 
 def profile(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], str]:
@@ -274,13 +385,23 @@ def profile(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], str]
     for norm in args.norms.split(","):
         rows[norm] = profile_norm(norm, cfg, device, PROFILE_STEPS)
         print(f"profile {norm}: {rows[norm]['ms_per_step']:.2f} ms/step", flush=True)
-    table = markdown_table(["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"],
-                           [[n, fmt(r["ms_per_step"]), fmt(r["kernels_per_step"], ".0f"),
-                             fmt(r["gpu_busy"] and 100 * r["gpu_busy"], ".0f") + "%",
-                             "; ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_step"].items())]
-                            for n, r in rows.items()])
-    return ({"device": device, "config": args.config, "set": args.set, "steps": PROFILE_STEPS, "norms": rows},
-            f"### torch.profiler, {PROFILE_STEPS} training steps per norm on {device}\n\n{table}")
+    table = markdown_table(
+        ["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"],
+        [
+            [
+                n,
+                fmt(r["ms_per_step"]),
+                fmt(r["kernels_per_step"], ".0f"),
+                fmt(r["gpu_busy"] and 100 * r["gpu_busy"], ".0f") + "%",
+                "; ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_step"].items()),
+            ]
+            for n, r in rows.items()
+        ],
+    )
+    return (
+        {"device": device, "config": args.config, "set": args.set, "steps": PROFILE_STEPS, "norms": rows},
+        f"### torch.profiler, {PROFILE_STEPS} training steps per norm on {device}\n\n{table}",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -288,16 +409,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option for every side")
     p.add_argument("--norms", default="custom,builtin", help="comma list of norms; NORM:MODE runs it in that mode only")
-    p.add_argument("--modes", default=["eager"], type=comma_list(MODES),
-                   help=f"comma list from {', '.join(MODES)} (all but eager need CUDA)")
+    p.add_argument(
+        "--modes",
+        default=["eager"],
+        type=comma_list(MODES),
+        help=f"comma list from {', '.join(MODES)} (all but eager need CUDA)",
+    )
     p.add_argument("--nanogpt", help="a nanoGPT checkout with data/shakespeare_char prepared, run beside ours")
     p.add_argument("--repeats", type=int, default=5, help="alternating runs per side (default 5)")
     p.add_argument("--warmup", type=int, default=10, help="iterations not timed at the start of a run (default 10)")
     p.add_argument("--iters", type=int, default=200, help="timed iterations per run (default 200)")
     p.add_argument("--eval_iters", type=int, default=20, help="batches of the evals at 0 and at the end (default 20)")
     p.add_argument("--curves", action="store_true", help="the config's own iterations and evals (loss curves)")
-    p.add_argument("--compare", action="store_true", help="every norm (or --norms) once, --curves, and evals.csv and "
-                   "val_loss.png beside --out")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="every norm (or --norms) once, --curves, and evals.csv and val_loss.png beside --out",
+    )
     p.add_argument("--target_val", type=float, default=None, help="report the training time to this val loss")
     p.add_argument("--profile", action="store_true", help=f"torch.profiler over {PROFILE_STEPS} steps per norm")
     p.add_argument("--time_limit", type=float, default=None, help="seconds before a run is killed")
@@ -311,8 +439,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.curves, args.repeats = True, 1
         args.norms = args.norms if "--norms" in args.argv else ",".join((*NORMS, NO_NORM))
     if args.nanogpt and not (Path(args.nanogpt) / "data" / "shakespeare_char" / "train.bin").exists():
-        raise SystemExit(f"error: --nanogpt {args.nanogpt}: no data/shakespeare_char/train.bin there; put Tiny "
-                         f"Shakespeare in its data/shakespeare_char/input.txt and run its prepare.py there")
+        raise SystemExit(
+            f"error: --nanogpt {args.nanogpt}: no data/shakespeare_char/train.bin there; put Tiny "
+            f"Shakespeare in its data/shakespeare_char/input.txt and run its prepare.py there"
+        )
     return args
 
 

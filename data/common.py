@@ -43,8 +43,10 @@ def decode_text(data: bytes, name: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        fail(f"{name} is not UTF-8 text (byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid); "
-             f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or give a text file")
+        fail(
+            f"{name} is not UTF-8 text (byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid); "
+            f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or give a text file"
+        )
     # A byte-order mark (added by some Windows editors) is not part of the text.
     text = text.removeprefix("\ufeff")
     if not text:
@@ -86,8 +88,10 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
             data = response.read()
     except (OSError, ValueError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e
-        fail(f"no input text: no --input, no {local}, and downloading {url} failed ({reason}). "
-             f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})")
+        fail(
+            f"no input text: no --input, no {local}, and downloading {url} failed ({reason}). "
+            f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})"
+        )
     text = decode_text(data, url)
     _write_atomic(local, data)
     print(f"saved {len(data):,} bytes to {local}")
@@ -100,21 +104,33 @@ def split_text(text: str, train_fraction: float = TRAIN_FRACTION) -> tuple[str, 
     return text[:n], text[n:]
 
 
-def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_file: str,
-                make_tokenizer: Callable[[str], Any]) -> dict[str, Any]:
+def run_prepare(
+    argv: Sequence[str] | None, *, description: str | None, script_file: str, make_tokenizer: Callable[[str], Any]
+) -> dict[str, Any]:
     """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``), 90/10 split, files.
 
     ``make_tokenizer`` returns an object with ``encode``, ``vocab_size`` and ``to_meta`` (see tokenizer.py);
     it may raise ValueError/RuntimeError with a message (e.g. tiktoken's ranks file missing offline)."""
     script_dir = Path(script_file).resolve().parent
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", type=Path, default=None,
-                        help="a UTF-8 text file to use (default: <out_dir>/input.txt, downloaded if missing)")
-    parser.add_argument("--out_dir", type=Path, default=script_dir,
-                        help=f"where train.bin, val.bin and meta.json go (default: {script_dir.relative_to(ROOT)})")
-    parser.add_argument("--url", default=TINY_SHAKESPEARE_URL,
-                        help="where to download input.txt from when there is no --input and no input.txt "
-                             "(default: the canonical Tiny Shakespeare)")
+    parser.add_argument(
+        "--input",
+        type=Path,
+        default=None,
+        help="a UTF-8 text file to use (default: <out_dir>/input.txt, downloaded if missing)",
+    )
+    parser.add_argument(
+        "--out_dir",
+        type=Path,
+        default=script_dir,
+        help=f"where train.bin, val.bin and meta.json go (default: {script_dir.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--url",
+        default=TINY_SHAKESPEARE_URL,
+        help="where to download input.txt from when there is no --input and no input.txt "
+        "(default: the canonical Tiny Shakespeare)",
+    )
     args = parser.parse_args(argv)
     out_dir: Path = args.out_dir
     try:
@@ -130,15 +146,19 @@ def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_f
     # Every id is below vocab_size, so this check keeps them all within np.uint16. (A char vocabulary grows with
     # the text's distinct characters.)
     if tok.vocab_size > UINT16_IDS:
-        fail(f"{source} has {tok.vocab_size:,} distinct characters, more than the {UINT16_IDS:,} token ids "
-             f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
-             f"(data/shakespeare/prepare.py) for this text")
+        fail(
+            f"{source} has {tok.vocab_size:,} distinct characters, more than the {UINT16_IDS:,} token ids "
+            f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
+            f"(data/shakespeare/prepare.py) for this text"
+        )
     ids = [np.asarray(tok.encode(part), dtype=np.int64) for part in split_text(text)]
     n_train, n_val = (int(a.size) for a in ids)
     if min(n_train, n_val) < MIN_SPLIT_TOKENS:
-        fail(f"{source} is too short: {n_train + n_val:,} tokens give {n_train:,} train and "
-             f"{n_val:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
-             f"(train.py further needs more than block_size tokens in each); give a longer text")
+        fail(
+            f"{source} is too short: {n_train + n_val:,} tokens give {n_train:,} train and "
+            f"{n_val:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
+            f"(train.py further needs more than block_size tokens in each); give a longer text"
+        )
     meta = {"vocab_size": tok.vocab_size, "tokenizer": tok.to_meta(), "train_tokens": n_train, "val_tokens": n_val}
     try:
         for split, arr in zip(("train", "val"), ids, strict=True):
@@ -153,8 +173,13 @@ def run_prepare(argv: Sequence[str] | None, *, description: str | None, script_f
     print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
     print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}")
     sys.stdout.flush()
-    return {"out_dir": str(out_dir), "source": source, "vocab_size": tok.vocab_size, "train_tokens": n_train,
-            "val_tokens": n_val}
+    return {
+        "out_dir": str(out_dir),
+        "source": source,
+        "vocab_size": tok.vocab_size,
+        "train_tokens": n_train,
+        "val_tokens": n_val,
+    }
 
 
 # ---- reading it back (train.py) ----
@@ -201,8 +226,10 @@ class PreparedData:
         self._files: dict[str, Any] = {}  # opened at first use
 
     def describe(self) -> str:
-        return (f"data {self.dir}: {self.tokens['train']:,} train / {self.tokens['val']:,} val tokens, "
-                f"vocab {self.vocab_size}")
+        return (
+            f"data {self.dir}: {self.tokens['train']:,} train / {self.tokens['val']:,} val tokens, "
+            f"vocab {self.vocab_size}"
+        )
 
     def tokenizer(self) -> Any:
         """The dataset's tokenizer (tokenizer.py, from meta.json); DataError if it cannot be built here."""

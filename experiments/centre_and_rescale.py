@@ -52,8 +52,16 @@ ROWS = {  # name: (what it does, the registry norm it is built with)
     "dyt": ("neither: tanh(alpha x)", "dyt"),
     "none": ("nothing", "none"),
 }
-SMOKE = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--max_iters=6",
-         "--lr_decay_iters=6", "--warmup_iters=2"]
+SMOKE = [
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=16",
+    "--batch_size=4",
+    "--max_iters=6",
+    "--lr_decay_iters=6",
+    "--warmup_iters=2",
+]
 
 
 class CentreOnly(nn.Module):
@@ -91,10 +99,21 @@ def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
 
 
 def machine() -> dict:
-    cpus = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    return {"cpu": cpus[0] if cpus else platform.processor(), "cpu_count": len(cpus) or None,
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    cpus = (
+        [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        if Path("/proc/cpuinfo").exists()
+        else []
+    )
+    return {
+        "cpu": cpus[0] if cpus else platform.processor(),
+        "cpu_count": len(cpus) or None,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def lr_at(it: int, cfg: TrainConfig) -> float:
@@ -130,8 +149,10 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
     model = build(row, cfg, data.vocab_size)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
     eval_gen = torch.Generator().manual_seed(0)  # the same val batches for every row and seed
-    val = [data.get("val", torch.randint(data.num_starts("val"), (cfg.batch_size,), generator=eval_gen), "cpu")
-           for _ in range(args.eval_batches)]
+    val = [
+        data.get("val", torch.randint(data.num_starts("val"), (cfg.batch_size,), generator=eval_gen), "cpu")
+        for _ in range(args.eval_batches)
+    ]
     data_gen, evals = seed_rngs(cfg.seed), []
     for it in range(cfg.max_iters + 1):
         if it % args.eval_interval == 0 or it == cfg.max_iters:
@@ -140,8 +161,11 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
                 break
             done = clock["done"] + it  # iterations of this invocation so far
             left = (time.perf_counter() - clock["t0"]) / max(done, 1) * (clock["total"] - done)
-            print(f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f} (about {left / 60:.1f} min left "
-                  f"in all)", flush=True)
+            print(
+                f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f} (about {left / 60:.1f} min left "
+                f"in all)",
+                flush=True,
+            )
         if it == cfg.max_iters:
             break
         for group in optimizer.param_groups:
@@ -153,8 +177,14 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
         optimizer.zero_grad(set_to_none=True)
     clock["done"] += cfg.max_iters
     final = evals[-1][1]
-    return {"row": row, "seed": cfg.seed, "evals": evals, "final_val_loss": final, "diverged": not math.isfinite(final),
-            "wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "row": row,
+        "seed": cfg.seed,
+        "evals": evals,
+        "final_val_loss": final,
+        "diverged": not math.isfinite(final),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def summarize(runs: list[dict]) -> dict[str, dict]:
@@ -163,8 +193,12 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     for row in ROWS:
         finals = [r["final_val_loss"] for r in runs if r["row"] == row]
         if finals:
-            table[row] = {"seeds": [r["seed"] for r in runs if r["row"] == row], "final_val_loss": finals,
-                          "mean": statistics.mean(finals), "std": statistics.stdev(finals) if len(finals) > 1 else None}
+            table[row] = {
+                "seeds": [r["seed"] for r in runs if r["row"] == row],
+                "final_val_loss": finals,
+                "mean": statistics.mean(finals),
+                "std": statistics.stdev(finals) if len(finals) > 1 else None,
+            }
     return table
 
 
@@ -182,20 +216,41 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
     for i, row in enumerate(table):
         for r in sorted((r for r in runs if r["row"] == row), key=lambda r: r["seed"] not in common):
             first = r["seed"] in common
-            ax.plot(*zip(*r["evals"], strict=True), color=f"C{i}", alpha=1 if first else 0.35, lw=1.5 if first else 1,
-                    label=f"{row} ({ROWS[row][0]})" if first else None)
-    ax.set(xlabel="iteration", ylabel=f"val loss ({args.eval_batches} batches)", ylim=(1.4, 4.3),
-           title=f"{CONFIG}: {cfg.max_iters} iterations, seed {min(common, default='-')} (faint: other seeds)")
+            ax.plot(
+                *zip(*r["evals"], strict=True),
+                color=f"C{i}",
+                alpha=1 if first else 0.35,
+                lw=1.5 if first else 1,
+                label=f"{row} ({ROWS[row][0]})" if first else None,
+            )
+    ax.set(
+        xlabel="iteration",
+        ylabel=f"val loss ({args.eval_batches} batches)",
+        ylim=(1.4, 4.3),
+        title=f"{CONFIG}: {cfg.max_iters} iterations, seed {min(common, default='-')} (faint: other seeds)",
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(results / "centre_and_rescale.png", dpi=120)
     plt.close(fig)
-    (results / "centre_and_rescale.json").write_text(json.dumps({
-        "command": " ".join(["python experiments/centre_and_rescale.py", *(sys.argv[1:])]),
-        "config": CONFIG, "eval_interval": args.eval_interval, "eval_batches": args.eval_batches,
-        "machine": machine(),
-        "this_invocation_s": round(run_time, 1), "table": table, "runs": runs}, indent=1) + "\n", encoding="utf-8")
+    (results / "centre_and_rescale.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["python experiments/centre_and_rescale.py", *(sys.argv[1:])]),
+                "config": CONFIG,
+                "eval_interval": args.eval_interval,
+                "eval_batches": args.eval_batches,
+                "machine": machine(),
+                "this_invocation_s": round(run_time, 1),
+                "table": table,
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     print("\n".join(lines))
 
 
@@ -208,8 +263,12 @@ def main(argv: list[str] | None = None) -> None:
         data = PreparedData(args.data_dir, "shakespeare_char", base.block_size)
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
-    todo = [(row, seed) for seed in args.seeds for row in args.rows
-            if not (results / "runs" / f"{row}_seed{seed}.json").exists()]
+    todo = [
+        (row, seed)
+        for seed in args.seeds
+        for row in args.rows
+        if not (results / "runs" / f"{row}_seed{seed}.json").exists()
+    ]
     clock = {"t0": t0, "done": 0, "total": len(todo) * base.max_iters}
     print(f"{len(todo)} runs of {base.max_iters} iterations to go", flush=True)
     for row, seed in todo:

@@ -69,9 +69,20 @@ def new_model(flags: list[str], vocab_size: int) -> GPT:
 
 def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:
     """--iters iterations of train.py with these flags (a child process); the model it checkpointed."""
-    cmd = [sys.executable, "train.py", CONFIG, *flags, f"--data_dir={args.data_dir}", f"--out_dir={out_dir}",
-           f"--max_iters={args.iters}", f"--eval_interval={args.iters}", "--eval_iters=10",
-           f"--log_interval={max(1, args.iters // 3)}", "--device=cpu", "--sample_at_end=false"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        CONFIG,
+        *flags,
+        f"--data_dir={args.data_dir}",
+        f"--out_dir={out_dir}",
+        f"--max_iters={args.iters}",
+        f"--eval_interval={args.iters}",
+        "--eval_iters=10",
+        f"--log_interval={max(1, args.iters // 3)}",
+        "--device=cpu",
+        "--sample_at_end=false",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
@@ -87,10 +98,19 @@ def token_rms(x: torch.Tensor) -> float:
 def measure(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     """{"norm_in"/"norm_out": {norm: RMS}, "logits": RMS, "grad": [per block]}, each the mean over batches."""
     model.train()
-    norms = {name.removeprefix("transformer."): m for name, m in model.named_modules() if name.split(".")[-1]
-             in ("ln_1", "ln_2", "ln_f")}
-    out: dict = {"norm_in": dict.fromkeys(norms, 0.0), "norm_out": dict.fromkeys(norms, 0.0), "logits": 0.0,
-                 "grad": [0.0] * len(model.transformer.h), "saturated": {}, "alpha": {}}
+    norms = {
+        name.removeprefix("transformer."): m
+        for name, m in model.named_modules()
+        if name.split(".")[-1] in ("ln_1", "ln_2", "ln_f")
+    }
+    out: dict = {
+        "norm_in": dict.fromkeys(norms, 0.0),
+        "norm_out": dict.fromkeys(norms, 0.0),
+        "logits": 0.0,
+        "grad": [0.0] * len(model.transformer.h),
+        "saturated": {},
+        "alpha": {},
+    }
 
     def hook(name: str):
         def record(module, inputs, output):
@@ -100,6 +120,7 @@ def measure(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dic
                 share = ((module.alpha * inputs[0]).abs() > 2).double().mean().item()
                 out["saturated"][name] = out["saturated"].get(name, 0.0) + share / len(batches)
                 out["alpha"][name] = module.alpha.item()
+
         return record
 
     handles = [m.register_forward_hook(hook(name)) for name, m in norms.items()]
@@ -125,19 +146,27 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
             label = f"{name}, {'initialization' if when == 'init' else f'after {args.iters} iterations'}"
             names = list(m["norm_out"])
             axes[0].plot(range(len(names)), list(m["norm_in"].values()), style, color=color, marker=".", label=label)
-            axes[1].plot(range(len(names) + 1), [*m["norm_out"].values(), m["logits"]], style, color=color,
-                         marker=".", label=label)
+            axes[1].plot(
+                range(len(names) + 1),
+                [*m["norm_out"].values(), m["logits"]],
+                style,
+                color=color,
+                marker=".",
+                label=label,
+            )
             axes[2].plot(range(1, len(m["grad"]) + 1), m["grad"], style, color=color, marker=".", label=label)
             if m["saturated"]:
-                axes[3].plot(range(len(names)), list(m["saturated"].values()), style, color=color, marker=".",
-                             label=label)
+                axes[3].plot(
+                    range(len(names)), list(m["saturated"].values()), style, color=color, marker=".", label=label
+                )
     axes[0].set(title="RMS of the residual stream entering each norm", xticks=range(len(names)))
     axes[0].set_xticklabels(names, rotation=60, fontsize=7)
     axes[1].set(title="RMS of what each norm hands on, and of the logits", xticks=range(len(names) + 1))
     axes[1].set_xticklabels([*names, "logits"], rotation=60, fontsize=7)
     axes[2].set(title="gradient norm of each block's parameters", xlabel="block", xticks=range(1, len(m["grad"]) + 1))
-    axes[3].set(title="DyT: share of elements tanh saturates (|alpha x| > 2)", xticks=range(len(names)),
-                ylim=(-0.02, 1.02))
+    axes[3].set(
+        title="DyT: share of elements tanh saturates (|alpha x| > 2)", xticks=range(len(names)), ylim=(-0.02, 1.02)
+    )
     axes[3].set_xticklabels(names, rotation=60, fontsize=7)
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -151,10 +180,21 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
 
 
 def machine() -> dict:
-    cpus = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
-    return {"cpu": cpus[0] if cpus else platform.processor(), "cpu_count": len(cpus) or None,
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    cpus = (
+        [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        if Path("/proc/cpuinfo").exists()
+        else []
+    )
+    return {
+        "cpu": cpus[0] if cpus else platform.processor(),
+        "cpu_count": len(cpus) or None,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,8 +206,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     gen = torch.Generator().manual_seed(0)
     batch_size = 4 if args.smoke else 12
-    batches = [data.get("train", torch.randint(data.num_starts("train"), (batch_size,), generator=gen), "cpu")
-               for _ in range(args.batches)]
+    batches = [
+        data.get("train", torch.randint(data.num_starts("train"), (batch_size,), generator=gen), "cpu")
+        for _ in range(args.batches)
+    ]
     vocab_size = data.vocab_size
     data.close()
     results, commands = {}, {}
@@ -178,19 +220,33 @@ def main(argv: list[str] | None = None) -> None:
             init = measure(new_model(flags, vocab_size), batches)
             spent = time.perf_counter() - t0
             left = f", about {spent / i * (len(MODELS) - i):.0f} s left" if i else ""
-            print(f"[{i + 1}/{len(MODELS)}] {name}: at init ln_1 of block 1 hands on RMS "
-                  f"{init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}; training {args.iters} "
-                  f"iterations ({spent:.0f} s so far{left})", flush=True)
+            print(
+                f"[{i + 1}/{len(MODELS)}] {name}: at init ln_1 of block 1 hands on RMS "
+                f"{init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}; training {args.iters} "
+                f"iterations ({spent:.0f} s so far{left})",
+                flush=True,
+            )
             trained = measure(trained_model(flags, args, Path(tmp) / str(i)), batches)
             results[name] = {"flags": flags, "init": init, "trained": trained}
     results_dir.mkdir(parents=True, exist_ok=True)
     plot(results, args, results_dir / "dyt_stall.png")
     run_time = time.perf_counter() - t0
-    (results_dir / "dyt_stall.json").write_text(json.dumps({
-        "command": " ".join(["python experiments/dyt_stall.py", *(argv if argv is not None else sys.argv[1:])]),
-        "train_commands": commands, "iters": args.iters, "batches": args.batches, "run_time_s": round(run_time, 1),
-        "machine": machine(),
-        "results": results}, indent=1) + "\n", encoding="utf-8")
+    (results_dir / "dyt_stall.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(["python experiments/dyt_stall.py", *(argv if argv is not None else sys.argv[1:])]),
+                "train_commands": commands,
+                "iters": args.iters,
+                "batches": args.batches,
+                "run_time_s": round(run_time, 1),
+                "machine": machine(),
+                "results": results,
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     print(f"wrote {results_dir}/dyt_stall.json and dyt_stall.png; total time {run_time:.0f} s")
 
 

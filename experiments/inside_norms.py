@@ -36,8 +36,13 @@ from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint  
 def stats(values: torch.Tensor) -> dict[str, float]:
     """Mean, RMS, min, max and percentiles of a flat set of numbers."""
     v = values.detach().double().flatten().numpy()
-    out = {"mean": v.mean(), "rms": np.sqrt((v**2).mean()), "min": v.min(), "max": v.max(),
-           **{f"p{q}": np.percentile(v, q) for q in (5, 10, 25, 50, 75, 90, 95)}}
+    out = {
+        "mean": v.mean(),
+        "rms": np.sqrt((v**2).mean()),
+        "min": v.min(),
+        "max": v.max(),
+        **{f"p{q}": np.percentile(v, q) for q in (5, 10, 25, 50, 75, 90, 95)},
+    }
     return {k: round(float(x), 6) for k, x in out.items()}
 
 
@@ -61,14 +66,17 @@ def main() -> None:
     cfg, train_cfg = model.config, ckpt.get("config") or {}
     data_dir = Path(args.data_dir or train_cfg.get("data_dir") or ROOT / "data" / train_cfg.get("dataset", ""))
     if not (data_dir / "meta.json").is_file():
-        raise SystemExit(f"error: no prepared data in {data_dir}: run python data/shakespeare_char/prepare.py, or "
-                         f"give --data_dir")
+        raise SystemExit(
+            f"error: no prepared data in {data_dir}: run python data/shakespeare_char/prepare.py, or give --data_dir"
+        )
     meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
     if ckpt.get("tokenizer") is not None and meta.get("tokenizer") != ckpt["tokenizer"]:
         raise SystemExit(f"error: {data_dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
     val = np.fromfile(data_dir / "val.bin", dtype=np.uint16).astype(np.int64)
-    print(f"{ckpt_path}: {cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}; {len(val):,} val tokens "
-          f"in {data_dir}", flush=True)
+    print(
+        f"{ckpt_path}: {cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}; {len(val):,} val tokens in {data_dir}",
+        flush=True,
+    )
 
     # Per-token RMS over features, collected by hooks, keyed by what was measured.
     rms: dict[str, list[torch.Tensor]] = {}
@@ -99,12 +107,19 @@ def main() -> None:
     measured = {k: stats(torch.cat(v)) for k, v in rms.items()}
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "checkpoint": str(ckpt_path.resolve()), "iter_num": ckpt.get("iter_num"), "model_args": ckpt["model_args"],
-        "config": train_cfg, "data_dir": str(data_dir), "tokens": len(starts) * T,
+        "checkpoint": str(ckpt_path.resolve()),
+        "iter_num": ckpt.get("iter_num"),
+        "model_args": ckpt["model_args"],
+        "config": train_cfg,
+        "data_dir": str(data_dir),
+        "tokens": len(starts) * T,
         "val_loss": round(float(np.mean(losses)), 4),
-        "token_rms": {"resid_in": [measured[f"resid.{i}"] for i in range(cfg.n_layer)],  # per layer; None: no norm
-                      **{f"{n}_out": [measured.get(f"{i}.{n}") for i in range(cfg.n_layer)] for n in ("ln_1", "ln_2")},
-                      "final_resid": measured.get("final"), "ln_f_out": measured.get("ln_f")},
+        "token_rms": {
+            "resid_in": [measured[f"resid.{i}"] for i in range(cfg.n_layer)],  # per layer; None: no norm
+            **{f"{n}_out": [measured.get(f"{i}.{n}") for i in range(cfg.n_layer)] for n in ("ln_1", "ln_2")},
+            "final_resid": measured.get("final"),
+            "ln_f_out": measured.get("ln_f"),
+        },
         "params": {name: {pn: stats(pv) for pn, pv in m.named_parameters()} for name, m in norms.items()},
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
     }
@@ -120,19 +135,33 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
     tr, n = result["token_rms"], len(result["token_rms"]["resid_in"])
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1]})
     ax = axes[0]
-    series = [("residual entering block", tr["resid_in"] + [tr["final_resid"]], "k"),
-              ("ln_1 output", tr["ln_1_out"], "tab:blue"), ("ln_2 output", tr["ln_2_out"], "tab:orange"),
-              ("ln_f output", [None] * n + [tr["ln_f_out"]], "tab:green")]
+    series = [
+        ("residual entering block", tr["resid_in"] + [tr["final_resid"]], "k"),
+        ("ln_1 output", tr["ln_1_out"], "tab:blue"),
+        ("ln_2 output", tr["ln_2_out"], "tab:orange"),
+        ("ln_f output", [None] * n + [tr["ln_f_out"]], "tab:green"),
+    ]
     for label, vals, color in series:
         pts = {i: v for i, v in enumerate(vals) if v}  # x -> stats, where measured
         if pts:
             q = np.array([[v["p10"], v["p50"], v["p90"]] for v in pts.values()])
-            ax.errorbar(list(pts), q[:, 1], [q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]], fmt="o-", color=color,
-                        capsize=3, label=f"{label} (median, p10-p90)")
+            ax.errorbar(
+                list(pts),
+                q[:, 1],
+                [q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]],
+                fmt="o-",
+                color=color,
+                capsize=3,
+                label=f"{label} (median, p10-p90)",
+            )
     ax.axhline(1, color="gray", ls=":", lw=1)
     ax.set_xticks(range(n + 1), [*map(str, range(n)), "final"])
-    ax.set(yscale="log", xlabel="block (the stream after the last block enters ln_f)",
-           ylabel="per-token RMS over features (log scale)", title="Residual stream and norm outputs")
+    ax.set(
+        yscale="log",
+        xlabel="block (the stream after the last block enters ln_f)",
+        ylabel="per-token RMS over features (log scale)",
+        title="Residual stream and norm outputs",
+    )
     ax.legend(fontsize=8)
     for ax, pname in zip(axes[1:], ("weight", "bias"), strict=True):
         names = [k for k, m in norms.items() if getattr(m, pname, None) is not None]
@@ -143,8 +172,10 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
         ax.axhline(1 if pname == "weight" else 0, color="gray", ls=":", lw=1)
         ax.set_title(f"Learned {pname} of each norm (box: quartiles, whiskers p5-p95)", fontsize=10)
     m = result["model_args"]
-    fig.suptitle(f"Inside the trained model: {m['n_layer']} layers x {m['n_embd']}, norm={m['norm']}, "
-                 f"{m.get('norm_position', 'pre')}-norm, iter {result['iter_num']}, {result['tokens']:,} val tokens")
+    fig.suptitle(
+        f"Inside the trained model: {m['n_layer']} layers x {m['n_embd']}, norm={m['norm']}, "
+        f"{m.get('norm_position', 'pre')}-norm, iter {result['iter_num']}, {result['tokens']:,} val tokens"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -82,17 +82,27 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
     gen = torch.Generator().manual_seed(args.seed)
-    batches = [data.get("train", torch.randint(data.num_starts("train"), (args.batch_size,), generator=gen), "cpu")
-               for _ in range(args.grad_batches)]
+    batches = [
+        data.get("train", torch.randint(data.num_starts("train"), (args.batch_size,), generator=gen), "cpu")
+        for _ in range(args.grad_batches)
+    ]
     data.close()
     out = {}
     for position in POSITIONS:
-        sums = {"attn": torch.zeros(args.n_layer, dtype=torch.float64), "mlp": torch.zeros(args.n_layer,
-                                                                                          dtype=torch.float64)}
+        sums = {
+            "attn": torch.zeros(args.n_layer, dtype=torch.float64),
+            "mlp": torch.zeros(args.n_layer, dtype=torch.float64),
+        }
         for seed in range(args.grad_seeds):
             torch.manual_seed(args.seed + seed)
-            config = GPTConfig(block_size=args.block_size, vocab_size=data.vocab_size, n_layer=args.n_layer,
-                               n_head=args.n_head, n_embd=args.n_embd, norm_position=position)
+            config = GPTConfig(
+                block_size=args.block_size,
+                vocab_size=data.vocab_size,
+                n_layer=args.n_layer,
+                n_head=args.n_head,
+                n_embd=args.n_embd,
+                norm_position=position,
+            )
             model = GPT(config).train()
             for x, y in batches:
                 model.zero_grad(set_to_none=True)
@@ -104,8 +114,11 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
         n = args.grad_seeds * args.grad_batches
         out[position] = {part: (s / n).tolist() for part, s in sums.items()}
         mlp = out[position]["mlp"]
-        print(f"(a) {position}-norm, {args.n_layer} layers: MLP gradient norm first block {mlp[0]:.3g}, "
-              f"last {mlp[-1]:.3g} (last/first {mlp[-1] / mlp[0]:.2f})", flush=True)
+        print(
+            f"(a) {position}-norm, {args.n_layer} layers: MLP gradient norm first block {mlp[0]:.3g}, "
+            f"last {mlp[-1]:.3g} (last/first {mlp[-1] / mlp[0]:.2f})",
+            flush=True,
+        )
     return out
 
 
@@ -117,14 +130,30 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
         for warmup in (args.warmup_iters, 0):
             name = f"{position}, {'warmup ' + str(warmup) if warmup else 'no warmup'}"
             out_dir = tmp / f"{position}-warmup{warmup}"
-            cmd = [sys.executable, "train.py", f"--data_dir={args.data_dir}", f"--out_dir={out_dir}",
-                   f"--norm_position={position}", f"--n_layer={args.train_n_layer}", f"--n_head={args.n_head}",
-                   f"--n_embd={args.n_embd}", f"--block_size={args.block_size}", f"--batch_size={args.batch_size}",
-                   f"--learning_rate={args.learning_rate}", f"--min_lr={args.learning_rate / 10}",
-                   f"--max_iters={args.max_iters}", f"--lr_decay_iters={args.max_iters}",
-                   f"--warmup_iters={warmup}", f"--eval_interval={args.eval_interval}",
-                   f"--eval_iters={args.eval_iters}", f"--log_interval={max(1, args.eval_interval // 4)}",
-                   f"--seed={args.seed}", "--dropout=0.0", "--device=cpu", "--sample_at_end=false"]
+            cmd = [
+                sys.executable,
+                "train.py",
+                f"--data_dir={args.data_dir}",
+                f"--out_dir={out_dir}",
+                f"--norm_position={position}",
+                f"--n_layer={args.train_n_layer}",
+                f"--n_head={args.n_head}",
+                f"--n_embd={args.n_embd}",
+                f"--block_size={args.block_size}",
+                f"--batch_size={args.batch_size}",
+                f"--learning_rate={args.learning_rate}",
+                f"--min_lr={args.learning_rate / 10}",
+                f"--max_iters={args.max_iters}",
+                f"--lr_decay_iters={args.max_iters}",
+                f"--warmup_iters={warmup}",
+                f"--eval_interval={args.eval_interval}",
+                f"--eval_iters={args.eval_iters}",
+                f"--log_interval={max(1, args.eval_interval // 4)}",
+                f"--seed={args.seed}",
+                "--dropout=0.0",
+                "--device=cpu",
+                "--sample_at_end=false",
+            ]
             print(f"(b) {name}: {' '.join(cmd[1:])}", flush=True)
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -134,17 +163,26 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
                     print(f"    [{name}] {line}", flush=True)
             records = read_metrics(out_dir / "metrics.jsonl")
             summary = next((r for r in records if r["kind"] == "summary"), None)
-            runs[name] = {"norm_position": position, "warmup_iters": warmup, "command": cmd[1:],
-                          "returncode": proc.returncode, "wall_s": wall_s,
-                          "diverged": any("diverg" in line.lower() for line in lines),
-                          "evals": [r for r in records if r["kind"] == "eval"],
-                          "train": [{k: r[k] for k in ("iter", "loss", "lr")} for r in records if r["kind"] == "train"],
-                          "summary": summary, "last_lines": lines[-3:]}
+            runs[name] = {
+                "norm_position": position,
+                "warmup_iters": warmup,
+                "command": cmd[1:],
+                "returncode": proc.returncode,
+                "wall_s": wall_s,
+                "diverged": any("diverg" in line.lower() for line in lines),
+                "evals": [r for r in records if r["kind"] == "eval"],
+                "train": [{k: r[k] for k in ("iter", "loss", "lr")} for r in records if r["kind"] == "train"],
+                "summary": summary,
+                "last_lines": lines[-3:],
+            }
             if proc.returncode != 0 and not runs[name]["diverged"]:
                 raise SystemExit(f"train.py failed ({proc.returncode}):\n" + "\n".join(lines[-10:]))
             final = summary["final_val_loss"] if summary else None
-            print(f"    [{name}] {'DIVERGED' if runs[name]['diverged'] else f'final val loss {final:.4f}'} "
-                  f"({wall_s:.0f} s)", flush=True)
+            print(
+                f"    [{name}] {'DIVERGED' if runs[name]['diverged'] else f'final val loss {final:.4f}'} "
+                f"({wall_s:.0f} s)",
+                flush=True,
+            )
     return runs
 
 
@@ -158,8 +196,10 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("gradient norm at init")
     axes[0].legend()
-    fig.suptitle(f"Gradient norm per block at initialization: {args.n_layer} layers, {args.n_embd} wide, "
-                 f"mean of {args.grad_seeds} seeds x {args.grad_batches} batches")
+    fig.suptitle(
+        f"Gradient norm per block at initialization: {args.n_layer} layers, {args.n_embd} wide, "
+        f"mean of {args.grad_seeds} seeds x {args.grad_batches} batches"
+    )
     fig.tight_layout()
     fig.savefig(results / "grad_norms.png", dpi=120)
     plt.close(fig)
@@ -169,17 +209,31 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         color = "C0" if run["norm_position"] == "pre" else "C3"
         style = "-" if run["warmup_iters"] else "--"
         label = name + (" (diverged)" if run["diverged"] else "")
-        axes[0].plot([r["iter"] for r in run["train"]], [r["loss"] for r in run["train"]], style, color=color,
-                     label=label, alpha=0.8)
-        axes[1].plot([r["iter"] for r in run["evals"]], [r["val_loss"] for r in run["evals"]], style, color=color,
-                     marker=".", label=label)
+        axes[0].plot(
+            [r["iter"] for r in run["train"]],
+            [r["loss"] for r in run["train"]],
+            style,
+            color=color,
+            label=label,
+            alpha=0.8,
+        )
+        axes[1].plot(
+            [r["iter"] for r in run["evals"]],
+            [r["val_loss"] for r in run["evals"]],
+            style,
+            color=color,
+            marker=".",
+            label=label,
+        )
     axes[0].set(title="train loss (one batch)", xlabel="iteration", ylabel="loss")
     axes[1].set(title="val loss", xlabel="iteration")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend()
-    fig.suptitle(f"{args.train_n_layer} layers, {args.n_embd} wide, peak lr {args.learning_rate:g}, "
-                 f"cosine to lr/10 over {args.max_iters} iterations")
+    fig.suptitle(
+        f"{args.train_n_layer} layers, {args.n_embd} wide, peak lr {args.learning_rate:g}, "
+        f"cosine to lr/10 over {args.max_iters} iterations"
+    )
     fig.tight_layout()
     fig.savefig(results / "training.png", dpi=120)
     plt.close(fig)
@@ -197,15 +251,28 @@ def main(argv: list[str] | None = None) -> None:
     plot(args, grads, runs, results)
     run_time = time.perf_counter() - t0
     ratios = {p: {part: g[-1] / g[0] for part, g in grads[p].items()} for p in POSITIONS}
-    final = {name: None if r["diverged"] or not r["summary"] else r["summary"]["final_val_loss"]
-             for name, r in runs.items()}
-    (results / "norm_placement.json").write_text(json.dumps({
-        "command": " ".join(["python", "experiments/norm_placement.py", *(argv if argv is not None else sys.argv[1:])]),
-        "args": vars(args), "run_time_s": run_time,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
-        "grad_norms_at_init": grads, "grad_norm_ratio_last_over_first": ratios,
-        "final_val_loss": final, "runs": runs,
-    }, indent=1) + "\n", encoding="utf-8")
+    final = {
+        name: None if r["diverged"] or not r["summary"] else r["summary"]["final_val_loss"] for name, r in runs.items()
+    }
+    (results / "norm_placement.json").write_text(
+        json.dumps(
+            {
+                "command": " ".join(
+                    ["python", "experiments/norm_placement.py", *(argv if argv is not None else sys.argv[1:])]
+                ),
+                "args": vars(args),
+                "run_time_s": run_time,
+                "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
+                "grad_norms_at_init": grads,
+                "grad_norm_ratio_last_over_first": ratios,
+                "final_val_loss": final,
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     for p in POSITIONS:
         print(f"{p}-norm gradient norm, last block / first: attn {ratios[p]['attn']:.2f}, mlp {ratios[p]['mlp']:.2f}")
     for name, loss in final.items():

@@ -26,8 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXT = "the quick brown fox jumps over the lazy dog; a stitch in time saves nine.\n" * 200
 VOCAB = len(set(TEXT))  # 30
 TINY = [
-    "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4", "--eval_iters=2",
-    "--log_interval=1", "--warmup_iters=2", "--lr_decay_iters=40", "--sample_at_end=False", "--device=cpu",
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--block_size=16",
+    "--batch_size=4",
+    "--eval_iters=2",
+    "--log_interval=1",
+    "--warmup_iters=2",
+    "--lr_decay_iters=40",
+    "--sample_at_end=False",
+    "--device=cpu",
 ]
 
 # `python -c DIVERGE AT FACTOR ARGS...` runs train.py with ARGS, with the model's training loss multiplied by FACTOR
@@ -94,8 +103,12 @@ def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> P
     n = len(ids) - int(len(ids) * val_fraction)
     ids[:n].tofile(folder / "train.bin")
     ids[n:].tofile(folder / "val.bin")
-    meta = {"vocab_size": len(chars), "tokenizer": {"kind": "char", "itos": chars},
-            "train_tokens": n, "val_tokens": len(ids) - n}
+    meta = {
+        "vocab_size": len(chars),
+        "tokenizer": {"kind": "char", "itos": chars},
+        "train_tokens": n,
+        "val_tokens": len(ids) - n,
+    }
     (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
     return folder
 
@@ -109,25 +122,42 @@ def subprocess_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra}
 
 
-def run_cli(args: list[str], timeout: float = 120, drop: tuple[str, ...] = (), **env: str
-            ) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str], timeout: float = 120, drop: tuple[str, ...] = (), **env: str
+) -> subprocess.CompletedProcess[str]:
     """`python train.py ARGS` from the repository root."""
     return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=ROOT, env=subprocess_env(drop, **env), capture_output=True,
-        text=True, timeout=timeout,
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env=subprocess_env(drop, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def run_diverging(at: int, factor: str, args: list[str]) -> subprocess.CompletedProcess[str]:
     """train.py ARGS in a subprocess whose training loss is multiplied by `factor` at forward pass `at` (DIVERGE)."""
-    return subprocess.run([sys.executable, "-c", DIVERGE, str(at), factor, *args], cwd=ROOT, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", DIVERGE, str(at), factor, *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def start(args: list[str]) -> subprocess.Popen[str]:
     """`python train.py ARGS`, started in the background."""
-    return subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 90) -> None:

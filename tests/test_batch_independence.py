@@ -136,11 +136,20 @@ def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         with torch.no_grad():
             model.transformer.ln_f.weight.mul_(1.5)
         out_dir = tmp_path / trained_with
-        save_checkpoint(out_dir / "ckpt.pt", {
-            "format": FORMAT, "model": model.state_dict(), "model_args": asdict(config), "optimizer": {},
-            "iter_num": 0, "best_val_loss": 9.0, "config": {}, "tokenizer": {"kind": "char", "itos": list("abc")},
-            "rng": {},
-        })
+        save_checkpoint(
+            out_dir / "ckpt.pt",
+            {
+                "format": FORMAT,
+                "model": model.state_dict(),
+                "model_args": asdict(config),
+                "optimizer": {},
+                "iter_num": 0,
+                "best_val_loss": 9.0,
+                "config": {},
+                "tokenizer": {"kind": "char", "itos": list("abc")},
+                "rng": {},
+            },
+        )
         status, result = run_json(capsys, "--out_dir", str(out_dir), "--norms", "custom", "rmsnorm", "batchnorm")
         assert status == 0, result
         assert f"trained with norm={trained_with}" in result["source"] and "strict=False" in result["source"]
@@ -156,8 +165,17 @@ def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    status, result = run_json(capsys, "--config", str(ROOT / "configs" / "shakespeare_char.json"), "--norms",
-                              "builtin", "--new_tokens", "4", "--prompt_len", "4")
+    status, result = run_json(
+        capsys,
+        "--config",
+        str(ROOT / "configs" / "shakespeare_char.json"),
+        "--norms",
+        "builtin",
+        "--new_tokens",
+        "4",
+        "--prompt_len",
+        "4",
+    )
     assert status == 0 and (result["model"]["n_layer"], result["model"]["n_embd"]) == (6, 384)
     assert result["batch_invariant_rows"][0]["alone_vs_batch"]["max_abs_diff"] == 0.0
     (tmp_path / "bad.json").write_text("[1]")

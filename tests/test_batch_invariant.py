@@ -155,12 +155,14 @@ def test_what_the_mode_refuses_is_said_clearly(monkeypatch: pytest.MonkeyPatch) 
 def test_the_kernel_module_is_imported_only_when_asked_for() -> None:
     """Importing the mode and running it on CPU tensors with PyTorch's kernels leaves the Triton kernels (and so
     triton) unimported: they are for CUDA tensors, or kernels="triton"."""
-    code = ("import sys, torch, batch_invariant as bi\n"
-            "x, w, F = torch.ones(2, 3), torch.ones(4, 3), torch.nn.functional\n"
-            "with bi.batch_invariant(): F.linear(x, w)\n"
-            "print('batch_invariant_triton' in sys.modules)\n"
-            "with bi.batch_invariant(kernels='triton'): F.linear(x, w)\n"
-            "print('batch_invariant_triton' in sys.modules)")
+    code = (
+        "import sys, torch, batch_invariant as bi\n"
+        "x, w, F = torch.ones(2, 3), torch.ones(4, 3), torch.nn.functional\n"
+        "with bi.batch_invariant(): F.linear(x, w)\n"
+        "print('batch_invariant_triton' in sys.modules)\n"
+        "with bi.batch_invariant(kernels='triton'): F.linear(x, w)\n"
+        "print('batch_invariant_triton' in sys.modules)"
+    )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["False", "True"], proc.stdout + proc.stderr

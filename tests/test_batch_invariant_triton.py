@@ -17,8 +17,10 @@ import batch_invariant as bi
 from model import GPT, GPTConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="Triton's kernels run on a CUDA device, or on the CPU with TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(
+    DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton's kernels run on a CUDA device, or on the CPU with TRITON_INTERPRET=1",
+)
 DTYPES = (torch.float32, torch.bfloat16)
 STOCK_SDPA = F.scaled_dot_product_attention
 # The output's rounding, in ulps of its dtype: a GPU rounds float32 to the nearest bfloat16 (half an ulp); Triton's
@@ -72,9 +74,15 @@ def cached_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefill: 
     for n in (prefill, chunk, *[1] * (T - prefill - chunk)):
         keys[:, :, past : past + n], values[:, :, past : past + n] = k[:, :, past : past + n], v[:, :, past : past + n]
         mask = torch.ones(n, past + n, dtype=torch.bool, device=q.device).tril(diagonal=past)
-        out.append(F.scaled_dot_product_attention(q[:, :, past : past + n], keys[:, :, : past + n],
-                                                  values[:, :, : past + n], attn_mask=mask if past and n > 1 else None,
-                                                  is_causal=not past))
+        out.append(
+            F.scaled_dot_product_attention(
+                q[:, :, past : past + n],
+                keys[:, :, : past + n],
+                values[:, :, : past + n],
+                attn_mask=mask if past and n > 1 else None,
+                is_causal=not past,
+            )
+        )
         past += n
     return torch.cat(out, dim=2)
 

@@ -18,8 +18,20 @@ from bench import common, decoding, training
 from device import maxrss_bytes
 from helpers import ROOT, make_dataset
 
-TINY = {"batch_size": 4, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 32, "dropout": 0.0, "max_iters": 6,
-        "lr_decay_iters": 50, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 1, "log_interval": 1}
+TINY = {
+    "batch_size": 4,
+    "block_size": 16,
+    "n_layer": 1,
+    "n_head": 2,
+    "n_embd": 32,
+    "dropout": 0.0,
+    "max_iters": 6,
+    "lr_decay_iters": 50,
+    "warmup_iters": 2,
+    "eval_interval": 3,
+    "eval_iters": 1,
+    "log_interval": 1,
+}
 
 # nanoGPT's train.py, as far as the benchmark sees it: reads --key=value flags as its configurator does (literal
 # types), records them, prints an eval at 0 and at max_iters and one log line per iteration 0..max_iters.
@@ -57,15 +69,39 @@ def make_fake_nanogpt(folder: Path) -> Path:
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("bench")
     (base / "tiny.json").write_text(json.dumps(TINY))
-    return {"data": make_dataset(base / "data"), "config": str(base / "tiny.json"),
-            "nanogpt": make_fake_nanogpt(base / "nanogpt")}
+    return {
+        "data": make_dataset(base / "data"),
+        "config": str(base / "tiny.json"),
+        "nanogpt": make_fake_nanogpt(base / "nanogpt"),
+    }
 
 
 def test_training_alternates_with_nanogpt_and_reads_our_metrics(env, tmp_path):
     out = tmp_path / "train.json"
-    result = training.main(["--config", env["config"], "--data_dir", str(env["data"]), "--norms", "builtin",
-                            "--nanogpt", str(env["nanogpt"]), "--repeats", "2", "--warmup", "2", "--iters", "3",
-                            "--target_val", "3.85", "--device", "cpu", "--out", str(out)])
+    result = training.main(
+        [
+            "--config",
+            env["config"],
+            "--data_dir",
+            str(env["data"]),
+            "--norms",
+            "builtin",
+            "--nanogpt",
+            str(env["nanogpt"]),
+            "--repeats",
+            "2",
+            "--warmup",
+            "2",
+            "--iters",
+            "3",
+            "--target_val",
+            "3.85",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     ours, nano = result["sides"]["builtin eager"], result["sides"]["nanogpt"]
     assert ours["runs_ok"] == nano["runs_ok"] == 2 and ours["ms_per_iter"] > 0 and ours["max_rss_mib"] > 10
     # nanoGPT ran 0..5; its eval iterations (0 and 5) and the warm-up (0, 1) are not timed: 2, 3, 4 are.
@@ -82,10 +118,22 @@ def test_training_alternates_with_nanogpt_and_reads_our_metrics(env, tmp_path):
 
 
 def test_measure_takes_our_figures_from_metrics_jsonl(tmp_path):
-    records = [{"kind": "eval", "iter": 0, "train_loss": 4.0, "val_loss": 4.1},
-               *[{"kind": "train", "iter": i, "loss": 3.0, "lr": 1e-3, "ms_per_iter": 10.0 * (i + 1),
-                  "tokens_per_s": 100.0 / (i + 1)} for i in range(0, 10, 2)],  # windows of 2 iterations
-               {"kind": "eval", "iter": 8, "train_loss": 2.0, "val_loss": 2.5}, {"kind": "summary", "device": "cpu"}]
+    records = [
+        {"kind": "eval", "iter": 0, "train_loss": 4.0, "val_loss": 4.1},
+        *[
+            {
+                "kind": "train",
+                "iter": i,
+                "loss": 3.0,
+                "lr": 1e-3,
+                "ms_per_iter": 10.0 * (i + 1),
+                "tokens_per_s": 100.0 / (i + 1),
+            }
+            for i in range(0, 10, 2)
+        ],  # windows of 2 iterations
+        {"kind": "eval", "iter": 8, "train_loss": 2.0, "val_loss": 2.5},
+        {"kind": "summary", "device": "cpu"},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tr')
     child = common.Child(0, [], 1.0, 2**20, False)
     cfg = training.options.build_config({})
@@ -99,9 +147,27 @@ def test_compare_writes_the_curves_and_skips_triton_without_a_gpu(env, tmp_path,
     pytest.importorskip("matplotlib")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as a user's shell: no interpreter
     out = tmp_path / "cmp" / "table.json"
-    result = training.main(["--compare", "--config", env["config"], "--data_dir", str(env["data"]),
-                            "--norms", "custom,builtin,triton", "--set", "eval_interval=3", "--set", "eval_iters=1",
-                            "--set", "log_interval=1", "--device", "cpu", "--out", str(out)])
+    result = training.main(
+        [
+            "--compare",
+            "--config",
+            env["config"],
+            "--data_dir",
+            str(env["data"]),
+            "--norms",
+            "custom,builtin,triton",
+            "--set",
+            "eval_interval=3",
+            "--set",
+            "eval_iters=1",
+            "--set",
+            "log_interval=1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert list(result["sides"]) == ["custom eager", "builtin eager"] and "triton eager" in result["skipped"]
     for runs in result["runs"].values():
         assert [e["iter"] for e in runs[0]["evals"]] == [0, 3, 6]
@@ -110,9 +176,14 @@ def test_compare_writes_the_curves_and_skips_triton_without_a_gpu(env, tmp_path,
     assert (out.parent / "val_loss.png").stat().st_size > 1000 and "skipped" in out.with_suffix(".md").read_text()
 
 
-@pytest.mark.parametrize("argv, message", [(["--norms", "layer"], "'layer' is not a norm"),
-                                           (["--modes", "fast"], "'fast' is not one of eager"),
-                                           (["--set", "batchsize=3"], "batchsize")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--norms", "layer"], "'layer' is not a norm"),
+        (["--modes", "fast"], "'fast' is not one of eager"),
+        (["--set", "batchsize=3"], "batchsize"),
+    ],
+)
 def test_training_bad_input_is_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         training.main(["--device", "cpu", *argv])
@@ -120,8 +191,7 @@ def test_training_bad_input_is_one_line(argv, message, capsys):
 
 
 def test_profile_runs_in_process(env):
-    result = training.main(["--profile", "--config", env["config"], "--norms", "builtin",
-                            "--device", "cpu"])
+    result = training.main(["--profile", "--config", env["config"], "--norms", "builtin", "--device", "cpu"])
     row = result["norms"]["builtin"]
     assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
 
@@ -129,16 +199,44 @@ def test_profile_runs_in_process(env):
 @pytest.fixture(scope="module")
 def checkpoint_dir(env, tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt")
-    subprocess.run([sys.executable, "train.py", env["config"], f"--data_dir={env['data']}", f"--out_dir={out}",
-                    "--max_iters=2", "--device=cpu", "--sample_at_end=False"], cwd=ROOT, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            env["config"],
+            f"--data_dir={env['data']}",
+            f"--out_dir={out}",
+            "--max_iters=2",
+            "--device=cpu",
+            "--sample_at_end=False",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
 def test_decoding_paths_agree(env, tmp_path):
     out = tmp_path / "decode.json"
-    result = decoding.main(["--sizes", env["config"], "--batches", "1,2", "--prompt_len", "4", "--new_tokens", "16",
-                            "--repeats", "1", "--device", "cpu", "--out", str(out)])
+    result = decoding.main(
+        [
+            "--sizes",
+            env["config"],
+            "--batches",
+            "1,2",
+            "--prompt_len",
+            "4",
+            "--new_tokens",
+            "16",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
     assert [r["batch"] for r in result["runs"]] == [1, 2]
     for r in result["runs"]:  # block 16, prompt 4: the first 12 tokens are compared cached vs uncached
         assert set(r["tokens_per_s"]) == set(decoding.PATHS) and all(v > 0 for v in r["tokens_per_s"].values())
@@ -147,17 +245,50 @@ def test_decoding_paths_agree(env, tmp_path):
 
 
 def test_decoding_one_checkpoint_with_each_layernorm(checkpoint_dir):
-    result = decoding.main(["--out_dir", str(checkpoint_dir), "--norms", "builtin,custom,triton", "--paths", "cached",
-                            "--batches", "1", "--new_tokens", "8", "--repeats", "1", "--device", "cpu"])
+    result = decoding.main(
+        [
+            "--out_dir",
+            str(checkpoint_dir),
+            "--norms",
+            "builtin,custom,triton",
+            "--paths",
+            "cached",
+            "--batches",
+            "1",
+            "--new_tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     assert [r["same_tokens_as_first"] for r in result["runs"]] == [True, True, True]
 
 
 def test_decoding_refuses_triton_without_the_interpreter_in_one_line(checkpoint_dir):
-    proc = subprocess.run([sys.executable, "-m", "bench.decoding", "--out_dir", str(checkpoint_dir), "--norms",
-                           "triton", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
-    assert proc.returncode == 1 and proc.stderr.startswith("error: norm 'triton' cannot run") and "Traceback" \
-        not in proc.stderr
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.decoding",
+            "--out_dir",
+            str(checkpoint_dir),
+            "--norms",
+            "triton",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+    )
+    assert (
+        proc.returncode == 1
+        and proc.stderr.startswith("error: norm 'triton' cannot run")
+        and "Traceback" not in proc.stderr
+    )
 
 
 def test_matmul_rows_in_the_mode_do_not_depend_on_their_company():

@@ -134,4 +134,3 @@ def test_compiled_and_ddp_prefixes_are_stripped():
     ckpt = _checkpoint()
     ckpt["model"] = {"_orig_mod.module." + k: v for k, v in ckpt["model"].items()}
     model_from_checkpoint(ckpt)
-

@@ -24,11 +24,20 @@ BPE = ROOT / "data" / "shakespeare" / "prepare.py"
 BAD_URL = "file:///nonexistent-dir-for-tests/input.txt"  # a download that fails at once, offline or not
 
 
-def prepare(script: Path, *args: str | Path, cwd: Path, env: dict[str, str] | None = None,
-            ) -> subprocess.CompletedProcess[str]:
+def prepare(
+    script: Path,
+    *args: str | Path,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(script), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-        encoding="utf-8", timeout=120,
+        [sys.executable, str(script), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
     )
 
 
@@ -81,8 +90,12 @@ def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr
 
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
-    assert meta == {"vocab_size": 50257, "tokenizer": {"kind": "tiktoken", "encoding": "r50k_base"},
-                    "train_tokens": 301_966, "val_tokens": 36_059}
+    assert meta == {
+        "vocab_size": 50257,
+        "tokenizer": {"kind": "tiktoken", "encoding": "r50k_base"},
+        "train_tokens": 301_966,
+        "val_tokens": 36_059,
+    }
     train, val = load_bin(out / "train.bin"), load_bin(out / "val.bin")
     assert (train.size, val.size) == (301_966, 36_059)
     # Split by characters first (as nanoGPT does), so each part decodes back to its own characters.
@@ -153,10 +166,14 @@ def test_file_that_is_not_utf8(script: Path, tmp_path: Path) -> None:
     assert_clean_error(proc, "latin1.txt", "not UTF-8", "byte 0xe7 at byte offset 16")
 
 
-@pytest.mark.parametrize(("script", "text", "fragment"), [
-    (CHAR, "hello", "5 tokens give 4 train and 1 val"),
-    (BPE, "Hello there", "3 tokens give 2 train and 1 val"),
-], ids=["char", "bpe"])
+@pytest.mark.parametrize(
+    ("script", "text", "fragment"),
+    [
+        (CHAR, "hello", "5 tokens give 4 train and 1 val"),
+        (BPE, "Hello there", "3 tokens give 2 train and 1 val"),
+    ],
+    ids=["char", "bpe"],
+)
 def test_text_too_short_for_two_splits(script: Path, text: str, fragment: str, tmp_path: Path) -> None:
     path = write_bytes(tmp_path, "short.txt", text.encode())
     proc = prepare(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
@@ -178,9 +195,16 @@ def test_char_vocabulary_too_large_for_uint16(tmp_path: Path) -> None:
 def test_bpe_without_tiktoken_cache_mentions_tiktoken_cache_dir(tmp_path: Path) -> None:
     path = write_bytes(tmp_path, "text.txt", b"Some text that is long enough to split into two parts.\n" * 3)
     # An empty cache, and downloads forced to fail even on a machine with internet access.
-    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "no-cache"), "HTTPS_PROXY": "http://127.0.0.1:9",
-           "HTTP_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
-           "http_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
+    env = {
+        **os.environ,
+        "TIKTOKEN_CACHE_DIR": str(tmp_path / "no-cache"),
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "https_proxy": "http://127.0.0.1:9",
+        "http_proxy": "http://127.0.0.1:9",
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
     proc = prepare(BPE, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path, env=env)
     assert_clean_error(proc, "r50k_base", "TIKTOKEN_CACHE_DIR")
 

@@ -9,12 +9,19 @@ import torch
 from device import DeviceError, Dist, resolve_device
 
 
-@pytest.mark.parametrize(("cuda", "mps", "processes", "expected"), [
-    (True, True, 1, "cuda"), (False, True, 1, "mps"), (False, True, 2, "cpu"), (False, False, 1, "cpu"),
-    (True, False, 2, "cuda:1"),  # rank 1 of 2 takes its own GPU
-])
-def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch: pytest.MonkeyPatch, cuda: bool, mps: bool, processes: int,
-                                             expected: str) -> None:
+@pytest.mark.parametrize(
+    ("cuda", "mps", "processes", "expected"),
+    [
+        (True, True, 1, "cuda"),
+        (False, True, 1, "mps"),
+        (False, True, 2, "cpu"),
+        (False, False, 1, "cpu"),
+        (True, False, 2, "cuda:1"),  # rank 1 of 2 takes its own GPU
+    ],
+)
+def test_auto_prefers_cuda_then_mps_then_cpu(
+    monkeypatch: pytest.MonkeyPatch, cuda: bool, mps: bool, processes: int, expected: str
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2 if cuda else 0)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)

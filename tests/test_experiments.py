@@ -21,15 +21,33 @@ def test_inside_norms_smoke(tmp_path, norm_position):
     extra = {"norm_position": norm_position} if norm_position != "pre" else {}
     model = GPT(GPTConfig(block_size=16, vocab_size=30, n_layer=3, n_head=2, n_embd=32, **extra))
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    save_training_checkpoint(tmp_path / "run" / "ckpt.pt", Dist(), model=model, optimizer=optimizer,
-                             scaler=torch.amp.GradScaler("cpu", enabled=False), iter_num=0,
-                             best_val_loss=float("inf"), config={"dataset": "tiny", "data_dir": str(data)},
-                             tokenizer=json.loads((data / "meta.json").read_text())["tokenizer"],
-                             data_gen=torch.Generator().manual_seed(0))
+    save_training_checkpoint(
+        tmp_path / "run" / "ckpt.pt",
+        Dist(),
+        model=model,
+        optimizer=optimizer,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        iter_num=0,
+        best_val_loss=float("inf"),
+        config={"dataset": "tiny", "data_dir": str(data)},
+        tokenizer=json.loads((data / "meta.json").read_text())["tokenizer"],
+        data_gen=torch.Generator().manual_seed(0),
+    )
     out = tmp_path / "results"
-    proc = subprocess.run([sys.executable, "experiments/inside_norms.py", f"--out_dir={tmp_path / 'run'}", "--smoke",
-                           f"--results_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=subprocess_env(MPLBACKEND="Agg"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "experiments/inside_norms.py",
+            f"--out_dir={tmp_path / 'run'}",
+            "--smoke",
+            f"--results_dir={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(MPLBACKEND="Agg"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "total time" in proc.stdout
     assert (out / "inside_norms.png").stat().st_size > 0
@@ -46,9 +64,14 @@ def test_inside_norms_smoke(tmp_path, norm_position):
 def test_norm_placement_smoke(tmp_path):
     """Both parts end to end on a 2-layer model: gradient norms per block, four short train.py runs, two plots."""
     data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
-    proc = subprocess.run([sys.executable, "experiments/norm_placement.py", "--smoke", f"--data_dir={data}",
-                           f"--results_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=subprocess_env(MPLBACKEND="Agg"))
+    proc = subprocess.run(
+        [sys.executable, "experiments/norm_placement.py", "--smoke", f"--data_dir={data}", f"--results_dir={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(MPLBACKEND="Agg"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
     assert "total time" in proc.stdout
     assert (out / "grad_norms.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
@@ -75,14 +98,26 @@ def test_norm_placement_smoke(tmp_path):
     ],
 )
 def test_missing_input_is_a_one_line_error(script, args, message):
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / script), *args], cwd=ROOT, capture_output=True,
-                          text=True, env=subprocess_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def run_experiment(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, f"experiments/{script}", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=subprocess_env(MPLBACKEND="Agg"))
+    proc = subprocess.run(
+        [sys.executable, f"experiments/{script}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=subprocess_env(MPLBACKEND="Agg"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
     assert "total time" in proc.stdout
     return proc

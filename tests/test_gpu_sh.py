@@ -20,8 +20,9 @@ STEPS = re.findall(r"\bstep (\w+) \d+ ", SCRIPT.read_text())  # `step NAME SHARE
 
 def run_gpu_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the dry run sets it itself
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env={**full_env, **env}, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=ROOT, env={**full_env, **env}, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_dry_run_runs_every_step_and_leaves_the_three_files(tmp_path, shakespeare_path):
@@ -30,8 +31,9 @@ def test_dry_run_runs_every_step_and_leaves_the_three_files(tmp_path, shakespear
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(PACKED)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert [s["step"] for s in results["steps"]] == STEPS and all(s["rc"] == "0" for s in results["steps"]), \
-        results["steps"]
+    assert [s["step"] for s in results["steps"]] == STEPS and all(s["rc"] == "0" for s in results["steps"]), results[
+        "steps"
+    ]
     assert results["grid_6x384"]["sides"]["triton eager"]["runs_ok"] == 1  # through the interpreter
     assert results["full_run"]["sides"] and results["nanogpt"]["sides"]["nanogpt"]["runs_ok"] == 1
     assert results["machine"]["torch"] and results["matmul"]["matmul"] and results["overhead"]["overhead"]
@@ -49,14 +51,17 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     assert all(s["rc"].startswith("skipped") for s in steps)
 
 
-@pytest.mark.parametrize("args, env, message", [
-    (["--dry-run", "--input", "/nonexistent/tiny.txt"], {}, "no Tiny Shakespeare at '/nonexistent/tiny.txt'"),
-    (["--input", "SHAKESPEARE"], {}, "no CUDA device here"),  # this machine has no GPU
-    (["--dry-run", "--input", "SHAKESPEARE"], {"PY": "/nonexistent/python"}, "cannot import torch"),
-    (["--dry-run", "--input", "SHAKESPEARE", "--nanogpt", "/nonexistent"], {}, "is not a nanoGPT checkout"),
-    (["--dry-run", "--fast"], {}, "unknown option '--fast'"),
-    (["--dry-run", "--input", "SHAKESPEARE", "/proc/x"], {}, "is not writable"),
-])
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--dry-run", "--input", "/nonexistent/tiny.txt"], {}, "no Tiny Shakespeare at '/nonexistent/tiny.txt'"),
+        (["--input", "SHAKESPEARE"], {}, "no CUDA device here"),  # this machine has no GPU
+        (["--dry-run", "--input", "SHAKESPEARE"], {"PY": "/nonexistent/python"}, "cannot import torch"),
+        (["--dry-run", "--input", "SHAKESPEARE", "--nanogpt", "/nonexistent"], {}, "is not a nanoGPT checkout"),
+        (["--dry-run", "--fast"], {}, "unknown option '--fast'"),
+        (["--dry-run", "--input", "SHAKESPEARE", "/proc/x"], {}, "is not writable"),
+    ],
+)
 def test_missing_prerequisites_stop_at_once(shakespeare_path, args, env, message):
     t0 = time.monotonic()
     proc = run_gpu_sh(*[str(shakespeare_path) if a == "SHAKESPEARE" else a for a in args], **env)

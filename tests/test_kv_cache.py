@@ -97,10 +97,10 @@ def test_a_row_alone_and_in_a_batch_decode_the_same(norm: str, use_kv_cache: boo
     batch = prompts(4, 6, seed=2)
     assert len({tuple(row.tolist()) for row in batch}) == 4  # four different prompts
     steps = BLOCK - 6
-    alone, alone_logits = model.generate(batch[:1], steps, temperature=0, use_kv_cache=use_kv_cache,
-                                         return_logits=True)
-    together, together_logits = model.generate(batch, steps, temperature=0, use_kv_cache=use_kv_cache,
-                                               return_logits=True)
+    alone, alone_logits = model.generate(batch[:1], steps, temperature=0, use_kv_cache=use_kv_cache, return_logits=True)
+    together, together_logits = model.generate(
+        batch, steps, temperature=0, use_kv_cache=use_kv_cache, return_logits=True
+    )
     assert torch.equal(alone[0], together[0])
     torch.testing.assert_close(alone_logits[0], together_logits[0], rtol=0, atol=TOL)
     assert not torch.equal(together[1:, 6:], together[:1, 6:].expand(3, -1))  # the other rows are other text
@@ -110,8 +110,9 @@ def test_sampling_is_the_same_with_and_without_the_cache_for_one_seed() -> None:
     model = tiny()
     idx = prompts(2, 3, seed=3)
     runs = [
-        model.generate(idx, 12, temperature=0.9, top_k=5, use_kv_cache=cache,
-                       generator=torch.Generator().manual_seed(7))
+        model.generate(
+            idx, 12, temperature=0.9, top_k=5, use_kv_cache=cache, generator=torch.Generator().manual_seed(7)
+        )
         for cache in (True, False, True)
     ]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
@@ -119,8 +120,9 @@ def test_sampling_is_the_same_with_and_without_the_cache_for_one_seed() -> None:
     assert torch.equal(model.generate(idx, 12, temperature=1.0, top_k=1), greedy)  # top_k=1 is greedy
 
 
-def reference_sampling(model: GPT, idx: torch.Tensor, steps: int, temperature: float, top_k: int,
-                       seed: int) -> torch.Tensor:
+def reference_sampling(
+    model: GPT, idx: torch.Tensor, steps: int, temperature: float, top_k: int, seed: int
+) -> torch.Tensor:
     """nanoGPT's generate, written out: a full forward pass over the last block_size tokens, logits / temperature,
     the top-k cut, softmax, one multinomial draw per row from a generator seeded with `seed`."""
     g = torch.Generator().manual_seed(seed)
@@ -138,11 +140,21 @@ def test_generate_for_a_seed_is_nanogpts_sampling_and_stream_yields_its_steps(us
     model = tiny()
     idx = prompts(2, 4, seed=6)
     steps = BLOCK - 4  # within block_size, where the cached path computes what the reference does
-    out, logits = model.generate(idx, steps, temperature=0.8, top_k=6, use_kv_cache=use_kv_cache,
-                                 generator=torch.Generator().manual_seed(11), return_logits=True)
+    out, logits = model.generate(
+        idx,
+        steps,
+        temperature=0.8,
+        top_k=6,
+        use_kv_cache=use_kv_cache,
+        generator=torch.Generator().manual_seed(11),
+        return_logits=True,
+    )
     assert torch.equal(out, reference_sampling(model, idx, steps, 0.8, 6, seed=11))
-    streamed = list(model.stream(idx, steps, temperature=0.8, top_k=6, use_kv_cache=use_kv_cache,
-                                 generator=torch.Generator().manual_seed(11)))
+    streamed = list(
+        model.stream(
+            idx, steps, temperature=0.8, top_k=6, use_kv_cache=use_kv_cache, generator=torch.Generator().manual_seed(11)
+        )
+    )
     assert [tuple(t.shape) for t, _ in streamed] == [(2, 1)] * steps
     assert torch.equal(torch.cat([idx, *(t for t, _ in streamed)], dim=1), out)
     assert torch.equal(torch.stack([step_logits for _, step_logits in streamed], dim=1), logits)

@@ -244,8 +244,11 @@ def test_large_offset_rows_match_float64(impl, C):
 
 @pytest.mark.parametrize(
     "name, node",
-    [("custom", "_LayerNormFunctionBackward"), ("builtin", "NativeLayerNormBackward0"),
-     ("triton", "_LayerNormTritonBackward")],
+    [
+        ("custom", "_LayerNormFunctionBackward"),
+        ("builtin", "NativeLayerNormBackward0"),
+        ("triton", "_LayerNormTritonBackward"),
+    ],
 )
 def test_each_module_runs_its_own_implementation(name, node):
     """make_norm(name) computes with its own code: the autograd node says whose backward will run."""

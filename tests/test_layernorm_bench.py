@@ -15,19 +15,36 @@ from helpers import ROOT
 
 def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
     out = tmp_path / "k.json"
-    result = kernels.main(["--device", "cpu", "--rows", "16", "--sizes", "24,40", "--impls", "custom,builtin,naive",
-                           "--reps", "1", "--out", str(out)])
+    result = kernels.main(
+        [
+            "--device",
+            "cpu",
+            "--rows",
+            "16",
+            "--sizes",
+            "24,40",
+            "--impls",
+            "custom,builtin,naive",
+            "--reps",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     saved = json.loads(out.read_text())
-    assert [(r["impl"], r["C"]) for r in saved["results"]] == [(i, c) for c in (24, 40) for i in ("custom", "builtin",
-                                                                                                    "naive")]
+    assert [(r["impl"], r["C"]) for r in saved["results"]] == [
+        (i, c) for c in (24, 40) for i in ("custom", "builtin", "naive")
+    ]
     for r in result["results"]:  # the same function: within float32 rounding of the built-in
         assert r["max_abs_err_vs_builtin"] < 1e-5 and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0
         assert r["fwd_gbps"] == pytest.approx(2 * 16 * r["C"] * 4 / (r["fwd_ms"] / 1e3) / 1e9)  # 2 passes of float32
     assert "| custom | [16, 24] | float32 |" in out.with_suffix(".md").read_text()
 
 
-@pytest.mark.parametrize("argv, message", [(["--sizes", "3,x"], "--sizes"), (["--dtype", "float8"], "'float8'"),
-                                           (["--impls", "custom,fast"], "'fast'")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--sizes", "3,x"], "--sizes"), (["--dtype", "float8"], "'float8'"), (["--impls", "custom,fast"], "'fast'")],
+)
 def test_bad_arguments_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit):
         kernels.main(["--device", "cpu", *argv])
@@ -40,8 +57,9 @@ def test_overhead_stubs_the_launches_and_puts_them_back():
     before = layernorm_triton.layer_norm_fwd_kernel
     x = torch.randn(8, 384)
     result = kernels.main(["--device", "cpu", "--overhead", "--calls", "3", "--repeats", "1"])
-    assert {(r["impl"], r["what"]) for r in result["overhead"]} == {(i, w) for i in ("builtin", "triton")
-                                                                    for w in ("fwd", "fwd+bwd")}
+    assert {(r["impl"], r["what"]) for r in result["overhead"]} == {
+        (i, w) for i in ("builtin", "triton") for w in ("fwd", "fwd+bwd")
+    }
     assert all(r["us"] > 0 for r in result["overhead"])
     assert layernorm_triton.layer_norm_fwd_kernel is before  # the real kernels again, for everything after
     norm = layernorm.make_norm("triton", 384)
@@ -54,8 +72,14 @@ def test_script_reruns_itself_with_glibc_keeping_freed_memory(tmp_path):
     modes = []
     for extra in ([], ["--system-malloc"]):
         argv = ["--device", "cpu", "--rows", "8", "--sizes", "16", "--impls", "builtin", "--reps", "1"]
-        proc = subprocess.run([sys.executable, "-m", "bench.kernels", *argv, *extra, "--out", str(tmp_path / "r.json")],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.kernels", *argv, *extra, "--out", str(tmp_path / "r.json")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         modes.append(json.loads((tmp_path / "r.json").read_text())["malloc"])
     assert modes == ["steady", "system default"]

@@ -229,8 +229,16 @@ def test_direct_launch_calls_the_compiled_kernel_of_the_same_arguments(monkeypat
     monkeypatch.setattr(lt, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(lt, "_COMPILED", {})
     kernel, t = _Kernel(), torch.zeros(64)
-    calls = [(t, 8, True), (torch.zeros(64), 8, True), (t, 9, True), (t.double(), 8, True), (t[1:], 8, True),
-             (t[1:], 8, True), (t, 8, False), (t, 9, True)]
+    calls = [
+        (t, 8, True),
+        (torch.zeros(64), 8, True),
+        (t, 9, True),
+        (t.double(), 8, True),
+        (t[1:], 8, True),
+        (t[1:], 8, True),
+        (t, 8, False),
+        (t, 9, True),
+    ]
     for args in calls:
         lt._launch(kernel, (2,), args, 1, traced=False, tensors=1)
     kinds = [kind for kind, *_ in kernel.log]

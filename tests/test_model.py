@@ -33,8 +33,11 @@ def randomize_norms(model: GPT, seed: int = 1) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".ln_" in name or name.startswith("transformer.ln_f"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g) if name.endswith("weight") else
-                        0.3 * torch.randn(p.shape, generator=g))
+                p.copy_(
+                    1 + 0.3 * torch.randn(p.shape, generator=g)
+                    if name.endswith("weight")
+                    else 0.3 * torch.randn(p.shape, generator=g)
+                )
 
 
 def test_logits_shape_and_loss() -> None:
@@ -152,7 +155,9 @@ def test_model_source_has_no_norm_specific_code() -> None:
         id(node.body[0].value)
         for node in ast.walk(tree)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
-        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
     } | {
         id(node.value)
         for node in ast.walk(tree)

@@ -17,9 +17,21 @@ from helpers import ROOT, subprocess_env
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # A small model and a short run: what every train.py command of the README gets appended.
-TINY_TRAIN = ["--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2", "--max_iters=2",
-              "--eval_iters=1", "--eval_interval=2", "--warmup_iters=0", "--lr_decay_iters=2", "--sample_tokens=5",
-              "--device=cpu", "--dropout=0.0"]
+TINY_TRAIN = [
+    "--n_layer=1",
+    "--n_head=2",
+    "--n_embd=16",
+    "--block_size=16",
+    "--batch_size=2",
+    "--max_iters=2",
+    "--eval_iters=1",
+    "--eval_interval=2",
+    "--warmup_iters=0",
+    "--lr_decay_iters=2",
+    "--sample_tokens=5",
+    "--device=cpu",
+    "--dropout=0.0",
+]
 TINY = {
     "train.py": TINY_TRAIN,
     "sample.py": ["--max_new_tokens=5", "--device=cpu"],
@@ -44,7 +56,7 @@ def readme_commands() -> list[str]:
 
 def script_of(command: str) -> str:
     words = shlex.split(command)
-    words = words[words.index("train.py"):] if "torchrun" in words else words[1:]
+    words = words[words.index("train.py") :] if "torchrun" in words else words[1:]
     return words[0] if words[0] != "-m" else words[1]
 
 
@@ -52,8 +64,13 @@ def script_of(command: str) -> str:
 def clone(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
     """The repository's files as a fresh clone has them, and Tiny Shakespeare where the README says to put it."""
     out = tmp_path_factory.mktemp("clone")
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for name in files:
         if (ROOT / name).is_file():
             (out / name).parent.mkdir(parents=True, exist_ok=True)
@@ -83,8 +100,9 @@ def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
     assert tests.endswith("&& python -m pytest") and "python -m pytest" in ci
     for requirements in re.findall(r"-r (\S+)", quickstart + tests):
         assert (ROOT / requirements).is_file() and requirements in ci
-    assert quickstart.endswith("&& python data/shakespeare_char/prepare.py && python train.py "
-                               "configs/shakespeare_char_cpu.json")
+    assert quickstart.endswith(
+        "&& python data/shakespeare_char/prepare.py && python train.py configs/shakespeare_char_cpu.json"
+    )
 
 
 def test_every_readme_command_runs_as_printed(clone: Path) -> None:

@@ -39,10 +39,20 @@ def make_checkpoint(out_dir: Path, tokenizer: dict, vocab_size: int, norm: str =
                 p.add_(0.3 * torch.randn(p.shape, generator=g))
             elif name.endswith("wte.weight"):
                 p.mul_(5)  # clear-cut greedy choices, no float near-ties
-    save_checkpoint(out_dir / "ckpt.pt", {
-        "format": FORMAT, "model": model.state_dict(), "model_args": asdict(config), "optimizer": {},
-        "iter_num": 0, "best_val_loss": 9.9, "config": {}, "tokenizer": tokenizer, "rng": {},
-    })
+    save_checkpoint(
+        out_dir / "ckpt.pt",
+        {
+            "format": FORMAT,
+            "model": model.state_dict(),
+            "model_args": asdict(config),
+            "optimizer": {},
+            "iter_num": 0,
+            "best_val_loss": 9.9,
+            "config": {},
+            "tokenizer": tokenizer,
+            "rng": {},
+        },
+    )
     return model
 
 
@@ -139,12 +149,22 @@ def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path
     with torch.no_grad():  # make the padded ids the likeliest next tokens whatever the context
         ln_f = model.transformer.ln_f
         ln_f.weight.zero_()
-        model.lm_head.weight[len(itos):] = 10 * ln_f.bias / ln_f.bias.square().sum()
+        model.lm_head.weight[len(itos) :] = 10 * ln_f.bias / ln_f.bias.square().sum()
         assert model(torch.zeros(1, 1, dtype=torch.long))[0][0, -1].argmax() >= len(itos)
-    save_checkpoint(tmp_path / "ckpt.pt", {
-        "format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config), "optimizer": {},
-        "iter_num": 0, "best_val_loss": 9.9, "config": {}, "tokenizer": {"kind": "char", "itos": itos}, "rng": {},
-    })
+    save_checkpoint(
+        tmp_path / "ckpt.pt",
+        {
+            "format": FORMAT,
+            "model": model.state_dict(),
+            "model_args": asdict(model.config),
+            "optimizer": {},
+            "iter_num": 0,
+            "best_val_loss": 9.9,
+            "config": {},
+            "tokenizer": {"kind": "char", "itos": itos},
+            "rng": {},
+        },
+    )
     for temperature in ("0", "1"):
         text = run(tmp_path, "--start", "abc", "--max_new_tokens", "20", "--temperature", temperature)[0]
         assert len(text) == 23 and set(text) <= set(itos)
@@ -167,8 +187,18 @@ def test_streamed_text_is_the_text_generate_returns(
     if kind == "bpe":
         require_tiktoken_cache()
     folder, prompt = (out_dir, "the king") if kind == "char" else (bpe_dir, "ROMEO: café")
-    argv = ["--out_dir", str(folder), *CPU, "--start", prompt, "--max_new_tokens", "40", "--num_samples", "2",
-            *sampling]
+    argv = [
+        "--out_dir",
+        str(folder),
+        *CPU,
+        "--start",
+        prompt,
+        "--max_new_tokens",
+        "40",
+        "--num_samples",
+        "2",
+        *sampling,
+    ]
     samples = sample.main(argv)
     printed = capsys.readouterr().out
     # generate itself, on the model sample.py builds, from the same seed
@@ -180,9 +210,10 @@ def test_streamed_text_is_the_text_generate_returns(
     torch.manual_seed(args.seed)
     expected = []
     for _ in range(args.num_samples):
-        out = model.generate(torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k or None)
-        expected.append(prompt + tokenizer.decode(out[0, len(ids):].tolist()))
+        out = model.generate(
+            torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None
+        )
+        expected.append(prompt + tokenizer.decode(out[0, len(ids) :].tolist()))
     assert samples == expected
     assert printed == "".join(f"{text}\n{sample.SEPARATOR}\n" for text in expected)
     assert len(set(expected)) == (1 if args.temperature == 0 else 2)
@@ -256,9 +287,7 @@ def test_bpe_decode_stream_holds_a_cut_character_back_until_it_is_whole() -> Non
         assert "".join(tokenizer.decode_stream(broken)) == tokenizer.decode(broken)
 
 
-def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
-    bpe_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sample_prints_a_character_cut_between_bpe_tokens_whole(bpe_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     require_tiktoken_cache()
     tokenizer = TiktokenTokenizer()
     ids = tokenizer.encode(TEXT_WITH_CUT_CHARACTERS)
@@ -278,7 +307,10 @@ def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
 def test_unknown_character_is_named_in_a_one_line_error(out_dir: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(out_dir), *CPU, "--start", "the Queen"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 1 and proc.stdout == ""
     err = proc.stderr.strip()
@@ -311,23 +343,54 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
 ) -> None:
     marker = tmp_path / "marker"
     save_with_payload(tmp_path / "ckpt.pt", load_checkpoint(out_dir / "ckpt.pt"), marker)  # a valid one, plus code
-    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--out_dir", str(tmp_path), *CPU], cwd=ROOT,
-                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(tmp_path), *CPU],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert not marker.exists()
-    assert_one_line_error(proc, 1, f"error: {tmp_path / 'ckpt.pt'} holds objects other than tensors",
-                          "weights_only=True", "not written by this project's train.py")
+    assert_one_line_error(
+        proc,
+        1,
+        f"error: {tmp_path / 'ckpt.pt'} holds objects other than tensors",
+        "weights_only=True",
+        "not written by this project's train.py",
+    )
     assert proc.stdout == ""
 
 
 def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir: Path, tmp_path: Path) -> None:
     # An empty cache, and downloads forced to fail even on a machine with internet access.
     proxy = "http://127.0.0.1:9"
-    env = subprocess_env(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty"), HTTPS_PROXY=proxy, https_proxy=proxy,
-                         HTTP_PROXY=proxy, http_proxy=proxy, NO_PROXY="", no_proxy="")
-    proc = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--out_dir", str(bpe_dir), *CPU], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
-    err = assert_one_line_error(proc, 1, "error: tiktoken could not load the BPE ranks of 'r50k_base'", "internet",
-                                "tiktoken.get_encoding('r50k_base')", "TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
+    env = subprocess_env(
+        TIKTOKEN_CACHE_DIR=str(tmp_path / "empty"),
+        HTTPS_PROXY=proxy,
+        https_proxy=proxy,
+        HTTP_PROXY=proxy,
+        http_proxy=proxy,
+        NO_PROXY="",
+        no_proxy="",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(bpe_dir), *CPU],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    err = assert_one_line_error(
+        proc,
+        1,
+        "error: tiktoken could not load the BPE ranks of 'r50k_base'",
+        "internet",
+        "tiktoken.get_encoding('r50k_base')",
+        "TIKTOKEN_CACHE_DIR",
+        str(tmp_path / "empty"),
+    )
     assert "shared" not in err and proc.stdout == ""
 
 

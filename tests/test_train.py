@@ -129,8 +129,9 @@ def test_config_file_that_is_not_json_or_missing(tmp_path: Path) -> None:
         train.main([str(tmp_path / "nope.json")])
 
 
-@pytest.mark.parametrize(("text", "value"), [("True", True), ("true", True), ("1", True),
-                                             ("False", False), ("false", False), ("0", False)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("True", True), ("true", True), ("1", True), ("False", False), ("false", False), ("0", False)]
+)
 def test_bool_values(text: str, value: bool) -> None:
     assert options.parse_args([f"--compile={text}"]) == {"compile": value}
 
@@ -180,27 +181,30 @@ def test_the_models_own_checks_are_one_line_errors() -> None:
 
 def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(tmp_path: Path) -> None:
     proc = run_cli([f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--norm=triton"], drop=("TRITON_INTERPRET",))
-    assert_one_line_error(proc, 2, "error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1",
-                          "'builtin'")
+    assert_one_line_error(proc, 2, "error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1", "'builtin'")
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize(
     ("args", "needles"),
-    [(["--cuda_graphs=True", "--device=cpu"], ["cuda_graphs=True needs a CUDA device", "device='cpu'"]),
-     (["--cuda_graphs=True", "--compile=True"], ["cannot run with compile=True", "--compile_mode=reduce-overhead"]),
-     (["--compile_mode=reduce-overhead"], ["compile_mode='reduce-overhead' needs compile=True"]),
-     (["--compile=True", "--compile_mode=fast"], ["compile_mode='fast' is not valid", "max-autotune"])],
+    [
+        (["--cuda_graphs=True", "--device=cpu"], ["cuda_graphs=True needs a CUDA device", "device='cpu'"]),
+        (["--cuda_graphs=True", "--compile=True"], ["cannot run with compile=True", "--compile_mode=reduce-overhead"]),
+        (["--compile_mode=reduce-overhead"], ["compile_mode='reduce-overhead' needs compile=True"]),
+        (["--compile=True", "--compile_mode=fast"], ["compile_mode='fast' is not valid", "max-autotune"]),
+    ],
     ids=["graphs-on-cpu", "graphs-and-compile", "mode-without-compile", "unknown-mode"],
 )
-def test_launch_options_it_cannot_serve_are_one_line_errors(tmp_path: Path, args: list[str], needles: list[str]
-                                                           ) -> None:
+def test_launch_options_it_cannot_serve_are_one_line_errors(
+    tmp_path: Path, args: list[str], needles: list[str]
+) -> None:
     assert_one_line_error(run_cli([f"--out_dir={tmp_path / 'out'}", *args]), 2, *needles)
     assert not (tmp_path / "out").exists()
 
 
 def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
-        tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The capture is a CUDA call; here it is replaced by a recorder that returns a wrapper, so the plumbing
     around it (what is captured, with which static inputs, and that eval and sampling use the plain model) is
     checked on the CPU. The GPU run (bench/gpu.sh) runs the real capture."""
@@ -211,8 +215,9 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
         return lambda *a: calls.append(len(a)) or module(*a)
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
-    cfg = options.build_config(options.parse_args(tiny_args(data_dir, tmp_path / "out", "--max_iters=3",
-                                                            "--gradient_accumulation_steps=2")))
+    cfg = options.build_config(
+        options.parse_args(tiny_args(data_dir, tmp_path / "out", "--max_iters=3", "--gradient_accumulation_steps=2"))
+    )
     cfg = dataclasses.replace(cfg, cuda_graphs=True)  # (on the command line it is refused on a CPU)
     checkpoint.make_out_dir(cfg.out_dir)
     summary = train.train(cfg, {}, "cpu", "float32", None, Dist())
@@ -226,8 +231,7 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
 def test_compile_mode_reaches_torch_compile(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     modes = []
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
-    train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=1", "--compile=True",
-                         "--compile_mode=max-autotune"))
+    train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=1", "--compile=True", "--compile_mode=max-autotune"))
     assert modes == ["max-autotune"]
 
 
@@ -253,7 +257,13 @@ def test_shipped_configs_are_valid() -> None:
         options.build_config(options.parse_args([str(path)]))
     cpu = options.build_config(options.parse_args([str(ROOT / "configs/shakespeare_char_cpu.json")]))
     assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size, cpu.max_iters) == (
-        4, 4, 128, 64, 12, 2000)
+        4,
+        4,
+        128,
+        64,
+        12,
+        2000,
+    )
     assert (cpu.dropout, cpu.compile, cpu.lr_decay_iters) == (0.0, False, 2000)
     assert (cpu.learning_rate, cpu.min_lr, cpu.beta2, cpu.warmup_iters) == (1e-3, 1e-4, 0.99, 100)
 
@@ -278,8 +288,16 @@ def test_data_shorter_than_a_block_is_refused(tmp_path: Path) -> None:
 
 
 def test_loss_goes_down(tmp_path: Path, data_dir: Path) -> None:
-    summary = train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=40", "--eval_interval=40",
-                                   "--learning_rate=3e-3", "--log_interval=10"))
+    summary = train.main(
+        tiny_args(
+            data_dir,
+            tmp_path / "out",
+            "--max_iters=40",
+            "--eval_interval=40",
+            "--learning_rate=3e-3",
+            "--log_interval=10",
+        )
+    )
     evals = records(tmp_path / "out", "eval")
     assert [r["iter"] for r in evals] == [0, 40]
     assert evals[0]["val_loss"] == pytest.approx(math.log(VOCAB), abs=0.3)  # uniform over the characters
@@ -291,9 +309,19 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, Path, dict]) -> 
     data, out, summary = trained
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["format"] == FORMAT and ckpt["iter_num"] == 12
-    assert ckpt["model_args"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "bias": True,
-                                  "vocab_size": VOCAB, "dropout": 0.0, "norm": "builtin", "norm_position": "pre",
-                                  "norm_alpha": None, "embed_scale": False}
+    assert ckpt["model_args"] == {
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 32,
+        "block_size": 16,
+        "bias": True,
+        "vocab_size": VOCAB,
+        "dropout": 0.0,
+        "norm": "builtin",
+        "norm_position": "pre",
+        "norm_alpha": None,
+        "embed_scale": False,
+    }
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
     assert ckpt["config"]["max_iters"] == 12 and ckpt["config"]["data_dir"] == str(data)
     assert ckpt["tokenizer"]["kind"] == "char"
@@ -356,8 +384,9 @@ def test_an_old_checkpoint_without_norm_position_resumes_as_pre(tmp_path: Path, 
     ckpt = load_checkpoint(tmp_path / "run" / "ckpt.pt")
     del ckpt["model_args"]["norm_position"], ckpt["config"]["norm_position"]  # as written before the option
     torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
-    summary = train.main([f"--out_dir={tmp_path / 'run'}", "--init_from=resume", "--max_iters=6",
-                          "--norm_position=pre"])
+    summary = train.main(
+        [f"--out_dir={tmp_path / 'run'}", "--init_from=resume", "--max_iters=6", "--norm_position=pre"]
+    )
     assert summary["iters"] == 6
     assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["model_args"]["norm_position"] == "pre"
 
@@ -374,8 +403,13 @@ def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_di
 
 def test_prepare_script_then_train(tmp_path: Path, shakespeare_path: Path) -> None:
     out = tmp_path / "sc"
-    prep = subprocess.run([sys.executable, "data/shakespeare_char/prepare.py", "--input", str(shakespeare_path),
-                           "--out_dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    prep = subprocess.run(
+        [sys.executable, "data/shakespeare_char/prepare.py", "--input", str(shakespeare_path), "--out_dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert prep.returncode == 0, prep.stderr
     summary = train.main(tiny_args(out, tmp_path / "out", "--max_iters=3", "--eval_interval=3"))
     assert summary["iters"] == 3 and math.isfinite(summary["final_val_loss"])
@@ -410,8 +444,13 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
     blob = (bad / "ckpt.pt").read_bytes()
     proc = run_cli([f"--out_dir={bad}", "--init_from=resume", "--max_iters=13"])
     assert not marker.exists()
-    assert_one_line_error(proc, 1, f"error: {bad / 'ckpt.pt'} holds objects other than tensors", "weights_only=True",
-                          "not written by this project's train.py")
+    assert_one_line_error(
+        proc,
+        1,
+        f"error: {bad / 'ckpt.pt'} holds objects other than tensors",
+        "weights_only=True",
+        "not written by this project's train.py",
+    )
     assert (bad / "ckpt.pt").read_bytes() == blob and sorted(p.name for p in bad.iterdir()) == ["ckpt.pt"]
 
 
@@ -453,8 +492,16 @@ def test_checkpoint_with_another_vocabulary(trained: tuple[Path, Path, dict], tm
 
 
 def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, data_dir: Path) -> None:
-    summary = train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=1000000", "--eval_interval=1000000",
-                                   "--log_interval=1000000", "--max_wall_s=1.0"))
+    summary = train.main(
+        tiny_args(
+            data_dir,
+            tmp_path / "out",
+            "--max_iters=1000000",
+            "--eval_interval=1000000",
+            "--log_interval=1000000",
+            "--max_wall_s=1.0",
+        )
+    )
     # checked at every iteration, not only at a log line (none comes after iteration 0 here)
     assert summary["stop_reason"] == "max_wall_s" and 0 < summary["iters"] < 1000000
     assert records(tmp_path / "out", "eval")[-1]["iter"] == summary["iters"]

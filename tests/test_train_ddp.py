@@ -27,9 +27,20 @@ def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "data")
     args = ["--gradient_accumulation_steps=4", "--max_iters=4", "--eval_interval=2", "--dropout=0.0"]
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-         *tiny_args(data, tmp_path / "ddp", *args)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *tiny_args(data, tmp_path / "ddp", *args),
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "processes=2" in proc.stdout
@@ -74,10 +85,19 @@ def test_two_processes_with_dropout_resume_to_the_losses_of_an_uninterrupted_run
     """Each process has its own dropout stream; a resumed 2-process run must get every one of them back."""
     data = make_dataset(tmp_path / "data")
     args = ["--gradient_accumulation_steps=2", "--eval_interval=4", "--dropout=0.2"]
-    for out, extra in (("whole", ["--max_iters=8"]), ("cut", ["--max_iters=4"]),
-                       ("cut", ["--max_iters=8", "--init_from=resume"])):
-        proc = subprocess.run(torchrun(tiny_args(data, tmp_path / out, *args, *extra)), cwd=ROOT,
-                              env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    for out, extra in (
+        ("whole", ["--max_iters=8"]),
+        ("cut", ["--max_iters=4"]),
+        ("cut", ["--max_iters=8", "--init_from=resume"]),
+    ):
+        proc = subprocess.run(
+            torchrun(tiny_args(data, tmp_path / out, *args, *extra)),
+            cwd=ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     ranks = load_checkpoint(tmp_path / "cut" / "ckpt.pt")["rng_ranks"]
     assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
@@ -91,9 +111,23 @@ def test_ctrl_c_in_one_process_stops_every_process_at_the_same_iteration(tmp_pat
     at the next iteration, and rank 0 saves that iteration's state."""
     data = make_dataset(tmp_path / "data")
     out = tmp_path / "run"
-    proc = subprocess.Popen(torchrun(tiny_args(data, out, "--gradient_accumulation_steps=2", "--max_iters=1000000",
-                                               "--log_interval=1000000", "--eval_interval=1000000")),
-                            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        torchrun(
+            tiny_args(
+                data,
+                out,
+                "--gradient_accumulation_steps=2",
+                "--max_iters=1000000",
+                "--log_interval=1000000",
+                "--eval_interval=1000000",
+            )
+        ),
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: bool(records_if_any(out, "eval")), proc, timeout=180)
     time.sleep(1.0)  # well into training
     rank1 = next(pid for pid in children(proc.pid) if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())

@@ -43,8 +43,9 @@ def data_dir(tmp_path: Path) -> Path:
 # dropout > 0: the dropout masks draw from the torch RNG, whose state must come back from the checkpoint too
 @pytest.mark.parametrize("norm", ["builtin", "custom"])
 def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Path, norm: str) -> None:
-    args = tiny_args(data_dir, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", f"--norm={norm}",
-                     "--dropout=0.1")
+    args = tiny_args(
+        data_dir, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", f"--norm={norm}", "--dropout=0.1"
+    )
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: (tmp_path / "run" / "ckpt.pt").exists(), proc)
     wait_for(lambda: n_train_records(tmp_path / "run") >= 15, proc)  # well past the checkpoint, mid-run
@@ -57,8 +58,17 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Pat
     resumed = run_cli(args + ["--init_from=resume", f"--max_iters={n}"])
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {tmp_path / 'run' / 'ckpt.pt'} at iteration {k}" in resumed.stdout
-    train.main(tiny_args(data_dir, tmp_path / "whole", "--eval_interval=10", "--lr_decay_iters=200",
-                         f"--norm={norm}", "--dropout=0.1", f"--max_iters={n}"))
+    train.main(
+        tiny_args(
+            data_dir,
+            tmp_path / "whole",
+            "--eval_interval=10",
+            "--lr_decay_iters=200",
+            f"--norm={norm}",
+            "--dropout=0.1",
+            f"--max_iters={n}",
+        )
+    )
     whole = losses(tmp_path / "whole")
     assert sorted(whole) == list(range(n))
     # metrics.jsonl of the killed-and-resumed run reads as one run: the killed tail was replaced.
@@ -77,8 +87,14 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
     run with exactly the losses of an uninterrupted one."""
     out = tmp_path / "run"
-    args = tiny_args(data_dir, out, "--eval_interval=1000", "--lr_decay_iters=200", "--dropout=0.1",
-                     f"--always_save_checkpoint={always_save}")
+    args = tiny_args(
+        data_dir,
+        out,
+        "--eval_interval=1000",
+        "--lr_decay_iters=200",
+        "--dropout=0.1",
+        f"--always_save_checkpoint={always_save}",
+    )
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: n_train_records(out) >= 5, proc)
     proc.send_signal(sig)
@@ -95,12 +111,21 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     assert "--init_from=resume" in command and ("mv " in command) != always_save
     n = k + 4
     command = command.replace("python train.py", f"{shlex.quote(sys.executable)} train.py") + f" --max_iters={n}"
-    resumed = subprocess.run(command, shell=True, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
-                             timeout=120)
+    resumed = subprocess.run(
+        command, shell=True, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed.stdout
-    train.main(tiny_args(data_dir, tmp_path / "whole", "--eval_interval=1000", "--lr_decay_iters=200",
-                         "--dropout=0.1", f"--max_iters={n}"))
+    train.main(
+        tiny_args(
+            data_dir,
+            tmp_path / "whole",
+            "--eval_interval=1000",
+            "--lr_decay_iters=200",
+            "--dropout=0.1",
+            f"--max_iters={n}",
+        )
+    )
     assert sorted(losses(tmp_path / "whole")) == list(range(n))
     assert losses(out) == losses(tmp_path / "whole")
 
@@ -112,8 +137,9 @@ def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_ch
     out = tmp_path / "run"
     args = tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=5", "--log_interval=5")
     proc = run_diverging(13, factor, args)
-    err = assert_one_line_error(proc, 1, f"error: loss is {factor} at iteration 13",
-                                f"{out / 'ckpt.pt'} (iteration 10)")
+    err = assert_one_line_error(
+        proc, 1, f"error: loss is {factor} at iteration 13", f"{out / 'ckpt.pt'} (iteration 10)"
+    )
     assert "--init_from=resume" in err and "--learning_rate" in err
     assert [r["iter"] for r in records(out, "train")] == [0, 5, 10]  # stopped at the read-back after it
     ckpt = load_checkpoint(out / "ckpt.pt")

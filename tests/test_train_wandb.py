@@ -44,8 +44,11 @@ def logged_run(run_dir: Path) -> tuple[dict, list[dict]]:
     if config_yaml.exists():
         import yaml
 
-        config = {k: v["value"] for k, v in yaml.safe_load(config_yaml.read_text()).items() if isinstance(v, dict)
-                  and "value" in v}
+        config = {
+            k: v["value"]
+            for k, v in yaml.safe_load(config_yaml.read_text()).items()
+            if isinstance(v, dict) and "value" in v
+        }
         history_file = run_dir / "files" / "wandb-history.jsonl"
         history = [json.loads(line) for line in history_file.read_text().splitlines()] if history_file.exists() else []
         summary = run_dir / "files" / "wandb-summary.json"
@@ -73,9 +76,20 @@ def test_offline_run_records_loss_and_config(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     data = make_dataset(tmp_path / "data")
     out = tmp_path / "out"
-    proc = run_cli(tiny_args(data, out, "--max_iters=4", "--eval_interval=2", "--wandb_log=True",
-                             "--wandb_run_name=tiny-offline", "--wandb_project=tests"),
-                   WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true")
+    proc = run_cli(
+        tiny_args(
+            data,
+            out,
+            "--max_iters=4",
+            "--eval_interval=2",
+            "--wandb_log=True",
+            "--wandb_run_name=tiny-offline",
+            "--wandb_project=tests",
+        ),
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path),
+        WANDB_SILENT="true",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     config, history = logged_run(run_dir)

@@ -20,8 +20,7 @@ from tokenizer import TiktokenTokenizer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return run_prepare(argv, description=__doc__, script_file=__file__,
-                       make_tokenizer=lambda text: TiktokenTokenizer())
+    return run_prepare(argv, description=__doc__, script_file=__file__, make_tokenizer=lambda text: TiktokenTokenizer())
 
 
 if __name__ == "__main__":

@@ -17,9 +17,7 @@ from tokenizer import CharTokenizer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return run_prepare(
-        argv, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text
-    )
+    return run_prepare(argv, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text)
 
 
 if __name__ == "__main__":
