@@ -38,11 +38,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, damaged, or does not fit what it is asked to do."""
 
 
-def make_out_dir(path: str | os.PathLike) -> None:
-    """Create the folder for ckpt.pt (and its parents) now, so that a path that can't be one fails before training."""
+def make_out_dir(path: str | os.PathLike, new_run: bool = False) -> None:
+    """Create the folder for ckpt.pt (and its parents) now, so that a path that can't be one fails before training.
+    A new run is refused a folder that holds another run's checkpoint: it would replace it without a word."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"out_dir {str(out)!r} is a file, not a folder: give a folder for ckpt.pt and metrics")
+    if new_run and (out / "ckpt.pt").exists():
+        raise CheckpointError(
+            f"{out / 'ckpt.pt'} holds another run's checkpoint: give this run its own --out_dir, continue that run "
+            f"with --init_from=resume, or replace it with --overwrite=True"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

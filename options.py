@@ -36,6 +36,7 @@ class TrainConfig:
     init_from: str = opt(
         "scratch", "scratch: a new model; resume: continue from <out_dir>/ckpt.pt", ("scratch", "resume")
     )
+    overwrite: bool = opt(False, "a new run (init_from=scratch) may replace the checkpoint already in out_dir")
     eval_interval: int = opt(250, "estimate train/val loss (and maybe checkpoint) every this many iterations")
     log_interval: int = opt(10, "print a log line and a metrics record every this many iterations")
     eval_iters: int = opt(200, "batches per split in each loss estimate")

@@ -223,10 +223,17 @@ def train(
 
     where = f"resuming {ckpt_path} at iteration {it}" if ckpt else "from scratch"
     dist.print(
-        f"training {where}: norm={cfg.norm}, {raw_model.get_num_params() / 1e6:.2f}M parameters, "
-        f"device={device}, dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}"
+        f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, "
+        f"{raw_model.get_num_params() / 1e6:.2f}M parameters, device={device}, dtype={dtype}, compile={cfg.compile}, "
+        f"processes={dist.world_size}"
     )
     dist.print(f"{data.describe()}; {tokens_per_iter:,} tokens per iteration")
+    if cfg.decay_lr and cfg.lr_decay_iters > cfg.max_iters:
+        dist.print(
+            f"note: lr_decay_iters={cfg.lr_decay_iters} is past max_iters={cfg.max_iters}, so the learning rate ends "
+            f"at {get_lr(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr:.2e}; "
+            f"--lr_decay_iters={cfg.max_iters} decays it fully"
+        )
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)  # this process's micro-batches
     no_sync = train_model.no_sync if dist.enabled else contextlib.nullcontext
     with (
@@ -341,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         check_triton_device(device)  # before any data or model is loaded
     if cfg.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
-    checkpoint.make_out_dir(cfg.out_dir)
+    checkpoint.make_out_dir(cfg.out_dir, new_run=cfg.init_from == "scratch" and not cfg.overwrite)
     with dist.use(device):
         return train(cfg, explicit, device, dtype, ckpt, dist)
 
