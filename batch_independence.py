@@ -42,6 +42,10 @@ LEGEND = (
     "(1) alone vs batch: max |logit difference| over every step, a prompt decoded alone vs in row 0 of the batch.",
     "(2) cached vs full: max |logit difference| between the batch's cached decoding and one full forward pass.",
     "(3) norm alone: the final norm layer on x [B, T, C]: max |norm(x)[i] - norm(x[i:i+1])| over rows i.",
+    "With PyTorch's kernels, the per-token rows' (1) and (2) (about 1e-6 in float32) are the matrix products' "
+    "rounding: a product over 1 row, over 4, or over a cached prefix may add in another order; (3) isolates the norm.",
+    "The batch-invariant mode (batch_invariant.py) makes every matrix product and attention add in one fixed order "
+    "however the work is batched or cached: there every difference of a per-token row is 0.",
 )
 WHY_BATCHNORM_FAILS = (
     "batchnorm fails, in both worlds, because it normalizes each feature over every token of the batch: a token's "
