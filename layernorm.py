@@ -10,7 +10,7 @@ For one row x of C features (a token's activations), LayerNorm is
     mean = 1/C * sum_i x_i
     var  = 1/(C - correction) * sum_i (x_i - mean)^2        (correction=0: population variance, as nn.LayerNorm;
                                                              correction=1: the sample variance, as x.var(1) in
-                                                             the chapter's LayerNorm1d)
+                                                             the textbook LayerNorm1d, docs/01-layernorm.md)
     rstd = 1 / sqrt(var + eps)
     xhat_i = (x_i - mean) * rstd                            (zero mean, unit variance)
     y_i    = xhat_i * weight_i + bias_i                     (a learned scale and shift per feature)
@@ -61,7 +61,9 @@ class _LayerNormFunction(torch.autograd.Function):
     #     g  = dy * w                                 g = dL/dxhat
     # xhat_i = (x_i - mean) * rstd depends on every x_j of its row, through x_i, mean and rstd:
     #     d mean / d x_j = 1/C
-    #     d rstd / d x_j = -rstd^3 * (x_j - mean) / D = -rstd^2 * xhat_j / D
+    #     d var / d x_j  = 2/D * sum_i (x_i - mean) * (delta_ij - 1/C) = 2 * (x_j - mean) / D
+    #                      (the mean's term drops out: sum_i (x_i - mean) = 0)
+    #     d rstd / d x_j = -1/2 * rstd^3 * d var / d x_j = -rstd^3 * (x_j - mean) / D = -rstd^2 * xhat_j / D
     #     d xhat_i / d x_j = rstd * (delta_ij - 1/C - xhat_i * xhat_j / D)
     # and summing g_i * d xhat_i / d x_j over i:
     #     dx_j = rstd * (g_j - mean(g) - xhat_j * sum_i(g_i * xhat_i) / D)
@@ -91,7 +93,7 @@ def layer_norm(
     """LayerNorm over the last dimension of x, from scratch, with the hand-derived backward above.
 
     x has any shape [..., C]; weight and bias (optional) have shape [C]. correction=0 uses the population
-    variance (as nn.LayerNorm); correction=1 the sample variance (as the chapter's LayerNorm1d, x.var(1)).
+    variance (as nn.LayerNorm); correction=1 the sample variance (as x.var(1) in LayerNorm1d, docs/01-layernorm.md).
     Half and bfloat16 inputs are normalized in float32 and returned in their own dtype.
 
     >>> x = torch.randn(2, 3, 8)
