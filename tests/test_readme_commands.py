@@ -1,9 +1,12 @@
-"""Every command the README prints runs as printed, from a fresh copy of the repository, with only flags that
-make it small appended (a later --key=value wins). Commands that run for minutes are named in LONG, each with the
-test that runs its plumbing at a tiny size instead, so a new README command that is neither fails here."""
+"""Every command the README and docs/ print runs as printed, from a fresh copy of the repository, in the README's
+order and then the chapters', with only flags that make it small appended (a later --key=value wins); at the end
+the Quickstart's checkpoint is still the one it trained. Commands that run for minutes are named in LONG, each with
+the test that runs its plumbing at a tiny size instead, so a new command that is neither fails here. The docs'
+Python snippets run, and every file and picture they link to or cite exists."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 import shutil
@@ -15,7 +18,11 @@ import pytest
 
 from helpers import ROOT, subprocess_env
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The README first, then the chapters in reading order: the order their commands run in.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TEXT = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
+README = TEXT[ROOT / "README.md"]
+QUICKSTART_CKPT = Path("out-shakespeare-char-cpu") / "ckpt.pt"
 # A small model and a short run: what every train.py command of the README gets appended.
 TINY_TRAIN = [
     "--n_layer=1",
@@ -43,15 +50,26 @@ LONG = {
 }
 
 
-def readme_commands() -> list[str]:
-    """The commands in the README's code blocks and inline code, in the order they appear."""
+# bench/ commands that take seconds: run here as printed, not only by their plumbing tests.
+QUICK_BENCH = ("python -m bench.plot_batch_independence",)
+# Files the Quickstart makes, which a doc may name before they exist.
+MADE_BY_THE_QUICKSTART = ("data/shakespeare_char/input.txt",)
+
+
+def commands_in(text: str) -> list[str]:
+    """The commands in a doc's code blocks and inline code, in the order they appear."""
     found = []
-    for block, inline in re.findall(r"```\w*\n(.*?)```|`([^`\n]+)`", README, re.S):
+    for block, inline in re.findall(r"```\w*\n(.*?)```|`([^`\n]+)`", text, re.S):
         for line in block.splitlines() if block else [inline]:
             line = line.split("  # ")[0].strip()  # a comment after the command
             if re.match(r"(TRITON_INTERPRET=1 )?(python3?|torchrun|bash) ", line) and "<" not in line:
                 found.append(line)
-    return list(dict.fromkeys(found))
+    return found
+
+
+def readme_commands() -> list[str]:
+    """The README's commands, then each chapter's, in reading order, each once."""
+    return list(dict.fromkeys(c for doc in DOCS for c in commands_in(TEXT[doc])))
 
 
 def script_of(command: str) -> str:
@@ -94,32 +112,81 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(words, cwd=cwd, env=subprocess_env(**env), capture_output=True, text=True, timeout=300)
 
 
+def code_blocks(text: str, language: str = "") -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
 def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
-    quickstart, tests = [c for c in readme_commands() if c.startswith("python3 -m venv")]
+    quickstart = code_blocks(README.split("## Quickstart")[1])[0].splitlines()
+    assert quickstart == [
+        "python3 -m venv .venv && . .venv/bin/activate",
+        "pip install -r requirements.txt",
+        "python data/shakespeare_char/prepare.py",
+        "python train.py configs/shakespeare_char_cpu.json",
+    ]
+    (tests,) = [c for c in readme_commands() if c.startswith("python3 -m venv") and "pytest" in c]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert tests.endswith("&& python -m pytest") and "python -m pytest" in ci
-    for requirements in re.findall(r"-r (\S+)", quickstart + tests):
+    for requirements in re.findall(r"-r (\S+)", tests):
         assert (ROOT / requirements).is_file() and requirements in ci
-    assert quickstart.endswith(
-        "&& python data/shakespeare_char/prepare.py && python train.py configs/shakespeare_char_cpu.json"
-    )
+    # The CPU-only PyTorch the README offers is the version requirements.txt pins.
+    (pin,) = re.findall(r"^torch==(\S+)$", (ROOT / "requirements.txt").read_text(encoding="utf-8"), re.M)
+    assert f"`pip install torch=={pin} --index-url https://download.pytorch.org/whl/cpu`" in README
 
 
-def test_every_readme_command_runs_as_printed(clone: Path) -> None:
+def test_every_doc_command_runs_as_printed(clone: Path) -> None:
     # The Quickstart's own steps first (prepare, then train): the later commands read what they leave.
     commands = ["python data/shakespeare_char/prepare.py", "python train.py configs/shakespeare_char_cpu.json"]
     commands += [c for c in readme_commands() if not c.startswith("python3 -m venv")]
-    ran, failed = [], []
+    ran, failed, quickstart = [], [], None
     for command in dict.fromkeys(commands):
-        if command in LONG or script_of(command).startswith(("bench", "experiments")):
+        long = command in LONG or script_of(command).startswith(("bench", "experiments"))
+        if long and not command.startswith(QUICK_BENCH):
             continue  # LONG, bench/ and experiments/: test_bench.py, test_gpu_sh.py, test_experiments.py
         proc = run(command, clone)
         ran.append(command)
         if proc.returncode != 0 or "Traceback" in proc.stderr:
             failed.append(f"{command}\n  exit {proc.returncode}: {proc.stderr.strip()[-600:]}")
+        if quickstart is None and (clone / QUICKSTART_CKPT).exists():
+            quickstart = hashlib.sha256((clone / QUICKSTART_CKPT).read_bytes()).hexdigest()
     assert not failed, "\n".join(failed)
     assert len(ran) >= 15 and any(c.startswith("torchrun") for c in ran) and any("sample.py" in c for c in ran)
+    # No later command replaced the Quickstart's checkpoint (each run has a folder of its own).
+    assert hashlib.sha256((clone / QUICKSTART_CKPT).read_bytes()).hexdigest() == quickstart
 
 
-def test_long_commands_are_still_in_the_readme() -> None:
+def test_long_commands_are_still_in_the_docs() -> None:
     assert set(LONG) <= set(readme_commands())
+
+
+SNIPPETS = [(doc, i, code) for doc in DOCS for i, code in enumerate(code_blocks(TEXT[doc], "python"))]
+
+
+@pytest.mark.parametrize(("doc", "i", "code"), SNIPPETS, ids=[f"{d.name}-{i}" for d, i, _ in SNIPPETS])
+def test_python_snippets_run(doc: Path, i: int, code: str, capsys: pytest.CaptureFixture[str]) -> None:
+    exec(compile(code, f"{doc.name}, python block {i}", "exec"), {"__name__": f"snippet_{i}"})
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#+ (.*)$", doc.read_text(encoding="utf-8"), re.M)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+def test_every_link_and_cited_file_exists(doc: Path) -> None:
+    missing = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", TEXT[doc]):  # Markdown links and pictures
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+            missing.append(target)
+    for cited in re.findall(r"`((?:bench|experiments|tests|configs|docs|data)/[\w./*-]+)`", TEXT[doc]):
+        if cited not in MADE_BY_THE_QUICKSTART and not list(ROOT.glob(cited.rstrip("/"))):
+            missing.append(cited)
+    assert not missing, f"{doc.name} links to or cites what does not exist: {missing}"

@@ -1,0 +1,65 @@
+"""Draw batch_independence.py's JSON: per decoding step, how far a prompt decoded alone is from the same prompt
+decoded in a batch, for each norm, with PyTorch's kernels and in the batch-invariant mode.
+
+    python -m bench.plot_batch_independence       # bench/results/batch_independence_cpu.json -> .png beside it
+    python -m bench.plot_batch_independence --json results.json --out results.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ZERO = 1e-9  # a difference of exactly 0 is drawn here, on the axis labelled "0" (a log scale has no 0)
+WORLDS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant mode"}
+
+
+def plot(result: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = [w for w in WORLDS if w in result]
+    fig, axes = plt.subplots(1, len(worlds), figsize=(5.5 * len(worlds), 4), sharey=True, squeeze=False)
+    for ax, world in zip(axes[0], worlds, strict=True):
+        for row in result[world]:
+            steps = row["alone_vs_batch"]["per_step_max_abs_diff"]
+            style = "--" if not row["required"] else "-"
+            ax.plot(
+                range(len(steps)), [max(d, ZERO) for d in steps], style, label=f"{row['name']} ({row['statistics']})"
+            )
+        ax.set_yscale("log")
+        ax.set_ylim(ZERO / 3, 100)
+        ax.set_title(WORLDS[world])
+        ax.set_xlabel("decoding step")
+        ax.grid(True, which="major", alpha=0.3)
+    ticks = [ZERO, 1e-6, 1e-3, 1, 100]
+    axes[0][0].set_yticks(ticks, ["0", "1e-6", "1e-3", "1", "100"])
+    axes[0][0].set_ylabel("max |logit difference|, alone vs in a batch")
+    axes[0][-1].legend(fontsize=8, loc="center right")
+    m = result["model"]
+    fig.suptitle(
+        f"{'a trained checkpoint' if result['source'].startswith('checkpoint') else 'a random model'}: "
+        f"{m['n_layer']} layers, {m['n_embd']} wide; {result['dtype']}; {result['new_tokens']} greedy tokens; "
+        f"a batch of {result['batch_size']} prompts",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", type=Path, default=Path("bench/results/batch_independence_cpu.json"))
+    p.add_argument("--out", type=Path, help="the PNG (default: beside --json)")
+    args = p.parse_args(argv)
+    out = args.out or args.json.with_suffix(".png")
+    plot(json.loads(args.json.read_text(encoding="utf-8")), out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
