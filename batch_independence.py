@@ -48,7 +48,7 @@ LEGEND = (
     "however the work is batched or cached: there every difference of a per-token row is 0.",
 )
 WHY_BATCHNORM_FAILS = (
-    "batchnorm fails, in both worlds, because it normalizes each feature over every token of the batch: a token's "
+    "batchnorm fails, in every table, because it normalizes each feature over every token of the batch: a token's "
     "output depends on the other tokens, which no order of additions can undo. A decoding step alone is a batch of one "
     "token: its mean is the token itself and there is no variance to take, so its output is the bias alone; after the "
     "prompt the final norm hands lm_head that same bias at every step, whatever the token, and the model decodes blind."

@@ -5,7 +5,7 @@ A checkpoint is one dict saved with torch.save (see save_training_checkpoint):
 
     {"format": FORMAT, "model": state_dict, "model_args": asdict(GPTConfig), "optimizer": state_dict,
      "iter_num": int, "best_val_loss": float, "config": {train options}, "tokenizer": {see tokenizer.py},
-     "rng": {torch, data (the position in the data stream), cuda}, "scaler": state_dict (float16),
+     "rng": {torch, data (the position in the data stream), cuda or mps}, "scaler": state_dict (float16),
      "rng_ranks": [every process's "rng"] (several processes)}
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
@@ -174,10 +174,12 @@ def seed_rngs(seed: int, rank: int = 0) -> torch.Generator:
 
 
 def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
-    """This process's random state: torch's (weights, dropout), the data stream's, and CUDA's."""
+    """This process's random state: torch's (weights, dropout), the data stream's, and the GPU's (CUDA or MPS)."""
     rng = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()  # this process's GPU
+    if torch.backends.mps.is_available():  # dropout on MPS draws from the Apple GPU's own generator
+        rng["mps"] = torch.mps.get_rng_state()
     return rng
 
 
@@ -300,3 +302,5 @@ def _set_rng(rng: dict[str, Any]) -> None:
     torch.set_rng_state(rng["torch"].cpu())
     if isinstance(rng.get("cuda"), torch.Tensor) and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"].cpu())
+    if isinstance(rng.get("mps"), torch.Tensor) and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(rng["mps"].cpu())

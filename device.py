@@ -161,7 +161,7 @@ def peak_memory(device: str) -> int:
     """CUDA: peak allocated by tensors. MPS: driver memory now. CPU: the process's peak resident set."""
     if device.startswith("cuda"):
         return int(torch.cuda.max_memory_allocated(device))
-    if device == "mps" and hasattr(torch.mps, "driver_allocated_memory"):
+    if torch.device(device).type == "mps" and hasattr(torch.mps, "driver_allocated_memory"):
         return int(torch.mps.driver_allocated_memory())
     return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 

@@ -326,17 +326,17 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alph
 
 # ----------------------------------------------------------------------------------------------------------------
 # 3. Where the Triton kernels can run. They live in layernorm_triton.py, imported the first time the Triton norm is
-# built or a CPU device is checked for it: `import layernorm` never imports triton.
+# built or a device is checked for it: `import layernorm` never imports triton.
 
 
 class TritonUnavailableError(RuntimeError):
     """The Triton norm was chosen where Triton cannot run."""
 
 
+_OTHER_NORMS = " or ".join(repr(n) for n in LAYERNORMS if n != "triton")  # the same LayerNorm, on every device
 _WHAT_TO_DO = (
-    "use a machine with a CUDA GPU, or set TRITON_INTERPRET=1 in the environment before starting Python to run the "
-    "Triton kernels on the CPU through Triton's (slow) interpreter, or choose another norm such as 'builtin' or "
-    "'custom'"
+    "use a machine with a CUDA GPU, or run on the CPU (--device=cpu) with TRITON_INTERPRET=1 set in the environment "
+    "before starting Python, through Triton's (slow) interpreter, or choose another norm such as " + _OTHER_NORMS
 )
 
 
@@ -344,8 +344,9 @@ def check_triton_device(device: torch.device | str) -> None:
     """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
     Scripts call it to refuse before loading a model; TritonLayerNorm calls it for an input not on a GPU."""
     device = torch.device(device)
+    kernels = _triton_module()  # without triton, that is the cause on every device
     # on the CPU, the mode the kernels were defined in decides (triton.jit fixes it when layernorm_triton is imported)
-    if device.type == "cuda" or (device.type == "cpu" and _triton_module().INTERPRET):
+    if device.type == "cuda" or (device.type == "cpu" and kernels.INTERPRET):
         return
     setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
@@ -363,8 +364,9 @@ def _triton_module():
         import triton  # noqa: F401
     except ImportError as e:
         raise TritonUnavailableError(
-            f"norm 'triton' needs the triton package, which cannot be imported here ({e}); triton ships for "
-            f"Linux only (not macOS or Windows). To fix: pip install triton on Linux, or {_WHAT_TO_DO}"
+            f"norm 'triton' needs the triton package, which cannot be imported here ({e}): triton ships for "
+            f"Linux only, not macOS or Windows. To fix: choose {_OTHER_NORMS}, the same LayerNorm on every device, "
+            f"or run on Linux with triton installed (pip install triton)"
         ) from None
     import layernorm_triton
 

@@ -89,8 +89,9 @@ def progress(done: int, total: int, t0: float) -> str:
 
 
 def timed(fn: Callable[[], Any], device: str, calls: int = 1) -> float:
-    """Seconds per call of fn, over `calls` calls; on CUDA, the queued work included (torch.cuda.synchronize)."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    """Seconds per call of fn, over `calls` calls; on a GPU (CUDA, MPS), the queued work included (synchronize)."""
+    kind = torch.device(device).type
+    sync = torch.cuda.synchronize if kind == "cuda" else torch.mps.synchronize if kind == "mps" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for _ in range(calls):

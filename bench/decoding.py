@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional as F
 
 import options
-from batch_invariant import batch_invariant
+from batch_invariant import batch_invariant, refusal
 from bench.common import comma_list, fmt, markdown_table, median, progress, spread, timed, write_results
 from device import DeviceError, resolve_device
 from model import GPT, GPTConfig
@@ -54,6 +54,18 @@ def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
         keys = {k: config[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias") if k in config}
         out.append((Path(path).stem, GPT(GPTConfig(**keys, norm=args.norms.split(",")[0])).to(device).eval()))
     return out
+
+
+def paths_here(paths: list[str], device: str) -> list[str]:
+    """The paths that can run on `device`: the batch-invariant mode's is left out, in one line, where it refuses."""
+    why = refusal(device) if "mode" in paths else None
+    if why is None:
+        return paths
+    kept = [p for p in paths if p != "mode"]
+    if not kept:
+        raise ValueError(f"--paths mode cannot run here: {why}")
+    print(f"leaving out path 'mode': {why}", flush=True)
+    return kept
 
 
 @torch.no_grad()
@@ -220,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
             result, table = {"device": device, "matmul": runs}, matmul_table(runs, device)
         else:
+            args.paths = paths_here(args.paths, device)
             result = {
                 "device": device,
                 **{k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")},

@@ -11,6 +11,7 @@ import argparse
 import http.client
 import json
 import os
+import ssl
 import sys
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -25,6 +26,12 @@ TRAIN_FRACTION = 0.9
 MIN_SPLIT_TOKENS = 2  # the least a split can hold and still give one (input, target) pair
 UINT16_IDS = 2**16  # np.uint16 holds token ids 0..65535, so at most 65,536 distinct tokens
 DOWNLOAD_TIMEOUT_S = 30.0
+# what a failed download adds when the reason is CERTIFICATE_VERIFY_FAILED (ssl.SSLCertVerificationError)
+CERTIFICATE_FIX = (
+    "This Python cannot verify the site's certificate (python.org's Python for macOS has no certificates until its "
+    f'"Install Certificates.command" has run): to fix, open "/Applications/Python {sys.version_info.major}.'
+    f'{sys.version_info.minor}/Install Certificates.command" and run this again. '
+)
 
 
 def fail(message: str) -> NoReturn:
@@ -90,6 +97,7 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
         reason = getattr(e, "reason", None) or e
         fail(
             f"no input text: no --input, no {local}, and downloading {url} failed ({reason}). "
+            f"{CERTIFICATE_FIX if isinstance(reason, ssl.SSLCertVerificationError) else ''}"
             f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})"
         )
     text = decode_text(data, url)

@@ -1,0 +1,152 @@
+"""What a Mac sees, on a machine without one: no triton package, an MPS device, python.org's Python without its
+certificates. Only the device queries are simulated (torch.backends.mps.is_available, the MPS generator's lookup,
+torch.mps.synchronize, torch.mps.driver_allocated_memory); everything behind them is the project's real code, and
+the MPS generator's state really goes through a checkpoint file. Exact resume on a real Apple GPU is untested here.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from bench import common, decoding
+from checkpoint import load_checkpoint
+from data.common import run_prepare
+from device import peak_memory
+from helpers import make_dataset, tiny_args
+from layernorm import TritonUnavailableError, check_triton_device
+from tokenizer import CharTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CERT_ERROR = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate"
+
+
+@pytest.fixture
+def mps_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch says an Apple GPU is here (the query alone: no MPS kernel can run on this machine)."""
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+
+
+# ---- --norm=triton where triton cannot be imported ----
+
+
+@pytest.mark.parametrize("device", ["mps", "cpu"])
+def test_triton_missing_is_one_line_naming_the_cause_on_every_device(
+    device: str, mps_here: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
+    out = tmp_path / "out"
+    assert train.cli([f"--out_dir={out}", f"--device={device}", "--norm=triton"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: norm 'triton' needs the triton package"), err
+    assert "Linux only" in err and "'custom' or 'builtin'" in err, err
+    assert "TRITON_INTERPRET" not in err, err  # the interpreter needs triton too: no circle
+    assert not out.exists()  # refused before anything was written
+
+
+def test_triton_installed_but_the_device_is_mps_offers_the_interpreter_on_the_cpu() -> None:
+    pytest.importorskip("triton")
+    with pytest.raises(TritonUnavailableError) as e:
+        check_triton_device("mps")
+    msg = str(e.value)
+    assert msg.startswith("norm 'triton' cannot run on device mps") and "--device=cpu" in msg, msg
+    assert "TRITON_INTERPRET=1" in msg and "'builtin'" in msg, msg
+
+
+# ---- the MPS generator in the checkpoint ----
+
+
+def test_the_checkpoint_keeps_the_mps_generator_and_resume_restores_it(
+    mps_here: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """torch.mps.get_rng_state/set_rng_state run as they are; only the generator they find is a CPU one, since
+    this machine has no MPS generator. A CPU run never draws from it, so its state must come back exactly."""
+    generator = torch.Generator().manual_seed(7)
+    torch.rand(3, generator=generator)  # a state no seeding gives
+    monkeypatch.setattr(torch.mps, "_get_default_mps_generator", lambda: generator)
+    data = make_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    train.main(tiny_args(data, out, "--max_iters=2"))
+    saved = load_checkpoint(out / "ckpt.pt")["rng"]["mps"]
+    assert torch.equal(saved, generator.get_state())
+
+    generator.manual_seed(1337)  # what a new process's torch.manual_seed(seed) does to the MPS generator
+    assert not torch.equal(generator.get_state(), saved)
+    train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=3"])
+    assert torch.equal(generator.get_state(), saved)
+    assert torch.equal(load_checkpoint(out / "ckpt.pt")["rng"]["mps"], saved)
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)  # the same checkpoint on a PC
+    train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])
+    assert "mps" not in load_checkpoint(out / "ckpt.pt")["rng"]
+
+
+# ---- prepare.py's download on python.org's Python for macOS ----
+
+
+def test_a_certificate_failure_names_the_cause_and_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def no_certificates(self: http.client.HTTPSConnection) -> None:  # the TLS handshake, as it fails there
+        raise ssl.SSLCertVerificationError(1, f"{CERT_ERROR} (_ssl.c:1000)")
+
+    monkeypatch.setattr(http.client.HTTPSConnection, "connect", no_certificates)  # urllib wraps it in a URLError
+    script = ROOT / "data" / "shakespeare_char" / "prepare.py"
+    args = ["--out_dir", str(tmp_path), "--url", "https://example.org/input.txt"]
+    with pytest.raises(SystemExit) as e:
+        run_prepare(args, description=None, script_file=str(script), make_tokenizer=CharTokenizer.from_text)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1, msg
+    assert CERT_ERROR in msg and "Install Certificates.command" in msg, msg
+    assert f"/Applications/Python {sys.version_info.major}.{sys.version_info.minor}/" in msg, msg
+    assert "--input path/to/tinyshakespeare.txt" in msg, msg
+
+
+def test_other_download_failures_say_nothing_of_certificates(tmp_path: Path) -> None:
+    script = ROOT / "data" / "shakespeare_char" / "prepare.py"
+    args = ["--out_dir", str(tmp_path), "--url", (tmp_path / "missing.txt").as_uri()]
+    with pytest.raises(SystemExit) as e:
+        run_prepare(args, description=None, script_file=str(script), make_tokenizer=CharTokenizer.from_text)
+    assert "--input" in str(e.value) and "certificate" not in str(e.value).lower()
+
+
+# ---- benchmarks and memory on MPS ----
+
+
+@pytest.mark.parametrize("device", ["mps", "mps:0"])
+def test_timed_waits_for_the_apple_gpu(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = []
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: events.append("synchronize"))
+    common.timed(lambda: events.append("work"), device, calls=2)
+    assert events == ["synchronize", "work", "work", "synchronize"]  # queued work before the clock is read
+    events.clear()
+    common.timed(lambda: events.append("work"), "cpu")
+    assert events == ["work"]
+
+
+@pytest.mark.parametrize("device", ["mps", "mps:0"])
+def test_decoding_leaves_out_the_mode_where_it_refuses_the_device(
+    device: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert decoding.paths_here(list(decoding.PATHS), device) == ["uncached", "cached"]
+    line = capsys.readouterr().out.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("leaving out path 'mode': ") and device in line, line
+    assert decoding.paths_here(list(decoding.PATHS), "cpu") == list(decoding.PATHS)  # the mode runs on the CPU
+    assert capsys.readouterr().out == ""
+
+
+def test_decoding_of_the_mode_alone_on_mps_is_a_one_line_error(mps_here: None) -> None:
+    with pytest.raises(SystemExit) as e:
+        decoding.main(["--device", "mps", "--paths", "mode", "--sizes", "configs/shakespeare_char_cpu.json"])
+    assert str(e.value).startswith("error: --paths mode cannot run here: ") and "mps" in str(e.value)
+
+
+@pytest.mark.parametrize("device", ["mps", "mps:0"])
+def test_peak_memory_on_mps_is_the_drivers_figure(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: 3 * 2**30)
+    assert peak_memory(device) == 3 * 2**30
