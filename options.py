@@ -99,19 +99,8 @@ class TrainConfig:
 
 
 TYPES = {f.name: f.type for f in fields(TrainConfig)}  # "int", "float | None", ... (annotations are strings)
-# and the data's vocab_size
-MODEL_KEYS = (
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "block_size",
-    "bias",
-    "dropout",
-    "norm",
-    "norm_position",
-    "norm_alpha",
-    "embed_scale",
-)
+# The options that are GPTConfig's fields: all of them but vocab_size, which is the data's.
+MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
 RANGES = {
     **dict.fromkeys(
@@ -174,7 +163,9 @@ def usage() -> str:
 def parse_args(argv: list[str]) -> dict[str, Any]:
     """argv -> {key: typed value} from the config file (if one is given), then the flags; ConfigError if one is
     bad. `--help` prints the options and raises SystemExit(0)."""
-    config_file, from_file, from_flags = None, {}, {}
+    config_file = None
+    from_file = {}
+    from_flags = {}
     for arg in argv:
         if arg in ("-h", "--help"):
             print(usage())
@@ -190,7 +181,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         elif config_file is not None:
             raise ConfigError(f"only one config file may be given, got {config_file!r} and {arg!r}")
         else:
-            config_file, from_file = arg, read_config_file(arg)
+            config_file = arg
+            from_file = read_config_file(arg)
     return {**from_file, **from_flags}
 
 
@@ -241,7 +233,8 @@ def build_config(
             f"({cfg.warmup_iters}) when decay_lr=True"
         )
     for f in fields(TrainConfig):
-        value, choices = getattr(cfg, f.name), f.metadata["choices"]
+        value = getattr(cfg, f.name)
+        choices = f.metadata["choices"]
         if choices and value not in choices:
             hint = _did_you_mean(value, choices, " (did you mean {!r}?)")
             raise ConfigError(

@@ -26,11 +26,16 @@ class LossWindow:
     prints and records one."""
 
     def __init__(self, dist: Dist) -> None:
-        self.dist, self.pending, self.n_read, self.ms_per_iter = dist, [], 0, []
-        self.t0, self.paused_s = time.perf_counter(), 0.0  # pauses: evaluations and checkpoints
+        self.dist = dist
+        self.pending = []
+        self.n_read = 0
+        self.ms_per_iter = []
+        self.t0 = time.perf_counter()
+        self.paused_s = 0.0  # pauses: evaluations and checkpoints
 
     def read(self) -> list[tuple[int, float, float]]:
-        pending, self.pending = self.pending, []
+        pending = self.pending
+        self.pending = []
         if not pending:
             return []
         losses = self.dist.all_reduce(torch.stack([loss for _, loss, _ in pending]).float()) / self.dist.world_size
@@ -40,9 +45,12 @@ class LossWindow:
     def log_line(self, last: tuple[int, float, float], tokens_per_iter: int, log: Any) -> None:
         """The log line and metrics record of the last iteration read, with the time per iteration since the last
         line (pauses left out)."""
-        (it, loss, lr), now = last, time.perf_counter()
+        it, loss, lr = last
+        now = time.perf_counter()
         ms = (now - self.t0 - self.paused_s) * 1000 / max(self.n_read, 1)
-        self.t0, self.paused_s, self.n_read = now, 0.0, 0
+        self.t0 = now
+        self.paused_s = 0.0
+        self.n_read = 0
         self.ms_per_iter.append(ms)
         tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
         self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
@@ -57,7 +65,8 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
     """log(record, wandb=None): one line of metrics.jsonl and, if asked for, the same figures under wandb's names
     (rank 0; the other processes log nothing). On resume, what describes the run up to the checkpoint is kept."""
     with contextlib.ExitStack() as closing:
-        metrics = run = None
+        metrics = None
+        run = None
         if dist.master:
             path = Path(cfg.out_dir) / "metrics.jsonl"
             metrics = closing.enter_context(open_metrics(path, resumed_at, append=cfg.eval_only))
@@ -133,4 +142,4 @@ def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> Te
         ]
         path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
         os.replace(path.with_suffix(".jsonl.tmp"), path)
-    return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+    return open(path, "a", encoding="utf-8")  # the caller closes it

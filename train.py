@@ -138,7 +138,8 @@ def setup(
 ) -> tuple[PreparedData, GPT, torch.optim.Optimizer, torch.amp.GradScaler, torch.Generator, int, float]:
     """The data; the model (new, with the same initial weights on every process, or the checkpoint's), its
     optimizer and loss scaler; the data stream's own generator; the iteration and best val loss to start from."""
-    data, path = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size), Path(cfg.out_dir) / "ckpt.pt"
+    data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
+    path = Path(cfg.out_dir) / "ckpt.pt"
     data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)
     if ckpt is not None:
         raw_model = checkpoint.resume_model(
@@ -152,7 +153,8 @@ def setup(
         cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.split(":")[0]
     )
     scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")  # loss scaling for float16
-    it, best_val = 0, math.inf
+    it = 0
+    best_val = math.inf
     if ckpt is not None:
         it, best_val = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, path, dist)
     return data, raw_model, optimizer, scaler, data_gen, it, best_val
@@ -191,10 +193,15 @@ def train(
 ) -> dict[str, Any]:
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, run the micro-steps, clip and step,
     log. Returns the summary record."""
-    t_start, ckpt_path = time.perf_counter(), Path(cfg.out_dir) / "ckpt.pt"
+    t_start = time.perf_counter()
+    ckpt_path = Path(cfg.out_dir) / "ckpt.pt"
     data, raw_model, optimizer, scaler, data_gen, it, best_val = setup(cfg, explicit, ckpt, device, dtype, dist)
     model, train_model = wrap(raw_model, cfg, data, device, dtype, dist)
-    start, last_saved, last_val, stop_reason, amp = it, it if ckpt else None, None, None, autocast(device, dtype)
+    start = it
+    last_saved = it if ckpt else None
+    last_val = None
+    stop_reason = None
+    amp = autocast(device, dtype)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
 
@@ -261,7 +268,9 @@ def train(
                     raise diverged(
                         f"the estimated loss is not finite at iteration {it} ({losses})", last_saved, ckpt_path
                     )
-                last_val, improved, best_val = losses["val"], losses["val"] < best_val, min(best_val, losses["val"])
+                last_val = losses["val"]
+                improved = last_val < best_val
+                best_val = min(best_val, last_val)
                 if it > start and not cfg.eval_only and (improved or cfg.always_save_checkpoint):
                     save(it, ckpt_path)
                     last_saved = it

@@ -6,8 +6,9 @@ Which of the two does training need here?
     python experiments/centre_and_rescale.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
 
 Five models of the CPU configuration (configs/shakespeare_char_cpu.json), each trained from the same seed on the
-same batches with the same schedule, by this script's loop (train.py's: AdamW, warmup then cosine decay, gradient
-clipping; in-process, since one of the norms is not in the registry):
+same batches with the same schedule, by this script's loop: train.py's iteration with one micro-step (its
+optimizer, train.get_lr, its data stream, gradient clipping), in-process, since one of the norms is not in the
+registry:
     layernorm    centre and rescale      --norm=builtin
     rmsnorm      rescale only            --norm=rmsnorm
     centre       centre only             CentreOnly below, swapped in for every norm: (x - mean(x)) * weight + bias
@@ -23,28 +24,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import matplotlib
+import common  # first: the repository's modules on sys.path, figures to files
+import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from checkpoint import seed_rngs
+from data.common import PreparedData
+from model import GPT, GPTConfig
+from options import MODEL_KEYS, TrainConfig, build_config, parse_args
+from train import get_lr
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from checkpoint import seed_rngs  # noqa: E402
-from data.common import DataError, PreparedData  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from options import MODEL_KEYS, TrainConfig, build_config, parse_args  # noqa: E402
-
-CONFIG = "configs/shakespeare_char_cpu.json"
+CONFIG = common.CPU_CONFIG
 ROWS = {  # name: (what it does, the registry norm it is built with)
     "layernorm": ("centre and rescale", "builtin"),
     "rmsnorm": ("rescale only", "rmsnorm"),
@@ -52,16 +48,7 @@ ROWS = {  # name: (what it does, the registry norm it is built with)
     "dyt": ("neither: tanh(alpha x)", "dyt"),
     "none": ("nothing", "none"),
 }
-SMOKE = [
-    "--n_layer=2",
-    "--n_head=2",
-    "--n_embd=32",
-    "--block_size=16",
-    "--batch_size=4",
-    "--max_iters=6",
-    "--lr_decay_iters=6",
-    "--warmup_iters=2",
-]
+SMOKE = [*common.SMOKE_FLAGS, "--max_iters=6", "--lr_decay_iters=6", "--warmup_iters=2"]
 
 
 class CentreOnly(nn.Module):
@@ -78,50 +65,24 @@ class CentreOnly(nn.Module):
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data_dir", default=str(ROOT / "data" / "shakespeare_char"))
-    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "centre_and_rescale"))
+    p = common.parser(
+        __doc__.split("\n\n")[0], "centre_and_rescale", "2 layers, 32 wide, 6 iterations: checks the pipeline"
+    )
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--seeds", nargs="+", type=int, default=[1337], help="one run per row and seed")
     p.add_argument("--eval_interval", type=int, default=100)
     p.add_argument("--eval_batches", type=int, default=50)
-    p.add_argument("--smoke", action="store_true", help="2 layers, 32 wide, 6 iterations: checks the pipeline")
     args = p.parse_args(argv)
     args.extra = SMOKE if args.smoke else []
     if args.smoke:
-        args.eval_interval, args.eval_batches = 3, 2
+        args.eval_interval = 3
+        args.eval_batches = 2
     return args
 
 
 def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
     """train.py's options for this row: CONFIG, the row's norm (with its defaults: DyT's recipe) and the seed."""
-    return build_config(parse_args([CONFIG, f"--norm={ROWS[row][1]}", f"--seed={seed}", *args.extra]))
-
-
-def machine() -> dict:
-    cpus = (
-        [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        if Path("/proc/cpuinfo").exists()
-        else []
-    )
-    return {
-        "cpu": cpus[0] if cpus else platform.processor(),
-        "cpu_count": len(cpus) or None,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
-
-
-def lr_at(it: int, cfg: TrainConfig) -> float:
-    """train.py's schedule (get_lr): linear warmup, cosine decay to min_lr at lr_decay_iters."""
-    if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    ratio = min(1.0, (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters))
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+    return build_config(parse_args(common.config_flags(f"--norm={ROWS[row][1]}", f"--seed={seed}", *args.extra)))
 
 
 def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
@@ -130,13 +91,16 @@ def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
     model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=vocab_size))
     if row == "centre":
         for block in model.transformer.h:
-            block.ln_1, block.ln_2 = CentreOnly(cfg.n_embd, cfg.bias), CentreOnly(cfg.n_embd, cfg.bias)
+            block.ln_1 = CentreOnly(cfg.n_embd, cfg.bias)
+            block.ln_2 = CentreOnly(cfg.n_embd, cfg.bias)
         model.transformer.ln_f = CentreOnly(cfg.n_embd, cfg.bias)
     return model
 
 
 @torch.no_grad()
 def val_loss(model: GPT, batches: list) -> float:
+    """The mean loss over fixed batches: the same for every row and seed (train.estimate_loss draws its batches
+    from the run's seed)."""
     model.eval()
     loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
     model.train()
@@ -153,7 +117,8 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
         data.get("val", torch.randint(data.num_starts("val"), (cfg.batch_size,), generator=eval_gen), "cpu")
         for _ in range(args.eval_batches)
     ]
-    data_gen, evals = seed_rngs(cfg.seed), []
+    data_gen = seed_rngs(cfg.seed)  # the data stream's generator, train.py's
+    evals = []
     for it in range(cfg.max_iters + 1):
         if it % args.eval_interval == 0 or it == cfg.max_iters:
             evals.append([it, val_loss(model, val)])
@@ -169,10 +134,11 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
         if it == cfg.max_iters:
             break
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(it, cfg)
+            group["lr"] = get_lr(it, cfg)
         x, y = data.get("train", torch.randint(data.num_starts("train"), (cfg.batch_size,), generator=data_gen), "cpu")
         model(x, y)[1].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     clock["done"] += cfg.max_iters
@@ -212,10 +178,10 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
         lines.append(f"| {row} | {ROWS[row][0]} | {len(t['seeds'])} | {t['mean']:.4f} | {std} | {delta} |")
     (results / "centre_and_rescale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    common = set.intersection(*(set(t["seeds"]) for t in table.values()))  # the seed every row ran: solid lines
+    every_row = set.intersection(*(set(t["seeds"]) for t in table.values()))  # the seed every row ran: solid lines
     for i, row in enumerate(table):
-        for r in sorted((r for r in runs if r["row"] == row), key=lambda r: r["seed"] not in common):
-            first = r["seed"] in common
+        for r in sorted((r for r in runs if r["row"] == row), key=lambda r: r["seed"] not in every_row):
+            first = r["seed"] in every_row
             ax.plot(
                 *zip(*r["evals"], strict=True),
                 color=f"C{i}",
@@ -227,7 +193,7 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
         xlabel="iteration",
         ylabel=f"val loss ({args.eval_batches} batches)",
         ylim=(1.4, 4.3),
-        title=f"{CONFIG}: {cfg.max_iters} iterations, seed {min(common, default='-')} (faint: other seeds)",
+        title=f"{CONFIG}: {cfg.max_iters} iterations, seed {min(every_row, default='-')} (faint: other seeds)",
     )
     ax.grid(alpha=0.3)
     ax.legend()
@@ -241,7 +207,7 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
                 "config": CONFIG,
                 "eval_interval": args.eval_interval,
                 "eval_batches": args.eval_batches,
-                "machine": machine(),
+                "machine": common.machine(),
                 "this_invocation_s": round(run_time, 1),
                 "table": table,
                 "runs": runs,
@@ -255,14 +221,12 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
 
 
 def main(argv: list[str] | None = None) -> None:
-    t0, args = time.perf_counter(), parse(argv)
+    t0 = time.perf_counter()
+    args = parse(argv)
     results = Path(args.results_dir)
     (results / "runs").mkdir(parents=True, exist_ok=True)
     base = row_config("layernorm", args.seeds[0], args)
-    try:
-        data = PreparedData(args.data_dir, "shakespeare_char", base.block_size)
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    data = common.open_data(args.data_dir, base.block_size)
     todo = [
         (row, seed)
         for seed in args.seeds

@@ -19,50 +19,45 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import matplotlib
+import common  # first: the repository's modules on sys.path, figures to files
+import matplotlib.pyplot as plt
 import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from checkpoint import load_checkpoint, model_from_checkpoint
+from model import GPT, GPTConfig
+from options import MODEL_KEYS, TrainConfig, build_config, parse_args
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from data.common import DataError, PreparedData  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from options import MODEL_KEYS, build_config, parse_args  # noqa: E402
-
-CONFIG = "configs/shakespeare_char_cpu.json"
+CONFIG = common.CPU_CONFIG
 OLD_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
 MODELS = {"LayerNorm": ["--norm=builtin"], "DyT, alpha 0.5 (before)": OLD_DYT, "DyT, recipe": ["--norm=dyt"]}
-SMOKE = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=4"]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data_dir", default=str(ROOT / "data" / "shakespeare_char"))
-    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "dyt_stall"))
+    p = common.parser(__doc__.split("\n\n")[0], "dyt_stall", "2 layers, 32 wide, 4 iterations: checks the pipeline")
     p.add_argument("--iters", type=int, default=300, help="iterations of train.py before the second measurement")
     p.add_argument("--batches", type=int, default=8, help="training batches each measurement averages over")
-    p.add_argument("--smoke", action="store_true", help="2 layers, 32 wide, 4 iterations: checks the pipeline")
     args = p.parse_args(argv)
-    args.extra = SMOKE if args.smoke else []
+    args.extra = common.SMOKE_FLAGS if args.smoke else []
     if args.smoke:
-        args.iters, args.batches = 4, 2
+        args.iters = 4
+        args.batches = 2
     return args
+
+
+def config(flags: list[str]) -> TrainConfig:
+    """train.py's options from CONFIG and these flags."""
+    return build_config(parse_args(common.config_flags(*flags)))
 
 
 def new_model(flags: list[str], vocab_size: int) -> GPT:
     """The model train.py would build from CONFIG and these flags, with its initial weights."""
-    cfg = build_config(parse_args([CONFIG, *flags]))
+    cfg = config(flags)
     torch.manual_seed(cfg.seed)
     return GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=vocab_size))
 
@@ -83,7 +78,7 @@ def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> 
         "--device=cpu",
         "--sample_at_end=false",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
     print("    " + "\n    ".join(line for line in proc.stdout.splitlines() if line.startswith("step ")), flush=True)
@@ -179,40 +174,21 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
     plt.close(fig)
 
 
-def machine() -> dict:
-    cpus = (
-        [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        if Path("/proc/cpuinfo").exists()
-        else []
-    )
-    return {
-        "cpu": cpus[0] if cpus else platform.processor(),
-        "cpu_count": len(cpus) or None,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
-
-
 def main(argv: list[str] | None = None) -> None:
-    t0, args = time.perf_counter(), parse(argv)
+    t0 = time.perf_counter()
+    args = parse(argv)
     results_dir = Path(args.results_dir)
-    try:
-        data = PreparedData(args.data_dir, "shakespeare_char", 64 if not args.smoke else 16)
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    base = config(args.extra)  # the batches' shape: the configuration's
+    data = common.open_data(args.data_dir, base.block_size)
     gen = torch.Generator().manual_seed(0)
-    batch_size = 4 if args.smoke else 12
     batches = [
-        data.get("train", torch.randint(data.num_starts("train"), (batch_size,), generator=gen), "cpu")
+        data.get("train", torch.randint(data.num_starts("train"), (base.batch_size,), generator=gen), "cpu")
         for _ in range(args.batches)
     ]
     vocab_size = data.vocab_size
     data.close()
-    results, commands = {}, {}
+    results = {}
+    commands = {}
     with tempfile.TemporaryDirectory(prefix="dyt_stall-") as tmp:
         for i, (name, flags) in enumerate(MODELS.items()):
             flags = [*flags, *args.extra]
@@ -239,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
                 "iters": args.iters,
                 "batches": args.batches,
                 "run_time_s": round(run_time, 1),
-                "machine": machine(),
+                "machine": common.machine(),
                 "results": results,
             },
             indent=1,

@@ -12,25 +12,17 @@ inside_norms.png (the RMS per layer; the learned weight and bias of each norm).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
-import matplotlib
+import common  # first: the repository's modules on sys.path, figures to files
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint  # noqa: E402
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 
 
 def stats(values: torch.Tensor) -> dict[str, float]:
@@ -47,24 +39,25 @@ def stats(values: torch.Tensor) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    t0 = time.perf_counter()
+    p = common.parser(__doc__.splitlines()[0], "inside_norms", "one batch of two windows (for tests)", data_dir=False)
     p.add_argument("--out_dir", default="out-shakespeare-char-cpu", help="folder holding ckpt.pt")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
     p.add_argument("--data_dir", help="folder with val.bin (default: the checkpoint's data_dir, else data/<dataset>)")
     p.add_argument("--batches", type=int, default=16, help="batches of validation windows (default 16)")
     p.add_argument("--batch_size", type=int, default=32, help="windows of block_size tokens per batch (default 32)")
-    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "inside_norms"))
-    p.add_argument("--smoke", action="store_true", help="one batch of two windows (for tests)")
-    args, t0 = p.parse_args(), time.perf_counter()
-    n_batches, batch_size = (1, 2) if args.smoke else (args.batches, args.batch_size)
+    args = p.parse_args()
+    n_batches = 1 if args.smoke else args.batches
+    batch_size = 2 if args.smoke else args.batch_size
     ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
     try:
         ckpt = load_checkpoint(ckpt_path)
         model = model_from_checkpoint(ckpt)  # on the CPU, in eval mode
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
-    cfg, train_cfg = model.config, ckpt.get("config") or {}
-    data_dir = Path(args.data_dir or train_cfg.get("data_dir") or ROOT / "data" / train_cfg.get("dataset", ""))
+    cfg = model.config
+    train_cfg = ckpt.get("config") or {}
+    data_dir = Path(args.data_dir or train_cfg.get("data_dir") or common.ROOT / "data" / train_cfg.get("dataset", ""))
     if not (data_dir / "meta.json").is_file():
         raise SystemExit(
             f"error: no prepared data in {data_dir}: run python data/shakespeare_char/prepare.py, or give --data_dir"
@@ -121,7 +114,7 @@ def main() -> None:
             "ln_f_out": measured.get("ln_f"),
         },
         "params": {name: {pn: stats(pv) for pn, pv in m.named_parameters()} for name, m in norms.items()},
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
+        "machine": common.machine(),
     }
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +125,8 @@ def main() -> None:
 
 
 def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
-    tr, n = result["token_rms"], len(result["token_rms"]["resid_in"])
+    tr = result["token_rms"]
+    n = len(tr["resid_in"])
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1]})
     ax = axes[0]
     series = [

@@ -22,34 +22,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import matplotlib
+import common  # first: the repository's modules on sys.path, figures to files
+import matplotlib.pyplot as plt
 import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from data.common import DataError, PreparedData  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from runlog import read_metrics  # noqa: E402
+from model import GPT, GPTConfig
+from runlog import read_metrics
 
 POSITIONS = ("pre", "post")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data_dir", default=str(ROOT / "data" / "shakespeare_char"))
-    p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / "norm_placement"))
+    p = common.parser(
+        __doc__.split("\n\n")[0], "norm_placement", "2 layers, 32 wide, a few iterations: checks the pipeline"
+    )
     p.add_argument("--n_layer", type=int, default=12)
     p.add_argument("--n_head", type=int, default=4)
     p.add_argument("--n_embd", type=int, default=128)
@@ -64,23 +56,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval_interval", type=int, default=100)
     p.add_argument("--eval_iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--smoke", action="store_true", help="2 layers, 32 wide, a few iterations: checks the pipeline")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.n_layer = args.train_n_layer = 2
-        args.n_head, args.n_embd, args.block_size, args.batch_size = 2, 32, 16, 4
-        args.grad_seeds, args.grad_batches = 1, 2
-        args.max_iters, args.warmup_iters, args.eval_interval, args.eval_iters = 6, 2, 3, 2
+    if args.smoke:  # the tiny model in both parts, and a few iterations
+        vars(args).update(common.SMOKE_MODEL, train_n_layer=common.SMOKE_MODEL["n_layer"], grad_seeds=1, grad_batches=2)
+        vars(args).update(max_iters=6, warmup_iters=2, eval_interval=3, eval_iters=2)
     return args
 
 
 def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """(a): {position: {"attn": [per block], "mlp": [per block]}}, each the mean over seeds and batches of the
     gradient norm over that sublayer's parameters."""
-    try:
-        data = PreparedData(args.data_dir, "shakespeare_char", args.block_size)
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    data = common.open_data(args.data_dir, args.block_size)
     gen = torch.Generator().manual_seed(args.seed)
     batches = [
         data.get("train", torch.randint(data.num_starts("train"), (args.batch_size,), generator=gen), "cpu")
@@ -156,8 +142,9 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             ]
             print(f"(b) {name}: {' '.join(cmd[1:])}", flush=True)
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            lines, wall_s = proc.stdout.splitlines(), time.perf_counter() - t0
+            proc = subprocess.run(cmd, cwd=common.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            wall_s = time.perf_counter() - t0
+            lines = proc.stdout.splitlines()
             for line in lines:
                 if line.startswith(("step ", "error")):
                     print(f"    [{name}] {line}", flush=True)
@@ -262,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
                 ),
                 "args": vars(args),
                 "run_time_s": run_time,
-                "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
+                "machine": common.machine(),
                 "grad_norms_at_init": grads,
                 "grad_norm_ratio_last_over_first": ratios,
                 "final_val_loss": final,

@@ -147,6 +147,8 @@ def test_dyt_stall_smoke(tmp_path):
 
 
 def load_script(name: str):
+    if str(ROOT / "experiments") not in sys.path:  # as when run: the script's folder on the path (common.py)
+        sys.path.insert(0, str(ROOT / "experiments"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

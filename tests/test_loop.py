@@ -1,0 +1,250 @@
+"""train.py's loop against references written here: the learning-rate schedule against nanoGPT's formula, and
+the loop's arithmetic (gradient accumulation over micro-steps, gradient clipping, the logged loss, the evaluation's
+average) against a few lines of reference loop on a tiny model, iteration by iteration."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from checkpoint import seed_rngs
+from helpers import make_dataset, tiny_args
+from model import GPT
+from options import TrainConfig, build_config, parse_args
+from runlog import read_metrics
+
+# ---- the schedule ----
+
+
+def nanogpt_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float) -> float:
+    """nanoGPT's get_lr (train.py at commit 3adf61e), retyped; with decay_lr=False nanoGPT uses learning_rate."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+SCHEDULES = {
+    "defaults": {},
+    "short": {"learning_rate": 6e-4, "warmup_iters": 10, "lr_decay_iters": 50, "min_lr": 6e-5},
+    "no warmup": {"learning_rate": 1e-3, "warmup_iters": 0, "lr_decay_iters": 40, "min_lr": 0.0},
+}
+
+
+def chosen_iters(cfg: TrainConfig) -> list[int]:
+    """The first iterations, both edges of the warmup, the cosine at each quarter, both edges of the floor."""
+    w = cfg.warmup_iters
+    d = cfg.lr_decay_iters
+    quarters = [w + (d - w) * q // 4 for q in (1, 2, 3)]
+    return sorted({0, 1, 2, max(w - 1, 0), w, w + 1, *quarters, d - 1, d, d + 1, 10 * d})
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_get_lr_is_nanogpts_schedule(name):
+    cfg = build_config(SCHEDULES[name])
+    for it in chosen_iters(cfg):
+        expected = nanogpt_lr(it, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
+        assert train.get_lr(it, cfg) == pytest.approx(expected, rel=1e-12, abs=0), (name, it)
+    constant = build_config({**SCHEDULES[name], "decay_lr": False})
+    assert {train.get_lr(it, constant) for it in chosen_iters(cfg)} == {constant.learning_rate}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_get_lr_landmarks(name):
+    """What the formula means, point by point: warmup from the first iteration (never 0), the peak where the
+    warmup ends, the mean of peak and floor halfway through the cosine, min_lr from lr_decay_iters on."""
+    cfg = build_config(SCHEDULES[name])
+    peak = cfg.learning_rate
+    floor = cfg.min_lr
+    w = cfg.warmup_iters
+    d = cfg.lr_decay_iters
+    lr = [train.get_lr(it, cfg) for it in range(d + 3)]
+    if w:
+        assert lr[0] == pytest.approx(peak / (w + 1)) and lr[w - 1] == pytest.approx(peak * w / (w + 1))
+        assert all(a < b for a, b in zip(lr[:w], lr[1 : w + 1], strict=True))  # rising through the warmup
+    assert lr[w] == pytest.approx(peak)
+    if (d - w) % 2 == 0:
+        assert lr[(w + d) // 2] == pytest.approx((peak + floor) / 2)
+    assert all(a > b for a, b in zip(lr[w:d], lr[w + 1 : d + 1], strict=True))  # falling through the cosine
+    assert lr[d:] == pytest.approx([floor] * 3)
+
+
+# ---- the loop ----
+
+CLIP = 1.1  # the tiny model's first gradients have norms about 1.0 to 1.25: it binds at some iterations, not all
+MAX_ITERS = 6
+LOOP_FLAGS = [
+    f"--max_iters={MAX_ITERS}",
+    "--eval_interval=1",
+    "--eval_iters=3",
+    "--gradient_accumulation_steps=2",
+    "--always_save_checkpoint=False",
+    "--bias=False",  # no attention key bias: its gradient is exactly 0 in theory, rounding noise in practice
+]
+
+
+def run_recorded(argv: list[str]) -> dict:
+    """train.main(argv) in this process, with what the optimizer sees at every step recorded through torch's
+    optimizer step hooks: the learning rates, the gradients (after clipping) and the parameters after the step."""
+    seen = {"lr": [], "grads": [], "params": []}
+    real_setup = train.setup
+
+    def recording_setup(*args, **kwargs):
+        data, model, optimizer, *rest = real_setup(*args, **kwargs)
+        seen["config"] = model.config
+        seen["init"] = copy.deepcopy(model.state_dict())
+
+        def before_step(opt, _args, _kwargs):
+            seen["lr"].append([group["lr"] for group in opt.param_groups])
+            seen["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+
+        def after_step(_opt, _args, _kwargs):
+            seen["params"].append({n: p.detach().clone() for n, p in model.named_parameters()})
+
+        optimizer.register_step_pre_hook(before_step)
+        optimizer.register_step_post_hook(after_step)
+        return data, model, optimizer, *rest
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train, "setup", recording_setup)
+        seen["summary"] = train.main(argv)
+    return seen
+
+
+class Windows:
+    """The prepared data read straight from its .bin files: the windows starting at `starts`."""
+
+    def __init__(self, data_dir: Path, block_size: int) -> None:
+        self.ids = {
+            s: torch.from_numpy(np.fromfile(data_dir / f"{s}.bin", dtype=np.uint16).astype(np.int64))
+            for s in ("train", "val")
+        }
+        self.block_size = block_size
+
+    def num_starts(self, split: str) -> int:
+        return len(self.ids[split]) - self.block_size
+
+    def get(self, split: str, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.ids[split][starts.reshape(-1, 1) + torch.arange(self.block_size + 1)]
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+@torch.no_grad()
+def reference_eval(model: GPT, windows: Windows, cfg: TrainConfig) -> dict[str, float]:
+    """The mean of eval_iters batch losses per split, drawn as estimate_loss documents: a generator of its own."""
+    gen = torch.Generator().manual_seed(cfg.seed + train.EVAL_SEED_OFFSET)
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        starts = torch.randint(windows.num_starts(split), (cfg.eval_iters, cfg.batch_size), generator=gen)
+        losses = [model(*windows.get(split, rows))[1].item() for rows in starts]
+        out[split] = math.fsum(losses) / len(losses)
+    model.train()
+    return out
+
+
+def reference_loop(seen: dict, windows: Windows, cfg: TrainConfig) -> dict:
+    """nanoGPT's loop from the loop's initial weights, on the same batches, in the loop's float32 and its order of
+    operations (so that it agrees with the loop to the bit: Adam turns any rounding difference in a near-zero
+    gradient into a difference of a whole step). Per iteration: the learning rate, the gradient's norm before
+    clipping (in float64), the gradient after it, the parameters after the step, the mean micro-batch loss, and
+    the evaluations before the step."""
+    model = GPT(seen["config"])
+    model.load_state_dict(seen["init"])
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
+    data_gen = seed_rngs(cfg.seed)  # the data stream's generator
+    steps = cfg.gradient_accumulation_steps
+    ref = {"lr": [], "grads": [], "params": [], "loss": [], "norm": [], "evals": []}
+    for it in range(cfg.max_iters + 1):
+        ref["evals"].append(reference_eval(model, windows, cfg))
+        if it == cfg.max_iters:
+            break
+        lr = nanogpt_lr(it, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(windows.num_starts("train"), (steps, cfg.batch_size), generator=data_gen)
+        losses = []
+        for rows in starts:
+            _, loss = model(*windows.get("train", rows))
+            (loss / steps).backward()  # the gradient of the mean over the micro-batches
+            losses.append(loss.item())
+        ref["norm"].append(math.sqrt(math.fsum(p.grad.double().pow(2).sum().item() for p in model.parameters())))
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        ref["lr"].append(lr)
+        ref["grads"].append({n: p.grad.clone() for n, p in model.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        ref["params"].append({n: p.detach().clone() for n, p in model.named_parameters()})
+        ref["loss"].append(math.fsum(losses) / steps)
+    return ref
+
+
+@pytest.fixture(scope="module", params=[0.0, CLIP], ids=["no clip", f"clip {CLIP}"])
+def loop_and_reference(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loop")
+    data = make_dataset(tmp / "data")
+    argv = tiny_args(data, tmp / "out", *LOOP_FLAGS, f"--grad_clip={request.param}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as conftest's one_thread, which is set up per test, after this module's fixture
+    seen = run_recorded(argv)
+    cfg = build_config(parse_args(argv))
+    ref = reference_loop(seen, Windows(data, cfg.block_size), cfg)
+    torch.set_num_threads(threads)
+    return seen, ref, read_metrics(tmp / "out" / "metrics.jsonl"), cfg
+
+
+# The reference does the loop's float32 operations in the loop's order: today they agree to the bit. The float32
+# tolerances admit a reordering of a sum (a relative 1e-7) over these few steps, no more. The losses are means that
+# the reference sums exactly (math.fsum) and the loop in float32.
+GRAD_TOL = {"rtol": 1e-5, "atol": 1e-8}
+PARAM_TOL = {"rtol": 1e-5, "atol": 1e-7}
+LOSS_REL = 1e-6
+
+
+def test_every_step_matches_the_reference_loop(loop_and_reference):
+    """Iteration by iteration: the learning rate, the gradient the optimizer is handed (accumulated over the
+    micro-steps, then clipped), the parameters after the step."""
+    seen, ref, _, cfg = loop_and_reference
+    assert len(seen["grads"]) == len(ref["grads"]) == cfg.max_iters
+    for it in range(cfg.max_iters):
+        assert seen["lr"][it] == pytest.approx([ref["lr"][it]] * len(seen["lr"][it]), rel=1e-12), it
+        for name, grad in seen["grads"][it].items():
+            torch.testing.assert_close(grad, ref["grads"][it][name], **GRAD_TOL, msg=f"iteration {it}: grad of {name}")
+        for name, param in seen["params"][it].items():
+            torch.testing.assert_close(param, ref["params"][it][name], **PARAM_TOL, msg=f"iteration {it}: {name}")
+
+
+def test_the_clip_bound_where_it_should(loop_and_reference):
+    """The clip by hand: the gradient handed to the optimizer has norm grad_clip where the accumulated one's was
+    above it, and that norm elsewhere (or always, with grad_clip=0); with CLIP it binds at some iterations, not all."""
+    seen, ref, _, cfg = loop_and_reference
+    norms = [math.sqrt(sum(g.double().pow(2).sum().item() for g in grads.values())) for grads in seen["grads"]]
+    clipped = [raw > cfg.grad_clip for raw in ref["norm"]] if cfg.grad_clip else [False] * cfg.max_iters
+    expected = [cfg.grad_clip if c else raw for c, raw in zip(clipped, ref["norm"], strict=True)]
+    assert norms == pytest.approx(expected, rel=1e-5)
+    if cfg.grad_clip:
+        assert any(clipped) and not all(clipped), (ref["norm"], "choose CLIP between the norms")
+
+
+def test_logged_losses_match_the_reference_loop(loop_and_reference):
+    """metrics.jsonl: each iteration's loss is the mean over its micro-batches; each evaluation is the mean of
+    eval_iters batch losses per split, at every iteration and at the end."""
+    _, ref, metrics, cfg = loop_and_reference
+    trains = [r for r in metrics if r["kind"] == "train"]
+    evals = [r for r in metrics if r["kind"] == "eval"]
+    assert [r["iter"] for r in trains] == list(range(cfg.max_iters))
+    assert [r["iter"] for r in evals] == list(range(cfg.max_iters + 1))
+    assert [r["loss"] for r in trains] == pytest.approx(ref["loss"], rel=LOSS_REL)
+    assert [r["lr"] for r in trains] == pytest.approx(ref["lr"], rel=1e-12)
+    for r, expected in zip(evals, ref["evals"], strict=True):
+        assert (r["train_loss"], r["val_loss"]) == pytest.approx((expected["train"], expected["val"]), rel=LOSS_REL)
