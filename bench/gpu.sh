@@ -76,7 +76,7 @@ step() {
     printf "%s\t%s\t%s\t%s\n" "$name" "${PIPESTATUS[0]}" $((SECONDS - t0)) "$limit" >>"$RES/steps.tsv"
 }
 step data 10 "$PY" data/shakespeare_char/prepare.py --input "$INPUT" --out_dir "$WORK/data"
-step tests 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_paths.py \
+step tests 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_paths.py \
     tests/test_{layernorm*,batch_invariant_triton}.py ${TESTS[@]+"${TESTS[@]}"}
 SMOKE=(train.py configs/shakespeare_char.json --norm=triton --device=$DEV --data_dir="$WORK/data"
     --log_interval=5 --sample_at_end=False "${SMOKE[@]}")
