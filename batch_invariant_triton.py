@@ -147,7 +147,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # total of exp(score - m) and the weighted sum of values acc; each block rescales total and acc by exp(m_old - m_new).
 
 
-@triton.jit(do_not_specialize=["S", "offset"])  # the lengths change every decoding step: one compiled kernel
+# One compiled kernel for every call: the lengths change every decoding step, and the strides and pointers differ
+# between a full pass (views of the [B, T, 3C] projection) and a cached step (the cache's buffer). Specialized on
+# divisibility by 16 or on alignment, a cached step could compile to another layout, and add in another order.
+@triton.jit(
+    do_not_specialize="H S D offset sqb sqh sqt skb skh sks svb svh svs sob soh sot".split(),  # every integer
+    do_not_specialize_on_alignment=["Q", "K", "V", "Out"],
+)
 def attention_kernel(
     Q,
     K,

@@ -38,22 +38,32 @@ NO_NORM = "none"
 # 1. From scratch: the forward in torch ops, the backward by hand.
 
 
+def _normalize(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, correction: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward: (y in x's dtype, xhat and rstd, what the backward needs)."""
+    # Three numerical choices, a line each: float32 statistics for half types; shift each row by its first
+    # element, so the sums see small numbers even for a row at 1e4 (and a constant row is exactly 0, y exactly
+    # bias); two passes, mean then squares of the centred row, never the cancelling E[x^2] - E[x]^2.
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # [..., C]
+    xs = xf - xf[..., :1]  # [..., C]  x - x_0
+    xc = xs - xs.mean(-1, keepdim=True)  # [..., C]  x - mean
+    var = xc.square().sum(-1, keepdim=True) / (x.shape[-1] - correction)  # [..., 1]
+    rstd = torch.rsqrt(var + eps)  # [..., 1]
+    xhat = xc * rstd  # [..., C]
+    y = xhat * weight if bias is None else torch.addcmul(bias, xhat, weight)  # [..., C], float32 math
+    return y.to(x.dtype), xhat, rstd  # y rounded once to x's dtype
+
+
 class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, correction):
-        # Three numerical choices, a line each: float32 statistics for half types; shift each row by its first
-        # element, so the sums see small numbers even for a row at 1e4 (and a constant row is exactly 0, y exactly
-        # bias); two passes, mean then squares of the centred row, never the cancelling E[x^2] - E[x]^2.
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # [..., C]
-        xs = xf - xf[..., :1]  # [..., C]  x - x_0
-        xc = xs - xs.mean(-1, keepdim=True)  # [..., C]  x - mean
-        var = xc.square().sum(-1, keepdim=True) / (x.shape[-1] - correction)  # [..., 1]
-        rstd = torch.rsqrt(var + eps)  # [..., 1]
-        xhat = xc * rstd  # [..., C]
-        y = xhat * weight if bias is None else torch.addcmul(bias, xhat, weight)  # [..., C], float32 math
+        y, xhat, rstd = _normalize(x, weight, bias, eps, correction)
         ctx.save_for_backward(xhat, rstd, weight)
-        ctx.has_bias, ctx.correction, ctx.x_dtype = bias is not None, correction, x.dtype
-        return y.to(x.dtype)  # rounded once to x's dtype
+        ctx.has_bias = bias is not None
+        ctx.correction = correction
+        ctx.x_dtype = x.dtype
+        return y
 
     # Backward. Given dy = dL/dy, for one row (C features, D = C - correction):
     #     db = sum over rows of dy                    y = ... + b
@@ -125,6 +135,11 @@ def layer_norm_naive(
     return y if bias is None else y + bias
 
 
+def _wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd would record a Function: grad mode is on and an input requires a gradient."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> None:
     """Bad input gets a clear error, never a wrong answer (every LayerNorm here calls this first)."""
     if not isinstance(x, torch.Tensor):
@@ -161,7 +176,8 @@ class Norm(nn.Module):
             raise ValueError(f"dim must be a positive int (the number of features), got {dim!r}")
         if not eps > 0:
             raise ValueError(f"eps must be > 0, got {eps}")
-        self.dim, self.eps = dim, float(eps)
+        self.dim = dim
+        self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
@@ -184,6 +200,8 @@ class LayerNorm(Norm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
+        if not _wants_grad(x, self.weight, self.bias):  # (decoding, evaluation): autograd would record nothing
+            return _normalize(x, self.weight, self.bias, self.eps, 0)[0]
         return _LayerNormFunction.apply(x, self.weight, self.bias, self.eps, 0)
 
 
@@ -201,7 +219,8 @@ class TritonLayerNorm(LayerNorm):
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__(dim, bias=bias, eps=eps)
         kernels = _triton_module()
-        self._layer_norm_triton, self._cpu_ok = kernels.layer_norm_triton, kernels.INTERPRET
+        self._layer_norm_triton = kernels.layer_norm_triton
+        self._cpu_ok = kernels.INTERPRET
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)

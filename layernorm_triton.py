@@ -28,9 +28,6 @@ import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # fixed now, when the kernels below are defined
 MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider rows loop over blocks
-# The backward's row loop is software-pipelined (the next row's loads issue while this row computes) where the
-# installed Triton has tl.range(num_stages=...); older ones run a plain loop.
-PIPELINE = hasattr(tl, "range")
 ONE_PROGRAM_ROWS = 32  # a backward of at most this many rows runs as one program (see _backward_programs)
 
 
@@ -155,9 +152,9 @@ def _forward(
     y = torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format)
     stats = torch.empty(2, N, dtype=_stats_dtype(x.dtype), device=x.device)
     if N:
-        block, one_block, warps = _block_config(C, max_block)
+        block, one_block, warps = _block_config(int(C), max_block)
         w = weight.contiguous()
-        b = w if bias is None else bias.contiguous()  # a placeholder pointer, never read when HAS_BIAS=False
+        b = _unused_pointer(w, traced) if bias is None else bias.contiguous()
         args = (x2, y, w, b, stats, stride_x, C, C, N, eps, bias is not None, block, one_block)
         _launch(layer_norm_fwd_kernel, (N,), args, warps, traced, tensors=5)
     return y, stats
@@ -208,7 +205,7 @@ def layer_norm_bwd_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
-    PIPELINE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     acc = Stats.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)  # 64-bit, and so are the row indices below
@@ -223,14 +220,11 @@ def layer_norm_bwd_kernel(
         w = tl.load(W + cols, mask=mask, other=0.0).to(acc)
         dw = tl.zeros([BLOCK_SIZE], dtype=acc)
         db = tl.zeros([BLOCK_SIZE], dtype=acc)
-        if PIPELINE:  # the next row's loads issue while this row computes
-            for r in tl.range(row_start, row_end, num_stages=2):
-                x_r, dy_r, dx_r = X + r * stride_x, DY + r * stride_dy, DX + r * stride_dx
-                dw, db = _backward_row(x_r, dy_r, dx_r, MeanS + r, Rstd + r, C, cols, mask, w, dw, db)
-        else:
-            for r in range(row_start, row_end):
-                x_r, dy_r, dx_r = X + r * stride_x, DY + r * stride_dy, DX + r * stride_dx
-                dw, db = _backward_row(x_r, dy_r, dx_r, MeanS + r, Rstd + r, C, cols, mask, w, dw, db)
+        for r in tl.range(row_start, row_end, num_stages=NUM_STAGES):  # 2: the next row's loads issue meanwhile
+            x_r = X + r * stride_x
+            dy_r = DY + r * stride_dy
+            dx_r = DX + r * stride_dx
+            dw, db = _backward_row(x_r, dy_r, dx_r, MeanS + r, Rstd + r, C, cols, mask, w, dw, db)
         tl.store(DW + cols, dw.to(DW.dtype.element_ty), mask=mask)
         if HAS_BIAS:
             tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=mask)
@@ -290,6 +284,30 @@ def _backward_programs(N: int, device: torch.device) -> int:
     return min(N, 8 * _sm_count(device) if device.type == "cuda" else 4)
 
 
+@functools.cache
+def _shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on a CUDA device (what Triton checks a compiled kernel against);
+    the interpreter has no such limit."""
+    if device.type != "cuda":
+        return 2**31
+    return triton.runtime.driver.active.utils.get_device_properties(device.index)["max_shared_mem"]
+
+
+def _num_stages(block: int, x: torch.Tensor, dy: torch.Tensor) -> int:
+    """The one-block backward's row loop: 2, pipelined (the next row's x and dy load while this row computes),
+    where the pipeline's buffer, a block of x and one of dy in shared memory, fits the GPU; else 1, a plain loop.
+    (A float64 row of 8192 needs 128 KiB, more than the 99 KiB of an RTX 30 or 40 series GPU.)"""
+    buffer = block * (x.element_size() + dy.element_size())
+    return 2 if buffer + 1024 <= _shared_memory(x.device) else 1
+
+
+def _unused_pointer(like: torch.Tensor, traced: bool) -> torch.Tensor:
+    """What to pass for a pointer the kernel never reads (the bias's, with HAS_BIAS=False): `like` itself, or,
+    under tracing, a tensor of its own. Torch may take every tensor a traced kernel gets as written, and two
+    arguments on one tensor would come back as two copies, of which the unwritten one could win."""
+    return like.new_empty(1) if traced else like
+
+
 def _backward(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -307,16 +325,16 @@ def _backward(
         dy2, stride_dy = dy2.contiguous(), C
     N = x2.numel() // C
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    block, one_block, warps = _block_config(C, max_block)
+    block, one_block, warps = _block_config(int(C), max_block)
     programs = _backward_programs(N, x.device)
     one_program = programs == 1 and one_block and N > 0  # it writes dw and db themselves
     if one_program:
         dw = torch.empty_like(weight)
-        slabs = (dw, torch.empty_like(weight) if has_bias else dw)
+        slabs = (dw, torch.empty_like(weight) if has_bias else _unused_pointer(dw, traced))
     else:
         new = torch.empty if N else torch.zeros  # (no rows: the sums are zero; otherwise the kernel writes them all)
         buffer = new(1 + has_bias, programs, C, dtype=stats.dtype, device=x.device)
-        slabs = (buffer[0], buffer[-1])
+        slabs = (buffer[0], buffer[1] if has_bias else _unused_pointer(buffer[0], traced))
     if N:
         args = (
             dy2,
@@ -334,7 +352,7 @@ def _backward(
             has_bias,
             block,
             one_block,
-            PIPELINE,
+            _num_stages(block, x2, dy2) if one_block else 1,
         )
         _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced, tensors=7)
     if one_program:
@@ -376,7 +394,7 @@ def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool,
         return
     compiled = kernel[grid](*args, num_warps=num_warps)
     if len(_COMPILED) < 4096:  # (a new shape per call, as in uncached decoding, must not grow it forever)
-        _COMPILED[key] = compiled[grid]
+        _COMPILED[key] = compiled[(*grid, 1, 1)[:3]]  # a compiled kernel's launcher takes all three grid sizes
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -477,4 +495,13 @@ def layer_norm_triton(
     """
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), _out_dtype(x))[0]
+    if not _wants_grad(x, weight, bias):  # (decoding, evaluation): the forward alone, nothing for autograd to record
+        return _forward(x, weight, bias, float(eps), _out_dtype(x))[0]
     return _LayerNormTriton.apply(x, weight, bias, float(eps))
+
+
+def _wants_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether autograd would record the Function: grad mode is on and an input requires a gradient."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )

@@ -25,7 +25,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -160,9 +160,21 @@ def setup(
     return data, raw_model, optimizer, scaler, data_gen, it, best_val
 
 
+class LossOnly(torch.nn.Module):
+    """The model returning its loss alone: what the graphed micro-step returns. Every output of a graphed callable
+    that requires grad gets a gradient copied into the graph at each replay: for logits, a zero-filled [B, T, V]."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.model(idx, targets)[1]
+
+
 def wrap(
     raw_model: GPT, cfg: TrainConfig, data: PreparedData, device: str, dtype: str, dist: Dist
-) -> tuple[torch.nn.Module, torch.nn.Module]:
+) -> tuple[torch.nn.Module, Callable[..., Any]]:
     """The model that evaluates (compiled, if asked) and the one that trains: the same, in DDP with several
     processes, with its micro-step (forward and backward) captured once in a CUDA graph and replayed, if asked."""
     model = torch.compile(raw_model, mode=cfg.compile_mode) if cfg.compile else raw_model
@@ -170,7 +182,8 @@ def wrap(
     if cfg.cuda_graphs:  # static shapes: every micro-batch is [batch_size, block_size]
         with autocast(device, dtype, cache_enabled=False):  # (the casts are captured into the graph)
             sample = data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), device)
-            train_model = torch.cuda.make_graphed_callables(train_model, sample)
+            graphed = torch.cuda.make_graphed_callables(LossOnly(train_model), sample)
+        train_model = lambda idx, targets: (None, graphed(idx, targets))  # (logits, loss), as the loop unpacks
         for p in raw_model.parameters():  # .grad buffers of our own, added into: a replay rewrites the graph's
             p.grad = torch.zeros_like(p)  # gradient outputs, which must never become .grad (pytorch#181723)
     return model, train_model

@@ -7,9 +7,13 @@
 #
 # The text: --input, else $TINY_SHAKESPEARE, else data/shakespeare_char/input.txt. nanoGPT (at 3adf61e, prepared as
 # bench/README.md says): --nanogpt or $NANOGPT, else its step is skipped. OUT_DIR: else $OUT, else bench/results/gpu.
-# --dry-run: every step on this CPU at a tiny size (Triton's interpreter; the tests only collected), the same files.
+# --dry-run: every step on this CPU at a tiny size (Triton's interpreter; the tests only collected; no CUDA graphs,
+# no compile), the same files, each step allowed three times its share (GPU_SH_BUDGET_S 1800 by default).
 # The `step` lines below, in priority order so that a run cut short keeps the first ones, each run under `timeout`
 # with its share of seconds (or what is left of GPU_SH_BUDGET_S, 480, less the report's 10 s, if that is less).
+# First the paths that no GPU had run (tests/test_gpu_paths.py says which): their tests, then a few iterations of
+# --norm=triton eager, with --cuda_graphs=True in float16 (the loss scaler), and compiled; then the demo.
+# GPU_SH_STEPS="data,tests ...": run only those steps (the others are listed as not selected).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 DRY=0 INPUT=${TINY_SHAKESPEARE:-data/shakespeare_char/input.txt} NANOGPT=${NANOGPT:-} OUT_DIR=${OUT:-bench/results/gpu}
@@ -23,7 +27,7 @@ while (($#)); do
     esac
     shift
 done
-PY=${PY:-python3} BUDGET=${GPU_SH_BUDGET_S:-480} START=$(date +%s)
+PY=${PY:-python3} BUDGET=${GPU_SH_BUDGET_S:-$((DRY ? 1800 : 480))} SCALE=$((DRY ? 3 : 1)) START=$(date +%s)
 fail() { echo "bench/gpu.sh: $1" >&2 && exit 2; }
 [[ -s $INPUT ]] || fail "no Tiny Shakespeare at '$INPUT': give its path with --input PATH (or TINY_SHAKESPEARE)"
 [[ -z $NANOGPT || -f $NANOGPT/train.py ]] || fail "--nanogpt '$NANOGPT' is not a nanoGPT checkout (no train.py)"
@@ -37,7 +41,9 @@ if ((DRY)); then
     NORMS=(--norms builtin,triton:eager) WIDE=(--norms builtin) DEMO=(--norms builtin --prompt_len 4 --new_tokens 4)
     TESTS=(--collect-only) DECODE=(--sizes configs/shakespeare_char_cpu.json --batches 1 --new_tokens 3 --repeats 1)
     MATMUL=(--widths 32) KERNELS=(--sizes 32 --rows 16 --reps 1) OVERHEAD=(--calls 10 --repeats 1)
-    PROFILE=(--norms builtin)
+    PROFILE=(--norms builtin) SMOKE=(--n_layer=1 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4
+        --max_iters=2 --eval_interval=2 --eval_iters=1)
+    GRAPHS=() COMPILE=()
 else
     "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || fail "no CUDA device here; try --dry-run"
     unset TRITON_INTERPRET  # the kernels must compile for the GPU
@@ -45,6 +51,8 @@ else
     FULL=(--config configs/shakespeare_char.json) NORMS=(--norms builtin,triton,custom:eager)
     WIDE=(--set n_layer=12 --set n_head=12 --set n_embd=768) PROFILE=(--norms builtin,triton)
     DEMO=() TESTS=() DECODE=() MATMUL=() KERNELS=() OVERHEAD=()
+    SMOKE=(--max_iters=20 --eval_interval=20 --eval_iters=2) GRAPHS=(--cuda_graphs=True --dtype=float16)
+    COMPILE=(--compile=True)
 fi
 OUT_DIR=$(cd "$OUT_DIR" && pwd) WORK=$(mktemp -d) && RES=$WORK/gpu_results && mkdir -p "$RES"
 trap 'rm -rf "$WORK"' EXIT
@@ -54,7 +62,10 @@ export PYTHONUNBUFFERED=1
 # step NAME SHARE COMMAND...: COMMAND under timeout (SIGINT, so that pytest and train.py still report), its output to
 # the console and $RES/NAME.log, its exit code and seconds to $RES/steps.tsv.
 step() {
-    local name=$1 limit=$2 t0=$SECONDS && shift 2
+    local name=$1 limit=$(($2 * SCALE)) t0=$SECONDS && shift 2
+    if [[ -n ${GPU_SH_STEPS:-} && " ${GPU_SH_STEPS//,/ } " != *" $name "* ]]; then
+        printf "%s\tskipped (not selected)\t0\t0\n" "$name" >>"$RES/steps.tsv" && return
+    fi
     local left=$((BUDGET - 10 - $(date +%s) + START))
     ((left < limit)) && limit=$left
     if ((limit < 5)); then
@@ -65,6 +76,13 @@ step() {
     printf "%s\t%s\t%s\t%s\n" "$name" "${PIPESTATUS[0]}" $((SECONDS - t0)) "$limit" >>"$RES/steps.tsv"
 }
 step data 10 "$PY" data/shakespeare_char/prepare.py --input "$INPUT" --out_dir "$WORK/data"
+step tests 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_paths.py \
+    tests/test_{layernorm*,batch_invariant_triton}.py ${TESTS[@]+"${TESTS[@]}"}
+SMOKE=(train.py configs/shakespeare_char.json --norm=triton --device=$DEV --data_dir="$WORK/data"
+    --log_interval=5 --sample_at_end=False "${SMOKE[@]}")
+step triton_eager 20 "$PY" "${SMOKE[@]}" --out_dir="$WORK/triton_eager"
+step triton_graphs_float16 25 "$PY" "${SMOKE[@]}" ${GRAPHS[@]+"${GRAPHS[@]}"} --out_dir="$WORK/triton_graphs"
+step triton_compile 60 "$PY" "${SMOKE[@]}" ${COMPILE[@]+"${COMPILE[@]}"} --out_dir="$WORK/triton_compile"
 step demo_float32 25 "$PY" batch_independence.py --device=$DEV ${DEMO[@]+"${DEMO[@]}"}
 step demo_bfloat16 25 "$PY" batch_independence.py --device=$DEV --dtype=bfloat16 ${DEMO[@]+"${DEMO[@]}"}
 GRID+=(--data_dir "$WORK/data" --repeats 1 --modes eager,graphs,compile,reduce-overhead "${NORMS[@]}")
@@ -78,7 +96,6 @@ step full_run 90 "$PY" -m bench.training "${FULL[@]}" --curves --norms "$NORM" -
     --target_val 1.47 --data_dir "$WORK/data" --set max_wall_s=75 --verbose --out "$RES/full_run.json"
 [[ -n $NANOGPT ]] && step nanogpt 90 "$PY" -m bench.training "${FULL[@]}" --curves --norms "" --nanogpt "$NANOGPT" \
     --repeats 1 --target_val 1.47 --time_limit 85 --verbose --out "$RES/nanogpt.json"
-step tests 60 "$PY" -m pytest -q -p no:cacheprovider tests/test_{layernorm*,batch_invariant_triton}.py ${TESTS[@]+"${TESTS[@]}"}
 step decode 30 "$PY" -m bench.decoding --device $DEV --paths cached,mode ${DECODE[@]+"${DECODE[@]}"} \
     --out "$RES/decode.json"
 step matmul 15 "$PY" -m bench.decoding --device $DEV --matmul ${MATMUL[@]+"${MATMUL[@]}"} --out "$RES/matmul.json"

@@ -11,9 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import layernorm
 from layernorm import TritonUnavailableError, check_triton_device, make_norm
 
 lt = pytest.importorskip("layernorm_triton", reason="triton is not installed (Linux only)")
+from triton.compiler.compiler import CompiledKernel, driver  # noqa: E402  (after the skip: triton is there)
+
 layer_norm_triton = lt.layer_norm_triton
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,13 +148,29 @@ def test_eager_calls_use_the_plain_autograd_function():
     assert type(y.grad_fn).__name__ == "_LayerNormTritonBackward"
 
 
+@pytest.mark.parametrize("norm, function", [("triton", lt._LayerNormTriton), ("custom", layernorm._LayerNormFunction)])
+def test_no_autograd_function_when_no_gradient_is_wanted(norm, function, monkeypatch):
+    """Under no_grad, or with nothing requiring grad (decoding, evaluation), the forward is called directly: no
+    autograd Function to set up. The same values as through the Function; with a gradient wanted, the Function."""
+    module = make_norm(norm, 16).to(DEV)
+    x = inputs(3, 16)[0]
+    with_function = module(x)
+    monkeypatch.setattr(function, "apply", lambda *args: pytest.fail("autograd.Function.apply was called"))
+    with torch.no_grad():
+        assert torch.equal(module(x), with_function)
+    module.requires_grad_(False)
+    assert torch.equal(module(x), with_function)
+    with pytest.raises(pytest.fail.Exception):
+        module(x.requires_grad_())
+
+
 @pytest.mark.parametrize("N", [9, lt.ONE_PROGRAM_ROWS + 9], ids=["one program", "partial sums"])
-@pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.parametrize("stages", [2, 1], ids=["pipelined", "plain loop"])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_backward_with_and_without_the_pipelined_row_loop(N, pipeline, with_bias, monkeypatch):
-    """Both row loops (tl.range with num_stages, and plain range for a Triton without it), with and without a
+def test_backward_with_and_without_the_pipelined_row_loop(N, stages, with_bias, monkeypatch):
+    """Both row loops (pipelined, and plain where the pipeline's buffer would not fit the GPU), with and without a
     bias (no dbias sums then), one program writing the sums or several their partial sums: float64's gradients."""
-    monkeypatch.setattr(lt, "PIPELINE", pipeline)
+    monkeypatch.setattr(lt, "_num_stages", lambda block, x, dy: stages)
     x, w, b, dy = inputs(N, 24)
     y, stats = lt._forward(x, w, b if with_bias else None, 1e-5)
     dx, dw, db = lt._backward(dy, x, w, stats, has_bias=with_bias)
@@ -164,12 +183,14 @@ def test_backward_with_and_without_the_pipelined_row_loop(N, pipeline, with_bias
         assert db is None
 
 
-class _Compiled:
-    def __init__(self, log):
-        self.log = log
-
-    def __getitem__(self, grid):
-        return lambda *args: self.log.append(("direct", grid))
+def _compiled_kernel(log: list) -> CompiledKernel:
+    """What a normal launch returns on a GPU, without one: Triton's own CompiledKernel, its binary taken as loaded,
+    whose launcher (`run`: the three grid sizes, the stream, ..., the arguments) records a direct launch."""
+    compiled = object.__new__(CompiledKernel)
+    compiled.module = "loaded"  # (so that _init_handles, which would load the binary on the GPU, returns)
+    compiled.name = compiled.src = compiled.function = compiled.packed_metadata = None
+    compiled._run = lambda grid_0, grid_1, grid_2, stream, *rest: log.append(("direct", (grid_0, grid_1, grid_2)))
+    return compiled
 
 
 class _Kernel:
@@ -177,12 +198,13 @@ class _Kernel:
     current device); it returns the compiled kernel, whose compiled[grid](*args) is a direct launch."""
 
     def __init__(self, now=lambda: None):
-        self.log, self.now = [], now
+        self.log = []
+        self.now = now
 
     def __getitem__(self, grid):
         def launch(*args, num_warps):
             self.log.append(("normal", grid, self.now()))
-            return _Compiled(self.log)
+            return _compiled_kernel(self.log)
 
         return launch
 
@@ -228,6 +250,8 @@ def test_direct_launch_calls_the_compiled_kernel_of_the_same_arguments(monkeypat
     (an integer argument, a dtype, a constexpr) goes through a normal launch first, a misaligned tensor always."""
     monkeypatch.setattr(lt, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(lt, "_COMPILED", {})
+    gpu = type("Driver", (), {"get_current_device": lambda self: 0, "get_current_stream": lambda self, device: 0})
+    monkeypatch.setattr(driver, "_active", gpu())  # the launcher asks it for the stream
     kernel, t = _Kernel(), torch.zeros(64)
     calls = [
         (t, 8, True),
@@ -243,6 +267,7 @@ def test_direct_launch_calls_the_compiled_kernel_of_the_same_arguments(monkeypat
         lt._launch(kernel, (2,), args, 1, traced=False, tensors=1)
     kinds = [kind for kind, *_ in kernel.log]
     assert kinds == ["normal", "direct", "normal", "normal", "normal", "normal", "normal", "direct"]
+    assert kernel.log[1] == ("direct", (2, 1, 1))  # the grid as Triton's launcher takes it, padded to three
 
 
 def test_custom_ops_pass_opcheck():

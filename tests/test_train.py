@@ -222,7 +222,7 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
     checkpoint.make_out_dir(cfg.out_dir)
     summary = train.train(cfg, {}, "cpu", "float32", None, Dist())
     ((module, shapes),) = captured
-    assert isinstance(module, train.GPT) and shapes == [torch.Size([4, 16])] * 2  # batch_size x block_size
+    assert isinstance(module.model, train.GPT) and shapes == [torch.Size([4, 16])] * 2  # batch_size x block_size
     assert len(calls) == 3 * 2 and summary["cuda_graphs"] and math.isfinite(summary["final_val_loss"])
     # gradients accumulate into buffers of the model's own, zeroed in place, never into the graph's outputs
     assert all(p.grad is not None and not p.grad.any() for p in module.parameters())
