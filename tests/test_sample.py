@@ -329,6 +329,7 @@ def test_truncated_checkpoint(out_dir: Path, tmp_path: Path) -> None:
         sample.main(["--out_dir", str(tmp_path), *CPU])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothing(
     out_dir: Path, tmp_path: Path
 ) -> None:
@@ -353,6 +354,7 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
     assert proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir: Path, tmp_path: Path) -> None:
     # An empty cache, and downloads forced to fail even on a machine with internet access.
     proxy = "http://127.0.0.1:9"

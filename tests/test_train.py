@@ -93,6 +93,7 @@ def test_wrong_type_on_command_line(arg: str, needles: list[str]) -> None:
         assert needle in str(e.value)
 
 
+@pytest.mark.slow
 def test_wrong_type_exits_2_with_one_line() -> None:
     """As a process: the exit status a shell sees, and one line on stderr, no traceback."""
     assert_one_line_error(run_cli(["--compile=maybe"]), 2, "compile", "maybe", "bool")
@@ -395,6 +396,7 @@ def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_di
     assert again["final_val_loss"] == rarely["final_val_loss"]
 
 
+@pytest.mark.slow
 def test_prepare_script_then_train(tmp_path: Path, shakespeare_path: Path) -> None:
     out = tmp_path / "sc"
     prep = subprocess.run(
