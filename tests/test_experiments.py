@@ -16,7 +16,6 @@ from model import GPT, GPTConfig
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_inside_norms_smoke(tmp_path, norm_position):
     data = make_dataset(tmp_path / "data")
