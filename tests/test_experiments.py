@@ -90,6 +90,7 @@ def test_norm_placement_smoke(tmp_path):
         assert result["final_val_loss"][name] == run["summary"]["final_val_loss"]
 
 
+@pytest.mark.slow  # a fresh interpreter per script
 @pytest.mark.parametrize(
     "script, args, message",
     [
