@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 SLOW_ELSEWHERE = ("test_readme_commands.py::test_every_readme_command_runs_as_printed", "test_gpu_sh.py::")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by mark
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(name in item.nodeid for name in SLOW_ELSEWHERE):
