@@ -85,6 +85,7 @@ def cached_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefill: 
     return torch.cat(out, dim=2)
 
 
+@pytest.mark.slow  # many launches through Triton's interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_query_from_the_cache_adds_as_inside_the_causal_pass(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(2)
@@ -115,6 +116,7 @@ def test_attention_against_float64(dtype: torch.dtype) -> None:
             F.linear(d[0], d[1][0, 0])
 
 
+@pytest.mark.slow  # many launches through Triton's interpreter
 @pytest.mark.parametrize(("norm", "dtype"), [("triton", torch.float32), ("builtin", torch.bfloat16)])
 def test_greedy_decoding_is_bit_exact_through_the_kernels(norm: str, dtype: torch.dtype) -> None:
     """A tiny model's greedy decoding, alone, in a batch of other prompts, and uncached: the same logits, bit for
