@@ -1,7 +1,8 @@
 """Shared test setup.
 
 Triton kernels run on the CPU through Triton's interpreter when no CUDA device is present. The interpreter must be
-switched on before anything imports triton, so it is set here, before the tests import the project.
+switched on before anything imports triton, so it is set here, before the tests import the project, and only where
+triton can be imported (it ships for Linux only): elsewhere every Triton test is skipped, saying why.
 """
 
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+SHAKESPEARE = ROOT / "data" / "shakespeare_char" / "input.txt"  # where the Quickstart's prepare step puts it
 
 
 def _cuda_available() -> bool:
@@ -23,19 +24,72 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-if not _cuda_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-if (SHARED / "tiktoken").is_dir():  # offline copy of GPT-2's BPE ranks; elsewhere tiktoken downloads them
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED / "tiktoken"))
+def _triton_imports() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if not _cuda_available() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: triton.jit reads it
+    if not _triton_imports():
+        del os.environ["TRITON_INTERPRET"]
 sys.path.insert(0, str(ROOT))
+
+
+# End-to-end tests in files whose owners have not marked them yet: each runs processes for many seconds.
+SLOW_ELSEWHERE = ("test_readme_commands.py::test_every_readme_command_runs_as_printed", "test_gpu_sh.py::")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(name in item.nodeid for name in SLOW_ELSEWHERE):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
-    path = SHARED / "data" / "tinyshakespeare.txt"
-    if not path.exists():
-        pytest.skip(f"{path} not found (CI and developers have it at ../shared)")
-    return path
+    if not SHAKESPEARE.is_file():
+        pytest.skip("no Tiny Shakespeare at data/shakespeare_char/input.txt: run the Quickstart first")
+    return SHAKESPEARE
+
+
+@pytest.fixture(scope="session")
+def gpt2_bpe() -> object:
+    """GPT-2's BPE (tiktoken's r50k_base); tiktoken downloads its ranks once, or reads them from TIKTOKEN_CACHE_DIR."""
+    tiktoken = pytest.importorskip("tiktoken")
+    try:
+        return tiktoken.get_encoding("r50k_base")
+    except Exception as e:  # no internet and no cache: tiktoken's own error, whatever it is
+        pytest.skip(f"tiktoken cannot load GPT-2's BPE ranks (r50k_base) here ({type(e).__name__}): no internet?")
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One prepared tiny character dataset (helpers.TEXT) for every test that only reads it."""
+    from helpers import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("tiny_data"))
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[Path, dict]:
+    """One finished 12-iteration run of the tiny model on tiny_data, evaluated at 0, 5, 10, 12: (out_dir, summary).
+    Tests only read it: one that resumes it copies it first."""
+    import torch
+
+    import train
+    from helpers import tiny_args
+
+    out = tmp_path_factory.mktemp("trained") / "out"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    summary = train.main(tiny_args(tiny_data, out, "--max_iters=12", "--eval_interval=5"))
+    torch.set_num_threads(threads)
+    return out, summary
 
 
 @pytest.fixture(autouse=True)

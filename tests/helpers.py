@@ -1,8 +1,9 @@
-"""Helpers shared by several test files: norms that can't run here, and tiny training runs of train.py.
+"""Helpers shared by several test files: the one tiny model, norms that can't run here, and tiny training runs.
 
-Training runs use tiny models (2 layers, 32 wide, block 16, batch 4) on a tiny character dataset written by
-`make_dataset`. Subprocesses run with one thread: with several engineers' processes on two cores, torch's
-multi-threaded kernels slow down badly, and one thread keeps results identical between processes.
+Training runs use the tiny model TINY (2 layers, 32 wide, block 16) with batch 4 on a tiny character dataset written
+by `make_dataset`, in-process through `train_cli` where a process adds nothing. Subprocesses run with one thread:
+on a machine busy with other work torch's multi-threaded kernels slow down badly, and one thread keeps results
+identical between processes.
 """
 
 from __future__ import annotations
@@ -13,23 +14,27 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
 
 from layernorm import TritonUnavailableError, make_norm
+from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "the quick brown fox jumps over the lazy dog; a stitch in time saves nine.\n" * 200
 VOCAB = len(set(TEXT))  # 30
-TINY = [
-    "--n_layer=2",
-    "--n_head=2",
-    "--n_embd=32",
-    "--block_size=16",
+
+# The tests' model: every test that needs a GPT starts from this one (replace() what a test is about).
+TINY = GPTConfig(block_size=16, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32)
+MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size")
+TINY_TRAIN = [
+    *(f"--{name}={getattr(TINY, name)}" for name in MODEL_FLAGS),
     "--batch_size=4",
     "--eval_iters=2",
     "--log_interval=1",
@@ -39,34 +44,67 @@ TINY = [
     "--device=cpu",
 ]
 
-# `python -c DIVERGE AT FACTOR ARGS...` runs train.py with ARGS, with the model's training loss multiplied by FACTOR
-# (nan, inf) at its AT-th training forward pass (counted from 0: iteration AT of a run from scratch with one
-# micro-step). train.py is not changed: the patch replaces GPT.forward before train.py is loaded, and everything
-# after the loss (backward, the weights, the read-back that must notice) is the real thing.
-DIVERGE = """\
-import runpy, sys
-sys.path.insert(0, ".")
-import model
-at, factor = int(sys.argv[1]), float(sys.argv[2])
-forward, calls = model.GPT.forward, [0]
-def diverging_forward(self, idx, targets=None, kv_cache=None):
-    logits, loss = forward(self, idx, targets, kv_cache)
-    if self.training and targets is not None:
-        if calls[0] == at:
-            loss = loss * factor
-        calls[0] += 1
-    return logits, loss
-model.GPT.forward = diverging_forward
-sys.argv = ["train.py", *sys.argv[3:]]
-runpy.run_path("train.py", run_name="__main__")
-"""
+
+def tiny_model(norm: str = "builtin", seed: int = 0, **overrides: object) -> GPT:
+    """TINY (with `overrides`) and `norm`, its weights from `seed`, in eval mode."""
+    torch.manual_seed(seed)
+    return GPT(replace(TINY, norm=norm, **overrides)).eval()
+
+
+def randomize_norms(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """Every norm's weight and bias away from their init (1, 0), so a test sees whether they are used."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or "ln_f." in name or name in ("weight", "bias"):
+                noise = 0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+                p.copy_(1 + noise if name.endswith("weight") else noise)
+    return model
+
+
+def sharpen_logits(model: GPT, factor: float = 5.0) -> GPT:
+    """Larger token embeddings, so larger logits: greedy choices are clear-cut, not float near-ties."""
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(factor)
+    return model
+
+
+# ---- Triton: where it can run, and the skip where it cannot ----
+
+
+def _triton_skip_reason() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton cannot be imported here (it ships for Linux only): the Triton norm and kernels are skipped"
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return "Triton's kernels need a CUDA GPU, or TRITON_INTERPRET=1 to run on the CPU"
+    return None
+
+
+TRITON_SKIP = _triton_skip_reason()
+needs_triton = pytest.mark.skipif(TRITON_SKIP is not None, reason=TRITON_SKIP or "")
+
+
+def norm_params(names: Sequence[str]) -> list:
+    """`names` for pytest.mark.parametrize, with "triton" skipped where Triton cannot run."""
+    return [pytest.param(n, marks=needs_triton) if n == "triton" else n for n in names]
+
+
+def skip_unless_runs(norm: str) -> None:
+    """Skip a test for a norm that can't run here (Triton without CUDA or its CPU interpreter)."""
+    try:
+        make_norm(norm, 8)(torch.randn(2, 8))
+    except TritonUnavailableError as e:
+        pytest.skip(f"{norm} can't run here: {str(e).splitlines()[0]}")
 
 
 class RunsCodeOnLoad:
     """Pickled, this object is the call `function(*args)`: unpickling it makes that call."""
 
     def __init__(self, function: Callable[..., object], *args: object) -> None:
-        self.function, self.args = function, args
+        self.function = function
+        self.args = args
 
     def __reduce__(self) -> tuple[Callable[..., object], tuple[object, ...]]:
         return self.function, self.args
@@ -85,14 +123,6 @@ def save_with_payload(path: Path, checkpoint: dict, marker: Path, payload: str =
     """`checkpoint` (otherwise valid) saved to `path` with one more entry whose unpickling would write `marker`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({**checkpoint, "note": PAYLOADS[payload](marker)}, path)
-
-
-def skip_unless_runs(norm: str) -> None:
-    """Skip a test for a norm that can't run here (Triton without CUDA or its CPU interpreter)."""
-    try:
-        make_norm(norm, 8)(torch.randn(2, 8))
-    except TritonUnavailableError as e:
-        pytest.skip(f"{norm} can't run here: {str(e).splitlines()[0]}")
 
 
 def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> Path:
@@ -114,7 +144,7 @@ def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> P
 
 
 def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
-    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY, *extra]
+    return [f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY_TRAIN, *extra]
 
 
 def subprocess_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
@@ -136,16 +166,40 @@ def run_cli(
     )
 
 
-def run_diverging(at: int, factor: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """train.py ARGS in a subprocess whose training loss is multiplied by `factor` at forward pass `at` (DIVERGE)."""
-    return subprocess.run(
-        [sys.executable, "-c", DIVERGE, str(at), factor, *args],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+class Run(NamedTuple):
+    """What a command returned: the exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def train_cli(capsys: pytest.CaptureFixture[str], argv: Sequence[str]) -> Run:
+    """train.py ARGV in this process: train.cli, the function `python train.py` exits with, and what it printed."""
+    import train
+
+    capsys.readouterr()
+    code = train.cli(list(argv))
+    out, err = capsys.readouterr()
+    return Run(code, out, err)
+
+
+def diverge_at(monkeypatch: pytest.MonkeyPatch, at: int, factor: float) -> None:
+    """The model's training loss multiplied by `factor` (nan, inf) at its `at`-th training forward pass (counted
+    from 0: iteration `at` of a run from scratch with one micro-step). Everything after the loss (backward, the
+    weights, the read-back that must notice) is the real thing."""
+    forward = GPT.forward
+    calls = [0]
+
+    def diverging_forward(self: GPT, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache=None):
+        logits, loss = forward(self, idx, targets, kv_cache)
+        if self.training and targets is not None:
+            if calls[0] == at:
+                loss = loss * factor
+            calls[0] += 1
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", diverging_forward)
 
 
 def start(args: list[str]) -> subprocess.Popen[str]:
@@ -185,7 +239,7 @@ def train_losses(out_dir: Path) -> dict[int, float]:
     return {r["iter"]: r["loss"] for r in records(out_dir, "train")}
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+def assert_one_line_error(proc: subprocess.CompletedProcess[str] | Run, code: int, *needles: str) -> str:
     assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     err = proc.stderr.strip()
     assert "Traceback" not in err, err

@@ -1,14 +1,13 @@
 """batch_independence.py: the LayerNorms and RMSNorm pass, BatchNorm with batch statistics fails, and the exit status
 says so, with PyTorch's kernels and in the batch-invariant mode (bit-exact there); from a random model and from a
-checkpoint."""
+checkpoint. In this process (main() is what the script exits with), on the CPU (--device cpu), at a few tokens;
+tests/test_readme_commands.py runs the script as a process, as the README prints it."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,21 @@ import torch
 
 import batch_independence
 from checkpoint import FORMAT, save_checkpoint
+from helpers import TINY, TRITON_SKIP, Run
 from layernorm import TritonUnavailableError
-from model import GPT, GPTConfig
+from model import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "batch_independence.py"
-SMALL = ["--prompt_len", "6", "--new_tokens", "6"]  # in-process runs: a few steps are enough
+SMALL = ["--device", "cpu", "--prompt_len", "6", "--new_tokens", "6"]  # on the CPU; a few steps are enough
+TRITON_ON_CPU = TRITON_SKIP is None and os.environ.get("TRITON_INTERPRET") == "1"  # the kernels take CPU tensors
 
 
-def run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+def run_script(capsys: pytest.CaptureFixture[str], *args: str) -> Run:
+    """batch_independence.py ARGS in this process: its exit status and what it printed."""
+    capsys.readouterr()
+    status = batch_independence.main(list(args))
+    out, err = capsys.readouterr()
+    return Run(status, out, err)
 
 
 MODE_TITLE = "In batch_invariant.py's mode (tolerance 0):"
@@ -48,13 +50,14 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
     return status, json.loads(capsys.readouterr().out)
 
 
-def test_default_run_passes_and_shows_batchnorm_failing() -> None:
-    """The script as a user runs it: exit 0, every LayerNorm, RMSNorm and DyT PASS, batchnorm FAIL with its reason."""
-    proc = run_script()
+@pytest.mark.slow
+def test_default_run_passes_and_shows_batchnorm_failing(capsys: pytest.CaptureFixture[str]) -> None:
+    """The default rows: exit 0, every LayerNorm, RMSNorm and DyT PASS, batchnorm FAIL with its reason."""
+    proc = run_script(capsys, *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = row_lines(proc.stdout)
     expected = ["custom", "builtin", "rmsnorm", "batchnorm", "dyt", "batchnorm-eval"]
-    if os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available():
+    if TRITON_ON_CPU:
         expected.append("triton")
     else:
         assert "skipped triton" in proc.stdout
@@ -81,8 +84,8 @@ def test_default_run_passes_and_shows_batchnorm_failing() -> None:
     assert proc.stdout.rstrip().splitlines()[-1].startswith("OK")
 
 
-def test_requiring_batchnorm_fails_the_run() -> None:
-    proc = run_script("--norms", "builtin", "batchnorm", "--require", "batchnorm", *SMALL)
+def test_requiring_batchnorm_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = run_script(capsys, "--norms", "builtin", "batchnorm", "--require", "batchnorm", *SMALL)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL: required rows that failed: batchnorm" in proc.stdout
     assert "differ from step" in row_lines(proc.stdout)["batchnorm"]
@@ -131,7 +134,7 @@ def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere."""
     for trained_with in ("builtin", "batchnorm"):
         torch.manual_seed(0)
-        config = GPTConfig(block_size=16, vocab_size=20, n_layer=2, n_head=2, n_embd=32, norm=trained_with)
+        config = replace(TINY, vocab_size=20, norm=trained_with)
         model = GPT(config)
         with torch.no_grad():
             model.transformer.ln_f.weight.mul_(1.5)
@@ -150,25 +153,30 @@ def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                 "rng": {},
             },
         )
-        status, result = run_json(capsys, "--out_dir", str(out_dir), "--norms", "custom", "rmsnorm", "batchnorm")
+        norms = ("--norms", "custom", "rmsnorm", "batchnorm")
+        status, result = run_json(capsys, "--out_dir", str(out_dir), "--device", "cpu", *norms)
         assert status == 0, result
         assert f"trained with norm={trained_with}" in result["source"] and "strict=False" in result["source"]
-        assert result["model"] == {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 20}
+        assert result["model"] == {k: getattr(config, k) for k in result["model"]} and len(result["model"]) == 5
         assert result["prompt_len"] + result["new_tokens"] <= 16 and result["notes"]  # cut to fit the block
         rows = {r["name"]: r for r in result["rows"]}
         assert rows["custom"]["passed"] and rows["rmsnorm"]["passed"] and not rows["batchnorm"]["passed"]
 
-    assert batch_independence.main(["--out_dir", str(tmp_path / "builtin" / "ckpt.pt"), "--norms", "builtin"]) == 0
+    checkpoint_file = str(tmp_path / "builtin" / "ckpt.pt")
+    assert batch_independence.main(["--out_dir", checkpoint_file, "--device", "cpu", "--norms", "builtin"]) == 0
     out = capsys.readouterr().out  # the checkpoint file itself works as well as its folder
     assert "checkpoint" in out and "PASS" in row_lines(out)["builtin"]
     assert "PASS" in row_lines(out, mode=True)["builtin"]
 
 
 def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config_file = ROOT / "configs" / "shakespeare_char.json"
     status, result = run_json(
         capsys,
         "--config",
-        str(ROOT / "configs" / "shakespeare_char.json"),
+        str(config_file),
+        "--device",
+        "cpu",
         "--norms",
         "builtin",
         "--new_tokens",
@@ -176,7 +184,11 @@ def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], t
         "--prompt_len",
         "4",
     )
-    assert status == 0 and (result["model"]["n_layer"], result["model"]["n_embd"]) == (6, 384)
+    written = json.loads(config_file.read_text(encoding="utf-8"))
+    assert status == 0 and (result["model"]["n_layer"], result["model"]["n_embd"]) == (
+        written["n_layer"],
+        written["n_embd"],
+    )
     assert result["batch_invariant_rows"][0]["alone_vs_batch"]["max_abs_diff"] == 0.0
     (tmp_path / "bad.json").write_text("[1]")
     with pytest.raises(SystemExit, match="error: --config: config file .*bad.json must hold a JSON object"):
@@ -200,11 +212,12 @@ def test_bad_arguments_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert fragment in capsys.readouterr().err
 
 
-def test_bad_device_is_one_line() -> None:
-    proc = run_script("--device", "nonsense")
-    assert proc.returncode == 1 and proc.stdout == ""
+def test_bad_device_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """SystemExit with a message: Python prints it, alone, on stderr, and exits 1."""
+    with pytest.raises(SystemExit) as e:
+        batch_independence.main(["--device", "nonsense"])
     expected = "error: --device: device='nonsense' is not a device here; choose auto, cpu, cuda, cuda:N or mps"
-    assert proc.stderr == expected + "\n"
+    assert e.value.code == expected and capsys.readouterr().out == ""
 
 
 def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
@@ -264,16 +277,23 @@ def test_triton_unavailable_inside_a_check_skips_the_row(
     assert "rmsnorm is required but was skipped: counted as a failure" in result["notes"]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the Triton norm runs")
-def test_triton_is_skipped_with_a_reason_when_it_cannot_run() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = run_script("--norms", "triton", "custom", "--new_tokens", "2", env=env)
+def test_triton_is_skipped_with_a_reason_when_it_cannot_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU without Triton's interpreter (kernels defined for a GPU), or without triton at all."""
+    if TRITON_SKIP is None:
+        import layernorm_triton
+
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
+    proc = run_script(capsys, "--norms", "triton", "custom", *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "skipped triton" in proc.stdout and "TRITON_INTERPRET" in proc.stdout
+    assert "skipped triton" in proc.stdout
+    assert ("TRITON_INTERPRET" in proc.stdout) == (TRITON_SKIP is None)  # with triton, the interpreter is the fix
     assert sorted(row_lines(proc.stdout)) == ["custom"]
 
     # required but skipped: a failure, and the last line says so
-    proc = run_script("--norms", "triton", "custom", "--require", "triton", "--new_tokens", "2", env=env)
+    proc = run_script(capsys, "--norms", "triton", "custom", "--require", "triton", *SMALL)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "note: triton is required but was skipped: counted as a failure" in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1] == "FAIL: required rows that failed: triton"

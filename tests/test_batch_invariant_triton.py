@@ -6,21 +6,19 @@ of this file shows the compiled kernels keep it.)"""
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
+from dataclasses import replace
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 import batch_invariant as bi
-from model import GPT, GPTConfig
+from helpers import TINY, needs_triton
+from model import GPT
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(
-    DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1",
-    reason="Triton's kernels run on a CUDA device, or on the CPU with TRITON_INTERPRET=1",
-)
+pytestmark = needs_triton
 DTYPES = (torch.float32, torch.bfloat16)
 STOCK_SDPA = F.scaled_dot_product_attention
 # The output's rounding, in ulps of its dtype: a GPU rounds float32 to the nearest bfloat16 (half an ulp); Triton's
@@ -87,6 +85,7 @@ def cached_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefill: 
     return torch.cat(out, dim=2)
 
 
+@pytest.mark.slow  # many launches through Triton's interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_query_from_the_cache_adds_as_inside_the_causal_pass(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(2)
@@ -117,12 +116,13 @@ def test_attention_against_float64(dtype: torch.dtype) -> None:
             F.linear(d[0], d[1][0, 0])
 
 
+@pytest.mark.slow  # many launches through Triton's interpreter
 @pytest.mark.parametrize(("norm", "dtype"), [("triton", torch.float32), ("builtin", torch.bfloat16)])
 def test_greedy_decoding_is_bit_exact_through_the_kernels(norm: str, dtype: torch.dtype) -> None:
     """A tiny model's greedy decoding, alone, in a batch of other prompts, and uncached: the same logits, bit for
     bit, in float32 and under bfloat16 autocast, through the Triton kernels (and, for norm=triton, its LayerNorm)."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, norm=norm)).to(DEVICE).eval()
+    model = GPT(replace(TINY, vocab_size=65, norm=norm)).to(DEVICE).eval()
     prompts = torch.randint(65, (3, 4), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     autocast = torch.autocast(DEVICE, dtype=dtype) if dtype != torch.float32 else nullcontext()
     with autocast, bi.batch_invariant(kernels="triton"):

@@ -65,6 +65,7 @@ def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
 # --- the real Tiny Shakespeare -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_char_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = prepare(CHAR, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
@@ -84,6 +85,7 @@ def test_char_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -
     assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text
 
 
+@pytest.mark.slow
 def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = prepare(BPE, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
@@ -180,6 +182,7 @@ def test_text_too_short_for_two_splits(script: Path, text: str, fragment: str, t
     assert_clean_error(proc, "short.txt", "too short", fragment, "at least 2", "block_size")
 
 
+@pytest.mark.slow
 def test_char_vocabulary_too_large_for_uint16(tmp_path: Path) -> None:
     # 70,000 distinct code points from U+0001 up, skipping the surrogates (not encodable as UTF-8).
     chars = [chr(i) for i in range(1, 0x12000) if not 0xD800 <= i <= 0xDFFF][:70_000]

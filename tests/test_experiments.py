@@ -15,6 +15,7 @@ from layernorm import NORMS, DyT
 from model import GPT, GPTConfig
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_inside_norms_smoke(tmp_path, norm_position):
     data = make_dataset(tmp_path / "data")
@@ -61,6 +62,7 @@ def test_inside_norms_smoke(tmp_path, norm_position):
         assert result["token_rms"]["ln_1_out"][0]["p50"] == pytest.approx(1, abs=0.02)
 
 
+@pytest.mark.slow
 def test_norm_placement_smoke(tmp_path):
     """Both parts end to end on a 2-layer model: gradient norms per block, four short train.py runs, two plots."""
     data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
@@ -88,6 +90,7 @@ def test_norm_placement_smoke(tmp_path):
         assert result["final_val_loss"][name] == run["summary"]["final_val_loss"]
 
 
+@pytest.mark.slow  # a fresh interpreter per script
 @pytest.mark.parametrize(
     "script, args, message",
     [
@@ -123,6 +126,7 @@ def run_experiment(script: str, *args: str, timeout: float = 300) -> subprocess.
     return proc
 
 
+@pytest.mark.slow
 def test_dyt_stall_smoke(tmp_path):
     """Three 2-layer models measured at init and after 4 iterations of train.py: every norm, the logits, the
     gradient per block; at init the old DyT hands its sublayer far less than LayerNorm's unit RMS, the recipe
@@ -171,6 +175,7 @@ def test_centre_only_against_float64_and_swapped_in_for_every_norm():
     assert car.row_config("dyt", 0, args).embed_scale and not car.row_config("rmsnorm", 0, args).embed_scale
 
 
+@pytest.mark.slow
 def test_centre_and_rescale_smoke(tmp_path):
     """Five rows, two seeds of one of them, 6 iterations each; a second call finds every run done and only
     rewrites the table."""

@@ -4,33 +4,21 @@ uncached path slides the last block_size tokens)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from helpers import skip_unless_runs
+from helpers import TINY, needs_triton, norm_params, randomize_norms, sharpen_logits, tiny_model
 from layernorm import LAYERNORMS
-from model import GPT, GPTConfig, KVCache
+from model import GPT, KVCache
 
-BLOCK = 16
-TINY = GPTConfig(block_size=BLOCK, vocab_size=13, n_layer=2, n_head=2, n_embd=32, norm="custom")
+BLOCK = TINY.block_size
 TOL = 1e-5  # float32
 
 
 def tiny(norm: str = "custom", seed: int = 0) -> GPT:
-    """A tiny GPT with its norm weights moved off their init, so the norms' parameters matter."""
-    skip_unless_runs(norm)
-    torch.manual_seed(seed)
-    model = GPT(replace(TINY, norm=norm)).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".ln_" in name or "ln_f" in name:
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("wte.weight"):
-                p.mul_(5)  # larger logits: greedy choices are clear-cut, not float near-ties
-    return model
+    """The tests' tiny GPT with its norm weights moved off their init (so the norms' parameters matter) and clear-cut
+    greedy choices."""
+    return sharpen_logits(randomize_norms(tiny_model(norm, seed), seed + 1))
 
 
 def prompts(batch: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -61,7 +49,7 @@ def cached_windows(prompt_len: int, steps: int, block: int) -> list[tuple[int, i
 # --- within block_size: the cache changes nothing --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm", [*LAYERNORMS, "rmsnorm"])
+@pytest.mark.parametrize("norm", norm_params([*LAYERNORMS, "rmsnorm"]))
 def test_cached_and_uncached_greedy_decoding_agree(norm: str) -> None:
     model = tiny(norm)
     idx = prompts(1, 10) if norm == "triton" else prompts(2, 5)  # the Triton interpreter is slow: keep it small
@@ -90,7 +78,12 @@ def test_prefill_then_single_tokens_equal_one_full_forward(norm: str) -> None:
 # The Triton interpreter is slow: Triton runs the cached path only, the one this is about.
 @pytest.mark.parametrize(
     ("norm", "use_kv_cache"),
-    [(n, c) for n in (*LAYERNORMS, "rmsnorm") for c in (True, False) if c or n != "triton"],
+    [
+        pytest.param(n, c, marks=[needs_triton, pytest.mark.slow]) if n == "triton" else (n, c)
+        for n in (*LAYERNORMS, "rmsnorm")
+        for c in (True, False)
+        if c or n != "triton"
+    ],
 )
 def test_a_row_alone_and_in_a_batch_decode_the_same(norm: str, use_kv_cache: bool) -> None:
     model = tiny(norm)

@@ -10,7 +10,7 @@ import torch
 
 import layernorm
 from bench import kernels
-from helpers import ROOT
+from helpers import ROOT, needs_triton
 
 
 def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
@@ -51,6 +51,7 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@needs_triton
 def test_overhead_stubs_the_launches_and_puts_them_back():
     import layernorm_triton
 
@@ -66,6 +67,7 @@ def test_overhead_stubs_the_launches_and_puts_them_back():
     torch.testing.assert_close(norm(x), torch.nn.functional.layer_norm(x, (384,), norm.weight, norm.bias))
 
 
+@pytest.mark.slow  # the script re-executes itself: two processes, twice
 @pytest.mark.skipif(sys.platform != "linux", reason="the allocator settings are glibc's")
 def test_script_reruns_itself_with_glibc_keeping_freed_memory(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}

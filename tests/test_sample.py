@@ -3,7 +3,6 @@ streams, the norm swap, the prompt sources, determinism, and one-line errors; an
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,9 +14,16 @@ import torch
 
 import sample
 from checkpoint import FORMAT, load_checkpoint, save_checkpoint
-from helpers import assert_one_line_error, save_with_payload, subprocess_env
+from helpers import (
+    assert_one_line_error,
+    randomize_norms,
+    save_with_payload,
+    sharpen_logits,
+    subprocess_env,
+    tiny_model,
+)
 from layernorm import TritonUnavailableError, make_norm
-from model import GPT, GPTConfig
+from model import GPT
 from tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,16 +35,8 @@ BPE = {"kind": "tiktoken", "encoding": "r50k_base"}
 
 def make_checkpoint(out_dir: Path, tokenizer: dict, vocab_size: int, norm: str = "builtin", n_embd: int = 32) -> GPT:
     """A random tiny GPT saved as train.py would save it; norm weights and embeddings moved off their init."""
-    torch.manual_seed(0)
-    config = GPTConfig(block_size=BLOCK, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=n_embd, norm=norm)
-    model = GPT(config)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".ln_" in name or "ln_f" in name:
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("wte.weight"):
-                p.mul_(5)  # clear-cut greedy choices, no float near-ties
+    model = sharpen_logits(randomize_norms(tiny_model(norm, block_size=BLOCK, vocab_size=vocab_size, n_embd=n_embd)))
+    config = model.config
     save_checkpoint(
         out_dir / "ckpt.pt",
         {
@@ -69,12 +67,6 @@ def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sample") / "bpe"
     make_checkpoint(path, BPE, vocab_size=50304, n_embd=16)
     return path
-
-
-def require_tiktoken_cache() -> None:
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR")  # unset: Path("") would be the working directory
-    if not (cache and Path(cache).is_dir() and any(Path(cache).iterdir())):
-        pytest.skip("no tiktoken cache (TIKTOKEN_CACHE_DIR) with r50k_base")
 
 
 def run(out_dir: Path, *args: str) -> list[str]:
@@ -170,8 +162,7 @@ def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path
         assert len(text) == 23 and set(text) <= set(itos)
 
 
-def test_bpe_checkpoint(bpe_dir: Path) -> None:
-    require_tiktoken_cache()
+def test_bpe_checkpoint(bpe_dir: Path, gpt2_bpe: object) -> None:
     text = run(bpe_dir, "--start", "ROMEO: Shall I", "--max_new_tokens", "8")[0]
     assert text.startswith("ROMEO: Shall I") and len(text) > len("ROMEO: Shall I")
 
@@ -182,10 +173,15 @@ def test_bpe_checkpoint(bpe_dir: Path) -> None:
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 @pytest.mark.parametrize("sampling", [("--temperature", "0"), ("--temperature", "1", "--top_k", "50", "--seed", "3")])
 def test_streamed_text_is_the_text_generate_returns(
-    kind: str, sampling: tuple[str, ...], out_dir: Path, bpe_dir: Path, capsys: pytest.CaptureFixture[str]
+    kind: str,
+    sampling: tuple[str, ...],
+    out_dir: Path,
+    bpe_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     if kind == "bpe":
-        require_tiktoken_cache()
+        request.getfixturevalue("gpt2_bpe")
     folder, prompt = (out_dir, "the king") if kind == "char" else (bpe_dir, "ROMEO: café")
     argv = [
         "--out_dir",
@@ -270,8 +266,7 @@ def whole_characters(tokenizer: TiktokenTokenizer, ids: list[int]) -> str:
 TEXT_WITH_CUT_CHARACTERS = " 🙂 naïve 日本語 😀👍!"
 
 
-def test_bpe_decode_stream_holds_a_cut_character_back_until_it_is_whole() -> None:
-    require_tiktoken_cache()
+def test_bpe_decode_stream_holds_a_cut_character_back_until_it_is_whole(gpt2_bpe: object) -> None:
     tokenizer = TiktokenTokenizer()
     ids = tokenizer.encode(TEXT_WITH_CUT_CHARACTERS)
     cut = [k for k in range(len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
@@ -287,8 +282,9 @@ def test_bpe_decode_stream_holds_a_cut_character_back_until_it_is_whole() -> Non
         assert "".join(tokenizer.decode_stream(broken)) == tokenizer.decode(broken)
 
 
-def test_sample_prints_a_character_cut_between_bpe_tokens_whole(bpe_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    require_tiktoken_cache()
+def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
+    bpe_dir: Path, monkeypatch: pytest.MonkeyPatch, gpt2_bpe: object
+) -> None:
     tokenizer = TiktokenTokenizer()
     ids = tokenizer.encode(TEXT_WITH_CUT_CHARACTERS)
     stdout = StepCountingStdout()
@@ -304,17 +300,12 @@ def test_sample_prints_a_character_cut_between_bpe_tokens_whole(bpe_dir: Path, m
 # --- errors: one line, no traceback ----------------------------------------------------------------------------------
 
 
-def test_unknown_character_is_named_in_a_one_line_error(out_dir: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(out_dir), *CPU, "--start", "the Queen"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 1 and proc.stdout == ""
-    err = proc.stderr.strip()
-    assert "Traceback" not in proc.stderr and "\n" not in err, proc.stderr
+def test_unknown_character_is_named_in_a_one_line_error(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SystemExit with one line: Python prints it on stderr and exits 1 (as sample.py does for every error)."""
+    with pytest.raises(SystemExit) as e:
+        run(out_dir, "--start", "the Queen")
+    err = str(e.value.code)
+    assert capsys.readouterr().out == "" and "\n" not in err
     assert err.startswith("error: --start: character 'Q'") and "position 4" in err and "vocabulary" in err
 
 
@@ -338,6 +329,7 @@ def test_truncated_checkpoint(out_dir: Path, tmp_path: Path) -> None:
         sample.main(["--out_dir", str(tmp_path), *CPU])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothing(
     out_dir: Path, tmp_path: Path
 ) -> None:
@@ -362,6 +354,7 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
     assert proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir: Path, tmp_path: Path) -> None:
     # An empty cache, and downloads forced to fail even on a machine with internet access.
     proxy = "http://127.0.0.1:9"

@@ -1,6 +1,8 @@
 """train.py: options and their errors, data errors, learning, checkpoints, exact resume, incompatible checkpoints.
 
-Tiny runs (tests/helpers.py) on a tiny character dataset, so the whole file runs in well under a minute.
+Tiny runs (tests/helpers.py) on the shared tiny character dataset, in this process: train.cli is what
+`python train.py` exits with, so its exit status and its one line on stderr are checked without a new Python.
+One test runs train.py as a process, for the exit status a shell sees.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 import math
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pytest
@@ -25,13 +27,16 @@ from device import Dist
 from helpers import (
     ROOT,
     TEXT,
+    TINY,
     VOCAB,
     assert_one_line_error,
     make_dataset,
+    needs_triton,
     records,
     run_cli,
     save_with_payload,
     tiny_args,
+    train_cli,
     train_losses,
 )
 
@@ -39,37 +44,27 @@ from helpers import (
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return make_dataset(tmp_path / "data")
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
-    """A finished 12-iteration run (data_dir, out_dir, summary), shared by the tests that only read it."""
-    tmp = tmp_path_factory.mktemp("trained")
-    data = make_dataset(tmp / "data")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    summary = train.main(tiny_args(data, tmp / "out", "--max_iters=12", "--eval_interval=5"))
-    torch.set_num_threads(n)
-    return data, tmp / "out", summary
+def data_dir(tiny_data: Path) -> Path:
+    return tiny_data  # read only: every run here writes to its own out_dir
 
 
 # ---- options ----
 
 
-def test_help_lists_every_option_with_its_default() -> None:
-    proc = run_cli(["--help"])
-    assert proc.returncode == 0, proc.stderr
+def test_help_lists_every_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        train.cli(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
     for f in fields(options.TrainConfig):
-        assert f"--{f.name}={f.default}" in proc.stdout, f.name
-        assert f.metadata["help"] in proc.stdout
+        assert f"--{f.name}={f.default}" in out, f.name
+        assert f.metadata["help"] in out
     for norm in options.VALID_NORMS:
-        assert norm in proc.stdout
+        assert norm in out
 
 
-def test_unknown_flag_is_named_with_a_close_match_and_the_valid_options() -> None:
-    proc = run_cli(["--batch_sise=4"])
+def test_unknown_flag_is_named_with_a_close_match_and_the_valid_options(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = train_cli(capsys, ["--batch_sise=4"])
     err = assert_one_line_error(proc, 2, "'batch_sise'", "on the command line", "Did you mean 'batch_size'")
     assert "learning_rate" in err and "n_layer" in err  # the valid options are listed
 
@@ -98,7 +93,9 @@ def test_wrong_type_on_command_line(arg: str, needles: list[str]) -> None:
         assert needle in str(e.value)
 
 
+@pytest.mark.slow
 def test_wrong_type_exits_2_with_one_line() -> None:
+    """As a process: the exit status a shell sees, and one line on stderr, no traceback."""
     assert_one_line_error(run_cli(["--compile=maybe"]), 2, "compile", "maybe", "bool")
 
 
@@ -172,15 +169,23 @@ def test_out_of_range_values(args: list[str], needle: str) -> None:
     assert needle in str(e.value)
 
 
-def test_the_models_own_checks_are_one_line_errors() -> None:
+def test_the_models_own_checks_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
     """GPTConfig checks the model's sizes itself; train.py reports its error as a bad option, before any data."""
-    proc = run_cli(["--n_embd=30", "--n_head=4", "--data_dir=/nonexistent"])
+    proc = train_cli(capsys, ["--n_embd=30", "--n_head=4", "--data_dir=/nonexistent"])
     assert_one_line_error(proc, 2, "error: n_embd (30) must be divisible by n_head (4)")
-    assert_one_line_error(run_cli(["--n_layer=0"]), 2, "n_layer must be a positive integer, got 0")
+    assert_one_line_error(train_cli(capsys, ["--n_layer=0"]), 2, "n_layer must be a positive integer, got 0")
 
 
-def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(tmp_path: Path) -> None:
-    proc = run_cli([f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--norm=triton"], drop=("TRITON_INTERPRET",))
+@needs_triton
+def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kernels defined for a GPU (a Python started without TRITON_INTERPRET) cannot take CPU tensors."""
+    import layernorm_triton
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
+    proc = train_cli(capsys, [f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--norm=triton"])
     assert_one_line_error(proc, 2, "error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1", "'builtin'")
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
@@ -196,9 +201,9 @@ def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(tmp_path: P
     ids=["graphs-on-cpu", "graphs-and-compile", "mode-without-compile", "unknown-mode"],
 )
 def test_launch_options_it_cannot_serve_are_one_line_errors(
-    tmp_path: Path, args: list[str], needles: list[str]
+    tmp_path: Path, args: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert_one_line_error(run_cli([f"--out_dir={tmp_path / 'out'}", *args]), 2, *needles)
+    assert_one_line_error(train_cli(capsys, [f"--out_dir={tmp_path / 'out'}", *args]), 2, *needles)
     assert not (tmp_path / "out").exists()
 
 
@@ -235,44 +240,46 @@ def test_compile_mode_reaches_torch_compile(tmp_path: Path, data_dir: Path, monk
     assert modes == ["max-autotune"]
 
 
-def test_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, data_dir: Path) -> None:
+def test_out_dir_that_is_a_file_is_a_one_line_error(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "taken").write_text("not a folder")
-    proc = run_cli(tiny_args(data_dir, tmp_path / "taken", "--max_iters=1"))
+    proc = train_cli(capsys, tiny_args(data_dir, tmp_path / "taken", "--max_iters=1"))
     assert_one_line_error(proc, 1, f"error: out_dir '{tmp_path / 'taken'}' is a file, not a folder")
     assert (tmp_path / "taken").read_text() == "not a folder"
 
 
-def test_out_dir_that_cannot_be_created_is_a_one_line_error(tmp_path: Path, data_dir: Path) -> None:
-    proc = run_cli(tiny_args(data_dir, Path("/proc/x"), "--max_iters=1"))
+def test_out_dir_that_cannot_be_created_is_a_one_line_error(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = train_cli(capsys, tiny_args(data_dir, Path("/proc/x"), "--max_iters=1"))
     assert_one_line_error(proc, 1, "error: out_dir '/proc/x' cannot be created (No such file or directory)")
     (tmp_path / "file").write_text("")
-    proc = run_cli(tiny_args(data_dir, tmp_path / "file" / "out", "--max_iters=1"))
+    proc = train_cli(capsys, tiny_args(data_dir, tmp_path / "file" / "out", "--max_iters=1"))
     assert_one_line_error(proc, 1, "cannot be created (Not a directory)")
 
 
-def test_shipped_configs_are_valid() -> None:
+def test_shipped_configs_are_valid_and_read_as_written() -> None:
+    """Every config file builds a valid config holding exactly the file's values (of the option's type); the CPU
+    config decays its learning rate over the whole run."""
     configs = sorted((ROOT / "configs").glob("*.json"))
     assert {p.stem for p in configs} >= {"shakespeare_char_cpu", "shakespeare_char", "shakespeare"}
+    types = {f.name: f.type for f in fields(options.TrainConfig)}
     for path in configs:
-        options.build_config(options.parse_args([str(path)]))
+        written = json.loads(path.read_text(encoding="utf-8"))
+        cfg = options.build_config(options.parse_args([str(path)]))
+        read = {k: getattr(cfg, k) for k in written}
+        assert read == written, path.name
+        assert all(type(v).__name__ in types[k] for k, v in read.items() if v is not None), path.name
     cpu = options.build_config(options.parse_args([str(ROOT / "configs/shakespeare_char_cpu.json")]))
-    assert (cpu.n_layer, cpu.n_head, cpu.n_embd, cpu.block_size, cpu.batch_size, cpu.max_iters) == (
-        4,
-        4,
-        128,
-        64,
-        12,
-        2000,
-    )
-    assert (cpu.dropout, cpu.compile, cpu.lr_decay_iters) == (0.0, False, 2000)
-    assert (cpu.learning_rate, cpu.min_lr, cpu.beta2, cpu.warmup_iters) == (1e-3, 1e-4, 0.99, 100)
+    assert cpu.lr_decay_iters == cpu.max_iters
 
 
 # ---- data ----
 
 
-def test_missing_data_says_how_to_prepare_it(tmp_path: Path) -> None:
-    proc = run_cli([f"--data_dir={tmp_path / 'empty'}", f"--out_dir={tmp_path / 'out'}", "--device=cpu"])
+def test_missing_data_says_how_to_prepare_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    proc = train_cli(capsys, [f"--data_dir={tmp_path / 'empty'}", f"--out_dir={tmp_path / 'out'}", "--device=cpu"])
     assert_one_line_error(proc, 1, "no train.bin", "python data/shakespeare_char/prepare.py")
 
 
@@ -305,25 +312,13 @@ def test_loss_goes_down(tmp_path: Path, data_dir: Path) -> None:
     assert summary["final_val_loss"] == evals[-1]["val_loss"]
 
 
-def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, Path, dict]) -> None:
-    data, out, summary = trained
+def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, dict], tiny_data: Path) -> None:
+    out, summary = trained
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["format"] == FORMAT and ckpt["iter_num"] == 12
-    assert ckpt["model_args"] == {
-        "n_layer": 2,
-        "n_head": 2,
-        "n_embd": 32,
-        "block_size": 16,
-        "bias": True,
-        "vocab_size": VOCAB,
-        "dropout": 0.0,
-        "norm": "builtin",
-        "norm_position": "pre",
-        "norm_alpha": None,
-        "embed_scale": False,
-    }
+    assert ckpt["model_args"] == asdict(TINY)  # the model the flags asked for, every field
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
-    assert ckpt["config"]["max_iters"] == 12 and ckpt["config"]["data_dir"] == str(data)
+    assert ckpt["config"]["max_iters"] == 12 and ckpt["config"]["data_dir"] == str(tiny_data)
     assert ckpt["tokenizer"]["kind"] == "char"
     assert set(ckpt["rng"]) - {"cuda"} == {"torch", "data"}  # "cuda" where CUDA was initialized
     assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records(out, "eval"))
@@ -337,8 +332,8 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, Path, dict]) -> 
     assert rec["peak_memory_bytes"] > 10_000_000 and rec["median_ms_per_iter"] > 0 and rec["wall_s"] > 0
 
 
-def test_resume_continues_the_run(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
-    data, out, _ = trained
+def test_resume_continues_the_run(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    out, _ = trained
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     for name in ("ckpt.pt", "metrics.jsonl"):
@@ -401,6 +396,7 @@ def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_di
     assert again["final_val_loss"] == rarely["final_val_loss"]
 
 
+@pytest.mark.slow
 def test_prepare_script_then_train(tmp_path: Path, shakespeare_path: Path) -> None:
     out = tmp_path / "sc"
     prep = subprocess.run(
@@ -425,24 +421,26 @@ def test_sample_at_end_prints_text(tmp_path: Path, data_dir: Path, capsys: pytes
 # ---- checkpoints that cannot be resumed ----
 
 
-def test_truncated_checkpoint_is_a_clear_error(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
-    _, out, _ = trained
+def test_truncated_checkpoint_is_a_clear_error(
+    trained: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = trained
     bad = tmp_path / "bad"
     bad.mkdir()
     blob = (out / "ckpt.pt").read_bytes()
     (bad / "ckpt.pt").write_bytes(blob[: len(blob) // 2])
-    proc = run_cli([f"--out_dir={bad}", "--init_from=resume"])
+    proc = train_cli(capsys, [f"--out_dir={bad}", "--init_from=resume"])
     assert_one_line_error(proc, 1, "truncated or corrupt", str(bad / "ckpt.pt"))
 
 
 def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothing(
-    trained: tuple[Path, Path, dict], tmp_path: Path
+    trained: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, out, _ = trained
+    out, _ = trained
     bad, marker = tmp_path / "bad", tmp_path / "marker"
     save_with_payload(bad / "ckpt.pt", load_checkpoint(out / "ckpt.pt"), marker)  # a resumable checkpoint, plus code
     blob = (bad / "ckpt.pt").read_bytes()
-    proc = run_cli([f"--out_dir={bad}", "--init_from=resume", "--max_iters=13"])
+    proc = train_cli(capsys, [f"--out_dir={bad}", "--init_from=resume", "--max_iters=13"])
     assert not marker.exists()
     assert_one_line_error(
         proc,
@@ -459,8 +457,8 @@ def test_missing_checkpoint_on_resume(tmp_path: Path) -> None:
         train.main([f"--out_dir={tmp_path}", "--init_from=resume"])
 
 
-def test_checkpoint_of_another_model_size(trained: tuple[Path, Path, dict]) -> None:
-    data, out, _ = trained
+def test_checkpoint_of_another_model_size(trained: tuple[Path, dict]) -> None:
+    out, _ = trained
     with pytest.raises(CheckpointError) as e:
         train.main([f"--out_dir={out}", "--init_from=resume", "--n_layer=3", "--n_embd=64", "--max_iters=13"])
     msg = str(e.value)
@@ -468,23 +466,23 @@ def test_checkpoint_of_another_model_size(trained: tuple[Path, Path, dict]) -> N
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12  # untouched
 
 
-def test_resume_with_the_embedding_scale_asked_for_but_not_in_the_checkpoint(trained: tuple[Path, Path, dict]) -> None:
+def test_resume_with_the_embedding_scale_asked_for_but_not_in_the_checkpoint(trained: tuple[Path, dict]) -> None:
     """embed_scale adds a parameter: asked for explicitly on a checkpoint trained without it, it is refused, not
     silently dropped."""
-    _, out, _ = trained
+    out, _ = trained
     with pytest.raises(CheckpointError, match="embed_scale: False -> True"):
         train.main([f"--out_dir={out}", "--init_from=resume", "--embed_scale=true", "--max_iters=13"])
 
 
-def test_checkpoint_resumed_with_a_norm_that_computes_another_function(trained: tuple[Path, Path, dict]) -> None:
-    _, out, _ = trained
+def test_checkpoint_resumed_with_a_norm_that_computes_another_function(trained: tuple[Path, dict]) -> None:
+    out, _ = trained
     with pytest.raises(CheckpointError, match="trained with norm='builtin'.*but not with 'rmsnorm'"):
         train.main([f"--out_dir={out}", "--init_from=resume", "--norm=rmsnorm", "--max_iters=13"])
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12  # untouched
 
 
-def test_checkpoint_with_another_vocabulary(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
-    _, out, _ = trained
+def test_checkpoint_with_another_vocabulary(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    out, _ = trained
     other = make_dataset(tmp_path / "other", text="ABCDEFGH abcdefgh\n" * 200)
     with pytest.raises(CheckpointError) as e:
         train.main([f"--out_dir={out}", "--init_from=resume", f"--data_dir={other}", "--max_iters=13"])
@@ -508,10 +506,10 @@ def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, da
     assert load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == summary["iters"]
 
 
-def test_checkpoint_whose_optimizer_state_does_not_fit(trained: tuple[Path, Path, dict], tmp_path: Path) -> None:
+def test_checkpoint_whose_optimizer_state_does_not_fit(trained: tuple[Path, dict], tmp_path: Path) -> None:
     from checkpoint import save_checkpoint
 
-    _, out, _ = trained
+    out, _ = trained
     ckpt = load_checkpoint(out / "ckpt.pt")
     ckpt["optimizer"] = {"state": {}, "param_groups": []}
     save_checkpoint(tmp_path / "ckpt.pt", ckpt)

@@ -23,6 +23,7 @@ from helpers import ROOT, make_dataset, records, subprocess_env, tiny_args, trai
 from options import ConfigError
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "data")
     args = ["--gradient_accumulation_steps=4", "--max_iters=4", "--eval_interval=2", "--dropout=0.0"]
@@ -81,6 +82,7 @@ def torchrun(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args]
 
 
+@pytest.mark.slow
 def test_two_processes_with_dropout_resume_to_the_losses_of_an_uninterrupted_run(tmp_path: Path) -> None:
     """Each process has its own dropout stream; a resumed 2-process run must get every one of them back."""
     data = make_dataset(tmp_path / "data")
@@ -106,6 +108,7 @@ def test_two_processes_with_dropout_resume_to_the_losses_of_an_uninterrupted_run
     assert [cut[i] for i in range(4, 8)] == [whole[i] for i in range(4, 8)]
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_one_process_stops_every_process_at_the_same_iteration(tmp_path: Path) -> None:
     """With no log line to wait for (log_interval is huge), a signal to rank 1 alone still stops both processes
     at the next iteration, and rank 0 saves that iteration's state."""

@@ -1,17 +1,17 @@
 """train.py under faults: kill -9 then resume, Ctrl-C (SIGINT) and SIGTERM then resume, a NaN or an inf loss.
 
-Each interrupted run is a real subprocess; the uninterrupted reference runs in-process with the same single
-thread, and the resumed run must give exactly its losses, iteration by iteration. A diverging run is train.py
-itself, started through a wrapper that makes the model's loss NaN or inf at one iteration (helpers.DIVERGE).
+Each interrupted run is a real process (the point is what a signal does to one); the resumed run and the
+uninterrupted reference run in this process with the same single thread, and the resumed run must give exactly
+the reference's losses, iteration by iteration. A diverging run is train.py in this process with the model's loss
+made NaN or inf at one iteration (helpers.diverge_at).
 """
 
 from __future__ import annotations
 
 import math
 import shlex
+import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,32 +20,30 @@ import torch
 import train
 from checkpoint import load_checkpoint
 from helpers import (
-    ROOT,
     assert_one_line_error,
-    make_dataset,
+    diverge_at,
     n_train_records,
     records,
-    run_cli,
-    run_diverging,
     start,
-    subprocess_env,
     tiny_args,
+    train_cli,
     wait_for,
 )
 from helpers import train_losses as losses
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return make_dataset(tmp_path / "data")
+def data_dir(tiny_data: Path) -> Path:
+    return tiny_data  # read only
 
 
-# dropout > 0: the dropout masks draw from the torch RNG, whose state must come back from the checkpoint too
-@pytest.mark.parametrize("norm", ["builtin", "custom"])
-def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Path, norm: str) -> None:
-    args = tiny_args(
-        data_dir, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", f"--norm={norm}", "--dropout=0.1"
-    )
+# dropout > 0: the dropout masks draw from the torch RNG, whose state must come back from the checkpoint too.
+# (Every norm's exact resume: test_train.py::test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run.)
+@pytest.mark.slow
+def test_kill_9_then_resume_continues_the_same_run(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = tiny_args(data_dir, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", "--dropout=0.1")
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: (tmp_path / "run" / "ckpt.pt").exists(), proc)
     wait_for(lambda: n_train_records(tmp_path / "run") >= 15, proc)  # well past the checkpoint, mid-run
@@ -55,7 +53,7 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Pat
     k = load_checkpoint(tmp_path / "run" / "ckpt.pt")["iter_num"]
     assert k >= 10 and k % 10 == 0
     n = k + 6
-    resumed = run_cli(args + ["--init_from=resume", f"--max_iters={n}"])
+    resumed = train_cli(capsys, args + ["--init_from=resume", f"--max_iters={n}"])
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {tmp_path / 'run' / 'ckpt.pt'} at iteration {k}" in resumed.stdout
     train.main(
@@ -64,7 +62,6 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Pat
             tmp_path / "whole",
             "--eval_interval=10",
             "--lr_decay_iters=200",
-            f"--norm={norm}",
             "--dropout=0.1",
             f"--max_iters={n}",
         )
@@ -76,13 +73,29 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, data_dir: Pat
     assert losses(tmp_path / "run") == whole
 
 
+def run_printed_command(capsys: pytest.CaptureFixture[str], command: str, *extra: str) -> str:
+    """The resume command train.py printed, `[mv A B && ]python train.py ARGS`, with EXTRA appended: the move made,
+    train.py ARGS run in this process. Returns its stdout."""
+    *moves, python = command.split(" && ")
+    for move in moves:
+        mv, source, target = shlex.split(move)
+        assert mv == "mv", command
+        shutil.move(source, target)
+    words = shlex.split(python)
+    assert words[:2] == ["python", "train.py"], command
+    resumed = train_cli(capsys, [*words[2:], *extra])
+    assert resumed.returncode == 0, resumed.stderr
+    return resumed.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sig", "always_save"),
     [(signal.SIGINT, True), (signal.SIGINT, False), (signal.SIGTERM, True)],
     ids=["ctrl-c", "ctrl-c-best-only", "sigterm"],
 )
 def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
-    tmp_path: Path, data_dir: Path, sig: signal.Signals, always_save: bool
+    tmp_path: Path, data_dir: Path, sig: signal.Signals, always_save: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
     run with exactly the losses of an uninterrupted one."""
@@ -110,12 +123,8 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     command = err.split("To continue the run: ")[1].strip()
     assert "--init_from=resume" in command and ("mv " in command) != always_save
     n = k + 4
-    command = command.replace("python train.py", f"{shlex.quote(sys.executable)} train.py") + f" --max_iters={n}"
-    resumed = subprocess.run(
-        command, shell=True, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed.stdout
+    resumed = run_printed_command(capsys, command, f"--max_iters={n}")
+    assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed
     train.main(
         tiny_args(
             data_dir,
@@ -132,11 +141,13 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
 
 @pytest.mark.parametrize("factor", ["nan", "inf"])
 def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_checkpoint(
-    tmp_path: Path, data_dir: Path, factor: str
+    tmp_path: Path, data_dir: Path, factor: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "run"
     args = tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=5", "--log_interval=5")
-    proc = run_diverging(13, factor, args)
+    with monkeypatch.context() as patch:
+        diverge_at(patch, 13, float(factor))
+        proc = train_cli(capsys, args)
     err = assert_one_line_error(
         proc, 1, f"error: loss is {factor} at iteration 13", f"{out / 'ckpt.pt'} (iteration 10)"
     )
@@ -147,11 +158,14 @@ def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_ch
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert math.isfinite(ckpt["best_val_loss"])
     # the run can go on from it
-    resumed = run_cli(tiny_args(data_dir, out, "--max_iters=12", "--eval_interval=5", "--init_from=resume"))
+    resumed = train_cli(capsys, tiny_args(data_dir, out, "--max_iters=12", "--eval_interval=5", "--init_from=resume"))
     assert resumed.returncode == 0, resumed.stderr
 
 
-def test_a_nan_before_the_first_checkpoint_says_none_was_written(tmp_path: Path, data_dir: Path) -> None:
-    proc = run_diverging(2, "nan", tiny_args(data_dir, tmp_path / "run", "--max_iters=30", "--eval_interval=10"))
+def test_a_nan_before_the_first_checkpoint_says_none_was_written(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    diverge_at(monkeypatch, 2, math.nan)
+    proc = train_cli(capsys, tiny_args(data_dir, tmp_path / "run", "--max_iters=30", "--eval_interval=10"))
     assert_one_line_error(proc, 1, "loss is nan at iteration 2", "no checkpoint had been written by this run")
     assert not (tmp_path / "run" / "ckpt.pt").exists()

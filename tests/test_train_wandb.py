@@ -72,6 +72,7 @@ def logged_run(run_dir: Path) -> tuple[dict, list[dict]]:
     return config, history
 
 
+@pytest.mark.slow
 def test_offline_run_records_loss_and_config(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     data = make_dataset(tmp_path / "data")
@@ -101,6 +102,7 @@ def test_offline_run_records_loss_and_config(tmp_path: Path) -> None:
     assert all("lr" in row and "ms_per_iter" in row and "tokens_per_s" in row for row in history if "train/loss" in row)
 
 
+@pytest.mark.slow
 def test_without_wandb(tmp_path: Path) -> None:
     """A shim that makes `import wandb` (and tiktoken, triton) fail, as on a machine without them."""
     shim = tmp_path / "shim"
