@@ -2,6 +2,7 @@
 
     python batch_independence.py                       # a small random model, seeded
     python batch_independence.py --out_dir=out-shakespeare-char
+    python batch_independence.py --ckpt=../nanoGPT/out-shakespeare-char/ckpt.pt  # nanoGPT's checkpoint
     TRITON_INTERPRET=1 python batch_independence.py    # include the Triton LayerNorm on a CPU-only machine
     python batch_independence.py --config=configs/shakespeare_char.json  # a random model of that size
     python batch_independence.py --device=cuda --dtype=bfloat16  # on a GPU, under bfloat16 autocast
@@ -26,6 +27,7 @@ from checkpoint import CheckpointError, checkpoint_config, checkpoint_weights, l
 from device import DEVICE_HELP, DeviceError, resolve_device
 from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig
+from nanogpt import FORMAT as NANOGPT_FORMAT
 from options import read_config_file
 
 EVAL_ROW = "batchnorm-eval"
@@ -61,7 +63,8 @@ WHY_EVAL = (
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out_dir", help="folder holding ckpt.pt, or a checkpoint file; without it, a random model")
+    p.add_argument("--out_dir", help="folder holding ckpt.pt (this project's or nanoGPT's); without it, a random model")
+    p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
     p.add_argument("--config", help="a random model of this JSON config's size (default: 2 layers, 64 wide)")
     p.add_argument("--norms", nargs="+", default=list(NORMS), help=f"norms to run (default: {' '.join(NORMS)})")
     p.add_argument("--require", nargs="+", help="rows that must pass, else exit 1 (default: LayerNorms, rmsnorm)")
@@ -91,19 +94,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:
     """The config and weights every row shares, and a line saying where they come from."""
-    if args.out_dir is None:
+    if args.out_dir is None and args.ckpt is None:
         size = read_config_file(args.config) if args.config else {}  # a ConfigError says what is wrong with it
         config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
         torch.manual_seed(args.seed)
         return config, GPT(config).state_dict(), f"random init (seed {args.seed}), the same weights in every row"
-    path = Path(args.out_dir) if Path(args.out_dir).is_file() else Path(args.out_dir) / "ckpt.pt"
+    if args.ckpt is not None:
+        path = Path(args.ckpt)
+    elif Path(args.out_dir).is_file():
+        path = Path(args.out_dir)
+    else:
+        path = Path(args.out_dir) / "ckpt.pt"
     try:
         ckpt = load_checkpoint(path)
-        config, state = checkpoint_config(ckpt), checkpoint_weights(ckpt)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
-    source = f"checkpoint {path} (trained with norm={config.norm}), loaded into every row's model with strict=False"
-    return config, state, f"{source}: the norms share weight/bias"
+    config = checkpoint_config(ckpt)
+    owner = "nanoGPT's checkpoint" if ckpt["format"] == NANOGPT_FORMAT else "checkpoint"
+    source = f"{owner} {path} (trained with norm={config.norm}), loaded into every row's model with strict=False"
+    return config, checkpoint_weights(ckpt), f"{source}: the norms share weight/bias"
 
 
 def attempt(measure: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
@@ -147,19 +156,29 @@ def run_row(
     # GPT.generate's greedy decoding with the KV cache: (tokens [B, P + n], logits [B, n, V]), or the error
     greedy = lambda idx: attempt(model.generate, idx, args.new_tokens, temperature=0, return_logits=True)
     with autocast, batch_invariant(enabled=invariant):
-        (alone, alone_error), (batch, batch_error) = greedy(prompts[:1]), greedy(prompts)  # (1) row 0 alone, batched
-        error = f"alone, {alone_error}" if alone_error else batch_error and f"in the batch, {batch_error}"
-        both = error is None
-        per_step = (alone[1][0].float() - batch[1][0].float()).abs().amax(-1).tolist() if both else []
-        differ = (alone[0][0] != batch[0][0]).nonzero().flatten().tolist() if both else []  # token positions
+        alone, alone_error = greedy(prompts[:1])  # (1) row 0 alone
+        batch, batch_error = greedy(prompts)  # and in the batch
         alone_vs_batch = {
-            "max_abs_diff": max(per_step, default=None),
-            "scale": alone[1].float().abs().max().item() if both else None,
-            "error": error,
-            "per_step_max_abs_diff": per_step,
-            "tokens_agree": not differ if both else None,
-            "first_divergent_step": differ[0] - prompts.size(1) if differ else None,  # the first token that differs
+            "max_abs_diff": None,
+            "scale": None,
+            "error": None,
+            "per_step_max_abs_diff": [],
+            "tokens_agree": None,
+            "first_divergent_step": None,  # the first token that differs
         }
+        if alone_error:
+            alone_vs_batch["error"] = f"alone, {alone_error}"
+        elif batch_error:
+            alone_vs_batch["error"] = f"in the batch, {batch_error}"
+        else:
+            per_step = (alone[1][0].float() - batch[1][0].float()).abs().amax(-1).tolist()
+            differ = (alone[0][0] != batch[0][0]).nonzero().flatten().tolist()  # token positions
+            alone_vs_batch["max_abs_diff"] = max(per_step)
+            alone_vs_batch["scale"] = alone[1].float().abs().max().item()
+            alone_vs_batch["per_step_max_abs_diff"] = per_step
+            alone_vs_batch["tokens_agree"] = not differ
+            if differ:
+                alone_vs_batch["first_divergent_step"] = differ[0] - prompts.size(1)
         # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over the sequences
         cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
         if not batch_error:  # the last chosen token is never fed back
@@ -200,38 +219,33 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 def report(result: dict[str, Any]) -> str:
     """The two tables and what they mean, read from the JSON."""
-    m, rows = result["model"], [(w, r) for w in WORLDS for r in result.get(w, [])]
-    return "\n".join(
-        [
-            "Batch independence: does a sequence's output depend on the other sequences in its batch?",
-            f"model: {result['source']}",
-            f"       {m['n_layer']} layers, {m['n_head']} heads, {m['n_embd']} wide, block {m['block_size']}, "
-            f"vocab {m['vocab_size']}; device {result['device']}, {result['dtype']}, TF32 off, dropout off",
-            f"decoding: prompts of {result['prompt_len']} tokens, {result['new_tokens']} greedy new tokens (KV cache), "
-            f"a batch of {result['batch_size']} different prompts; tolerance {result['tolerance']:g} x max |value|",
-            *(f"note: {n}" for n in result["notes"]),
-            *(f"skipped {name}: {why}" for name, why in result["skipped"].items()),
-            *(
-                line
-                for world, title in WORLDS.items()
-                if world in result
-                for line in ["", title, *table(result[world])]
-            ),
-            "",
-            *(f"  {line}" for line in LEGEND),
-            *(
-                f"  {r['name']}{'' if w == 'rows' else ' (batch-invariant)'}: {r[c]['error']}"
-                for w, r in rows
-                for c in CHECKS
-                if r[c]["error"]
-            ),
-            *(["", WHY_BATCHNORM_FAILS, WHY_EVAL] if any(r["name"] == "batchnorm" for _, r in rows) else []),
-            "",
-            f"FAIL: required rows that failed: {', '.join(result['failed'])}"
-            if result["failed"]
-            else "OK: every required row passes",
-        ]
-    )
+    m = result["model"]
+    lines = [
+        "Batch independence: does a sequence's output depend on the other sequences in its batch?",
+        f"model: {result['source']}",
+        f"       {m['n_layer']} layers, {m['n_head']} heads, {m['n_embd']} wide, block {m['block_size']}, "
+        f"vocab {m['vocab_size']}; device {result['device']}, {result['dtype']}, TF32 off, dropout off",
+        f"decoding: prompts of {result['prompt_len']} tokens, {result['new_tokens']} greedy new tokens (KV cache), "
+        f"a batch of {result['batch_size']} different prompts; tolerance {result['tolerance']:g} x max |value|",
+    ]
+    lines += [f"note: {note}" for note in result["notes"]]
+    lines += [f"skipped {name}: {why}" for name, why in result["skipped"].items()]
+    for world, title in WORLDS.items():
+        if world in result:
+            lines += ["", title, *table(result[world])]
+    lines += ["", *(f"  {line}" for line in LEGEND)]
+    for world in WORLDS:  # the errors that stopped a check, one line each
+        for r in result.get(world, []):
+            label = r["name"] if world == "rows" else f"{r['name']} (batch-invariant)"
+            lines += [f"  {label}: {r[c]['error']}" for c in CHECKS if r[c]["error"]]
+    if any(r["name"] == "batchnorm" for world in WORLDS for r in result.get(world, [])):
+        lines += ["", WHY_BATCHNORM_FAILS, WHY_EVAL]
+    lines.append("")
+    if result["failed"]:
+        lines.append(f"FAIL: required rows that failed: {', '.join(result['failed'])}")
+    else:
+        lines.append("OK: every required row passes")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,8 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for world in worlds:
                 rows[world].append(run_row(name, config, state, prompts, x, args, world != "rows"))
-        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with layernorm's reason
-            skipped[name] = str(e).split(". To fix")[0]
+        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with layernorm's message
+            skipped[name] = str(e)
     missing = [n for n in args.require or [] if n in skipped]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
     failed = [

@@ -9,7 +9,8 @@ A checkpoint is one dict saved with torch.save (see save_training_checkpoint):
      "rng_ranks": [every process's "rng"] (several processes)}
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
-without running any pickled code.
+without running any pickled code. load_checkpoint reads nanoGPT's checkpoints too (nanogpt.py), for sampling and
+decoding; train.py resumes only its own.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+import nanogpt
 from device import Dist
 from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
@@ -75,7 +77,8 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by save_checkpoint; CheckpointError says what is wrong if it can't."""
+    """Read a checkpoint written by save_checkpoint, or by nanoGPT's train.py (as nanogpt.to_checkpoint gives it,
+    "format" nanogpt.FORMAT); CheckpointError says what is wrong if it can't."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
@@ -95,10 +98,19 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "
             f"it may come from an interrupted copy: use another checkpoint or train again"
         ) from None
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
-        found = checkpoint.get("format") if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise CheckpointError(f"{path} is not a checkpoint of this project (format {found!r}, expected {FORMAT!r})")
+    is_nanogpt = nanogpt.is_checkpoint(checkpoint)
+    if not is_nanogpt and (not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT):
+        if isinstance(checkpoint, dict):
+            found = f"a dict with keys {', '.join(map(str, list(checkpoint)[:8]))}"
+        else:
+            found = f"a {type(checkpoint).__name__}"
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
+            f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
+        )
     try:  # what every reader needs: the model's config and weights
+        if is_nanogpt:
+            checkpoint = nanogpt.to_checkpoint(checkpoint)
         checkpoint_config(checkpoint), checkpoint_weights(checkpoint)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(
@@ -224,6 +236,11 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
     """<out_dir>/ckpt.pt, with every entry a resume needs; CheckpointError otherwise."""
     path = Path(out_dir) / "ckpt.pt"
     ckpt = load_checkpoint(path, map_location="cpu")
+    if ckpt["format"] != FORMAT:
+        raise CheckpointError(
+            f"{path} is nanoGPT's checkpoint: sample.py and batch_independence.py read it, but train.py resumes only "
+            f"its own; give another --out_dir to start a new run"
+        )
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
         raise CheckpointError(

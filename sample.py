@@ -3,12 +3,16 @@
     python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --out_dir=out-shakespeare-char --temperature=0 --norm=custom     # greedy, another LayerNorm
     python sample.py --ckpt=path/to/ckpt.pt --start=FILE:prompt.txt
+    python sample.py --out_dir=../nanoGPT/out-shakespeare-char --temperature=0 --norm=custom   # nanoGPT's checkpoint
 
 The checkpoint is read without unpickling code (checkpoint.load_checkpoint); its "tokenizer" entry turns text into
-tokens. `--norm` runs the same weights with another LayerNorm implementation (custom, builtin, triton); a norm that
-computes a different function (rmsnorm, batchnorm) is refused. Each sample streams: the prompt, then the text of
-each generated token as soon as it is whole (GPT.stream), then a line of dashes. Errors are one line, "error: ...",
-exit status 1.
+tokens. A nanoGPT checkpoint has none: its characters come from its dataset's meta.pkl (--meta, else where
+nanogpt.meta_paths looks), else GPT-2's BPE, as nanoGPT's sample.py does. `--norm` runs the same weights with
+another LayerNorm implementation (custom, builtin, triton); a norm that computes a different function (rmsnorm,
+batchnorm) is refused. Each sample streams: the prompt, then the text of each generated token as soon as it is whole
+(GPT.stream), then a line of dashes. Greedy decoding (--temperature=0) gives nanoGPT's --top_k=1 text up to
+block_size tokens in all; past it, --no_kv_cache slides the window one token at a time as nanoGPT does (model.py).
+Errors are one line, "error: ...", exit status 1.
 """
 
 from __future__ import annotations
@@ -21,20 +25,28 @@ from pathlib import Path
 
 import torch
 
+import nanogpt
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from data.common import fail, read_text_file
 from device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
 from layernorm import NORMS, check_triton_device
 from model import GPT
-from tokenizer import tokenizer_from_meta
+from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
 SEPARATOR = "-" * 40
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Sample text from a checkpoint written by train.py.")
+    p = argparse.ArgumentParser(description="Sample text from a checkpoint written by train.py or nanoGPT's.")
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt (default: out)")
-    p.add_argument("--ckpt", default=None, help="path of a checkpoint file; overrides --out_dir")
+    p.add_argument(
+        "--ckpt", default=None, help="path of a checkpoint file (this project's or nanoGPT's); overrides --out_dir"
+    )
+    p.add_argument(
+        "--meta",
+        default=None,
+        help="a nanoGPT checkpoint's meta.pkl (default: beside it, or in nanoGPT's data/<dataset>/)",
+    )
     p.add_argument("--start", default="\n", help="prompt, or FILE:path to read it from a UTF-8 file (default: newline)")
     p.add_argument("--num_samples", type=int, default=1, help="how many samples to draw (default 1)")
     p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample (default 500)")
@@ -55,9 +67,14 @@ def read_prompt(start: str) -> str:
     return read_text_file(Path(start.removeprefix("FILE:"))) if start.startswith("FILE:") else start
 
 
+def checkpoint_path(args: argparse.Namespace) -> Path:
+    """--ckpt, else --out_dir/ckpt.pt."""
+    return Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+
+
 def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
-    """The checkpoint (--ckpt, else --out_dir/ckpt.pt) and its model, with --norm swapped in, in eval mode."""
-    ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+    """The checkpoint and its model, with --norm swapped in, in eval mode."""
+    ckpt_path = checkpoint_path(args)
     try:
         checkpoint = load_checkpoint(ckpt_path, map_location="cpu")
         if (args.norm or checkpoint["model_args"].get("norm")) == "triton":
@@ -68,6 +85,19 @@ def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
     except (ValueError, RuntimeError) as e:  # e.g. Triton not installed
         fail(f"cannot build the model from {ckpt_path}: {str(e).splitlines()[0]}")
     return model, checkpoint
+
+
+def load_tokenizer(args: argparse.Namespace, checkpoint: dict) -> CharTokenizer | TiktokenTokenizer:
+    """The checkpoint's tokenizer; for a nanoGPT checkpoint, its meta.pkl's characters or GPT-2's BPE."""
+    if checkpoint["format"] == nanogpt.FORMAT:
+        meta = nanogpt.tokenizer_meta(checkpoint_path(args), checkpoint, args.meta)
+    elif args.meta is not None:
+        fail(f"--meta is for a nanoGPT checkpoint; {checkpoint_path(args)} carries its own tokenizer: drop --meta")
+    elif "tokenizer" in checkpoint:
+        meta = checkpoint["tokenizer"]
+    else:
+        fail("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
+    return tokenizer_from_meta(meta)
 
 
 def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
@@ -92,13 +122,14 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     prompt = read_prompt(args.start)
     model, checkpoint = load_model(args, device)
 
-    if "tokenizer" not in checkpoint:
-        fail("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
     try:
-        tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
+        tokenizer = load_tokenizer(args, checkpoint)
+    except (ValueError, TypeError, RuntimeError) as e:  # nanogpt.MetaError, a malformed entry, tiktoken's ranks
+        fail(str(e))
+    try:
         ids = tokenizer.encode(prompt)
-    except (ValueError, TypeError, RuntimeError) as e:
-        fail(f"--start: {e}" if isinstance(e, ValueError) and "vocabulary" in str(e) else str(e))
+    except ValueError as e:  # a character the vocabulary lacks
+        fail(f"--start: {e}")
     if not ids:
         eot = getattr(tokenizer, "eot_token", None)
         if eot is None:

@@ -4,8 +4,10 @@ product alone at decoding shapes, stock F.linear against the mode's.
     python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, the three paths
     python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
     python -m bench.decoding --out_dir out-shakespeare-char-cpu --norms builtin,custom --paths cached --batches 1
+    python -m bench.decoding --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --norms builtin,custom  # nanoGPT's
 
-Random-init models of each --sizes config (seed 1337), or a checkpoint (--out_dir) with each of --norms. Greedy;
+Random-init models of each --sizes config (seed 1337), or a checkpoint (--out_dir or --ckpt; this project's or
+nanoGPT's) with each of --norms. Greedy;
 the paths alternate, A B C A B C, --repeats times after a warm-up; tokens/s counts every row; on CUDA the time
 includes the queued work. Checked on the way: cached and uncached agree up to block_size (past it they keep
 different windows: model.py's docstring), the mode's tokens equal stock's, and every norm decodes the first's tokens.
@@ -34,17 +36,17 @@ MATMUL_ROWS, MATMUL_WIDTHS = (1, 2, 4, 8, 16, 32, 64), (384, 1536)
 
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
-    """(label, model): a random model per --sizes config, or the checkpoint in --out_dir with each of --norms."""
+    """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) with each of --norms."""
     from layernorm import check_triton_device
 
     if "triton" in args.norms.split(","):
         check_triton_device(device)  # one line saying what to do, before a model is loaded
-    if args.out_dir:
+    if args.checkpoint:
         from checkpoint import load_checkpoint, model_from_checkpoint
 
-        ckpt = load_checkpoint(Path(args.out_dir) / "ckpt.pt", map_location=device)
+        ckpt = load_checkpoint(args.checkpoint, map_location=device)
         return [
-            (f"{args.out_dir} norm={norm}", model_from_checkpoint(ckpt, norm=norm, device=device).eval())
+            (f"{args.checkpoint} norm={norm}", model_from_checkpoint(ckpt, norm=norm, device=device).eval())
             for norm in args.norms.split(",")
         ]
     out = []
@@ -205,6 +207,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=",".join(SIZES), help="comma list of config files (random-init models)")
     p.add_argument("--out_dir", help="decode the checkpoint <out_dir>/ckpt.pt instead, with each of --norms")
+    p.add_argument("--ckpt", help="decode this checkpoint file instead; overrides --out_dir")
     p.add_argument("--norms", default="builtin", help="comma list of norms (default builtin)")
     p.add_argument("--paths", default=list(PATHS), type=comma_list(PATHS), help=f"comma list from {', '.join(PATHS)}")
     p.add_argument("--batches", default=[1, 8], type=comma_list(), help="comma list of batch sizes (default 1,8)")
@@ -217,10 +220,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
+    args.checkpoint = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt" if args.out_dir else None
     return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from checkpoint import CheckpointError
     from layernorm import TritonUnavailableError
 
     args = parse_args(argv)
@@ -243,11 +248,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for done, ((label, model), batch) in enumerate(todo):
                 run = decode(label, model, batch, args, device)
                 tokens = run.pop("tokens")
-                run["same_tokens_as_first"] = first.setdefault(batch, tokens) == tokens if args.out_dir else None
+                run["same_tokens_as_first"] = first.setdefault(batch, tokens) == tokens if args.checkpoint else None
                 result["runs"].append(run)
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
             table = decode_table(result)
-    except (DeviceError, TritonUnavailableError, options.ConfigError, ValueError) as e:  # one line, not a traceback
+    except (DeviceError, TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
         raise SystemExit(f"error: {e}") from None
     print(table)
     if args.out:

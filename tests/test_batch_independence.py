@@ -271,7 +271,7 @@ def test_triton_unavailable_inside_a_check_skips_the_row(
     monkeypatch.setattr(GPT, "hidden_states", unavailable)
     status, result = run_json(capsys, "--norms", "custom", "rmsnorm", "--require", "rmsnorm", *SMALL)
     assert result["rows"] == result["batch_invariant_rows"] == [] and result["skipped"] == {
-        n: "norm 'triton' cannot run here" for n in ("custom", "rmsnorm")
+        n: "norm 'triton' cannot run here. To fix: do something else" for n in ("custom", "rmsnorm")
     }
     assert status == 1 and result["failed"] == ["rmsnorm"]
     assert "rmsnorm is required but was skipped: counted as a failure" in result["notes"]

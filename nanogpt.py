@@ -1,0 +1,124 @@
+"""nanoGPT's checkpoints (github.com/karpathy/nanoGPT) and its meta.pkl, read without running pickled code.
+
+nanoGPT's train.py saves one dict with torch.save:
+
+    {"model": state_dict, "optimizer": state_dict, "model_args": {n_layer, n_head, n_embd, block_size, bias,
+     vocab_size, dropout}, "iter_num": int, "best_val_loss": float, "config": {train options, "dataset" among them}}
+
+Its GPT has this repository's parameter names and layout, and its LayerNorm is PyTorch's (builtin here), so its
+weights load as they are: a compiled run's "_orig_mod." prefixes come off (checkpoint.checkpoint_weights), and the
+causal-mask buffers an older PyTorch made it keep ("attn.bias") are dropped. The vocabulary of a character-level
+dataset is in data/<dataset>/meta.pkl, a pickle written by its prepare.py: {"vocab_size": int, "itos": {int: str},
+"stoi": {str: int}}. Without one, nanoGPT's sample.py assumes GPT-2's BPE; so does this module, when the model has
+that many tokens.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+from tokenizer import GPT2_ENCODING, CharTokenizer
+
+FORMAT = "nanoGPT"  # what checkpoint.load_checkpoint marks a converted nanoGPT checkpoint with
+KEYS = ("model", "model_args", "config", "iter_num")  # what nanoGPT's train.py saves and this project's does too
+GPT2_VOCAB_SIZE = 50257  # the tokens of GPT-2's BPE, which nanoGPT pads to 50304
+
+
+class MetaError(ValueError):
+    """A meta.pkl that is missing, is not plain data, or does not fit the checkpoint."""
+
+
+def is_checkpoint(obj: Any) -> bool:
+    """A dict with nanoGPT's keys and without this project's "format"."""
+    return isinstance(obj, dict) and "format" not in obj and all(k in obj for k in KEYS)
+
+
+def to_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A nanoGPT checkpoint as this project's readers take it: its LayerNorm named builtin, no optimizer."""
+    weights = {k: v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")}  # the mask, not c_attn.bias
+    return {
+        "format": FORMAT,
+        "model": weights,
+        "model_args": {**ckpt["model_args"], "norm": "builtin"},
+        "iter_num": ckpt["iter_num"],
+        "best_val_loss": ckpt.get("best_val_loss"),
+        "config": ckpt["config"],
+    }
+
+
+class _NotPlainData(Exception):
+    """What _PlainDataUnpickler raises for anything but plain data."""
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, strings and numbers, which need no global; any class or function is refused, so no
+    pickled code can run (every call a pickle makes goes through find_class for its callable)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _NotPlainData(f"it names {module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _NotPlainData("it refers to an object outside the file")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The char tokenizer entry (tokenizer.py) of the meta.pkl at `path`; MetaError if it is not nanoGPT's."""
+    try:
+        meta = _PlainDataUnpickler(io.BytesIO(path.read_bytes())).load()
+    except _NotPlainData as e:
+        raise MetaError(
+            f"{path} holds more than the dicts, strings and ints of nanoGPT's meta.pkl ({e}), so it is not read "
+            f"and nothing in it ran: give the meta.pkl that nanoGPT's prepare.py wrote"
+        ) from None
+    except Exception as e:  # truncated or not a pickle: the unpickler fails in many ways
+        raise MetaError(f"{path} is truncated or not a pickle ({type(e).__name__}): give nanoGPT's meta.pkl") from None
+    itos = meta.get("itos") if isinstance(meta, dict) else None
+    if not isinstance(itos, dict) or itos.keys() != set(range(len(itos))):
+        raise MetaError(f"{path} has no 'itos' dict of token ids 0..n-1: it is not a character vocabulary")
+    chars = [itos[i] for i in range(len(itos))]
+    try:
+        tokenizer = CharTokenizer(chars)  # single characters, no duplicates
+    except ValueError as e:
+        raise MetaError(f"{path}: {e}") from None
+    if meta.get("stoi", tokenizer.stoi) != tokenizer.stoi:
+        raise MetaError(f"{path}: its 'stoi' is not the inverse of its 'itos'")
+    return tokenizer.to_meta()
+
+
+def meta_paths(ckpt_path: Path, config: dict[str, Any]) -> list[Path]:
+    """Where a checkpoint's meta.pkl may be: beside it; then data/<dataset>/meta.pkl in the folder its out_dir is
+    in (nanoGPT's layout) and in the working directory (where nanoGPT's sample.py looks)."""
+    folder = ckpt_path.resolve().parent
+    paths = [folder / "meta.pkl"]
+    dataset = config.get("dataset") if isinstance(config, dict) else None
+    if isinstance(dataset, str) and dataset:
+        paths += [folder.parent / "data" / dataset / "meta.pkl", Path.cwd() / "data" / dataset / "meta.pkl"]
+    return list(dict.fromkeys(paths))
+
+
+def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = None) -> dict[str, Any]:
+    """The tokenizer entry (tokenizer.py) for a nanoGPT checkpoint: the characters of its meta.pkl (`meta`, else
+    the first of meta_paths), else GPT-2's BPE, which needs a model of at least GPT2_VOCAB_SIZE tokens."""
+    vocab_size = ckpt["model_args"]["vocab_size"]
+    if meta is not None and not Path(meta).is_file():
+        raise MetaError(f"--meta: no file {meta}: give the meta.pkl of the dataset the checkpoint was trained on")
+    searched = meta_paths(ckpt_path, ckpt["config"])
+    path = Path(meta) if meta is not None else next((p for p in searched if p.is_file()), None)
+    if path is not None:
+        tokenizer = read_meta(path)
+        if len(tokenizer["itos"]) != vocab_size:
+            raise MetaError(
+                f"{path} holds {len(tokenizer['itos'])} characters, but the checkpoint's vocabulary is {vocab_size} "
+                f"tokens: it is another dataset's meta.pkl; give this checkpoint's with --meta=PATH"
+            )
+        return tokenizer
+    if vocab_size < GPT2_VOCAB_SIZE:
+        raise MetaError(
+            f"{ckpt_path} has a vocabulary of {vocab_size} tokens, fewer than GPT-2's BPE ({GPT2_VOCAB_SIZE}), so "
+            f"its text needs the meta.pkl of its dataset, which is in none of {', '.join(map(str, searched))}: "
+            f"give it with --meta=PATH (nanoGPT writes it to data/<dataset>/meta.pkl)"
+        )
+    return {"kind": "tiktoken", "encoding": GPT2_ENCODING}

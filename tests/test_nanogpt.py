@@ -1,0 +1,315 @@
+"""nanoGPT's checkpoints through sample.py, batch_independence.py and bench.decoding: a checkpoint in the form
+nanoGPT's train.py saves (a compiled model's "_orig_mod." prefixes, the causal-mask buffers an older PyTorch keeps,
+its optimizer and config), beside a meta.pkl written with pickle as nanoGPT's prepare.py writes it, in nanoGPT's
+folder layout. The text must be what nanoGPT's sample.py --top_k=1 prints: its loop is written out here (REFERENCE)
+and run on the model the checkpoint was made from."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import batch_independence
+import nanogpt
+import sample
+from bench import decoding
+from checkpoint import CheckpointError, load_checkpoint, load_resume_checkpoint
+from helpers import PAYLOADS, assert_one_line_error, skip_unless_runs, subprocess_env
+from layernorm import LAYERNORMS
+from model import GPT, GPTConfig
+from tokenizer import TiktokenTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CHARS = sorted(set("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
+BLOCK = 32
+CPU = ["--device", "cpu"]
+
+
+def nanogpt_model(vocab_size: int, bias: bool, n_embd: int = 32) -> GPT:
+    """A random GPT in nanoGPT's shape (its GPT and this one share names and layout); norms and embeddings moved
+    off their init, so that every weight matters and the greedy choices are clear-cut."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=n_embd, bias=bias))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or "ln_f" in name or name.endswith(".bias"):
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("wte.weight"):
+                p.mul_(5)
+    return model.eval()
+
+
+def save_nanogpt_checkpoint(out_dir: Path, model: GPT) -> Path:
+    """ckpt.pt as nanoGPT's train.py saves it from a compiled model (torch.compile's "_orig_mod." on every key),
+    with the "attn.bias" causal masks it registers where PyTorch has no flash attention."""
+    c = model.config
+    state = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
+    mask = torch.tril(torch.ones(c.block_size, c.block_size)).view(1, 1, c.block_size, c.block_size)
+    state.update({f"_orig_mod.transformer.h.{i}.attn.bias": mask for i in range(c.n_layer)})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.zeros(1, 4, dtype=torch.long))[0].sum().backward()
+    optimizer.step()  # a real optimizer state: tensors and step counts
+    model.zero_grad(set_to_none=True)
+    checkpoint = {
+        "model": state,
+        "optimizer": optimizer.state_dict(),
+        "model_args": dict(
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            n_embd=c.n_embd,
+            block_size=c.block_size,
+            bias=c.bias,
+            vocab_size=c.vocab_size,
+            dropout=0.0,
+        ),
+        "iter_num": 40,
+        "best_val_loss": torch.tensor(2.5),  # nanoGPT's estimate_loss returns tensors
+        "config": {"out_dir": out_dir.name, "dataset": "shakespeare_char", "compile": True, "learning_rate": 1e-3},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, out_dir / "ckpt.pt")
+    return out_dir / "ckpt.pt"
+
+
+def write_meta(path: Path, chars: list[str] = CHARS, protocol: int | None = None) -> Path:
+    """meta.pkl as nanoGPT's data/shakespeare_char/prepare.py writes it."""
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {ch: i for i, ch in enumerate(chars)}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(meta, f, protocol)
+    return path
+
+
+@torch.no_grad()
+def reference(model: GPT, ids: list[int], n: int, vocab_size: int | None = None) -> list[int]:
+    """nanoGPT's GPT.generate with top_k=1: each step the last block_size tokens, recomputed, and the likeliest
+    next token (what sampling among one token gives), of the first vocab_size (default: all)."""
+    idx = torch.tensor([ids])
+    for _ in range(n):
+        logits = model(idx[:, -model.config.block_size :])[0][:, -1, :vocab_size]
+        idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
+    return idx[0].tolist()
+
+
+def nanogpt_text(model: GPT, prompt: str, n: int) -> str:
+    stoi = {ch: i for i, ch in enumerate(CHARS)}
+    return "".join(CHARS[i] for i in reference(model, [stoi[ch] for ch in prompt], n))
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["bias", "no-bias"])
+def nanogpt_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, GPT]:
+    """nanoGPT's folder: out-shakespeare-char/ckpt.pt and data/shakespeare_char/meta.pkl; and the model saved."""
+    root = tmp_path_factory.mktemp("nanoGPT")
+    model = nanogpt_model(len(CHARS), bias=request.param)
+    save_nanogpt_checkpoint(root / "out-shakespeare-char", model)
+    write_meta(root / "data" / "shakespeare_char" / "meta.pkl")
+    return root / "out-shakespeare-char", model
+
+
+def greedy(*args: str, prompt: str = "ROMEO:", n: int = 20) -> str:
+    return sample.main([*CPU, "--temperature", "0", "--start", prompt, "--max_new_tokens", str(n), *args])[0]
+
+
+# --- the same text as nanoGPT's sample.py --top_k=1 --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", LAYERNORMS)
+def test_greedy_text_is_nanogpts_with_every_layernorm(nanogpt_run: tuple[Path, GPT], norm: str) -> None:
+    skip_unless_runs(norm)
+    out_dir, model = nanogpt_run
+    n = BLOCK - len("ROMEO:")  # within block_size the cached and the sliding-window decoding are the same
+    expected = nanogpt_text(model, "ROMEO:", n)
+    assert greedy("--out_dir", str(out_dir), "--norm", norm, n=n) == expected
+    assert greedy("--ckpt", str(out_dir / "ckpt.pt"), "--norm", norm, n=n) == expected
+
+
+def test_past_block_size_no_kv_cache_slides_the_window_as_nanogpt_does(nanogpt_run: tuple[Path, GPT]) -> None:
+    out_dir, model = nanogpt_run
+    n = 2 * BLOCK
+    assert greedy("--out_dir", str(out_dir), "--no_kv_cache", n=n) == nanogpt_text(model, "ROMEO:", n)
+
+
+def test_the_checkpoints_weights_are_loaded_as_saved(nanogpt_run: tuple[Path, GPT]) -> None:
+    out_dir, model = nanogpt_run
+    ckpt = load_checkpoint(out_dir / "ckpt.pt")
+    assert ckpt["format"] == nanogpt.FORMAT and ckpt["model_args"]["norm"] == "builtin"
+    loaded = sample.load_model(sample.parse_args(["--out_dir", str(out_dir)]), "cpu")[0]
+    assert loaded.state_dict().keys() == model.state_dict().keys()  # no mask buffers, no prefixes; c_attn.bias kept
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_meta_beside_the_checkpoint_comes_first_and_meta_names_one(nanogpt_run: tuple[Path, GPT], tmp_path: Path):
+    out_dir, model = nanogpt_run
+    folder = tmp_path / "copied"
+    folder.mkdir()
+    (folder / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())  # no data/ folder near it
+    with pytest.raises(SystemExit, match="needs the meta.pkl of its dataset"):
+        greedy("--out_dir", str(folder))
+    reversed_chars = CHARS[::-1]  # another vocabulary of the same size: the text shows which file was read
+    write_meta(tmp_path / "elsewhere.pkl", reversed_chars)
+    ids = reference(model, [reversed_chars.index(ch) for ch in "ROMEO:"], 10)
+    expected = "".join(reversed_chars[i] for i in ids)
+    assert greedy("--out_dir", str(folder), "--meta", str(tmp_path / "elsewhere.pkl"), n=10) == expected
+    write_meta(folder / "meta.pkl", reversed_chars)
+    assert greedy("--out_dir", str(folder), n=10) == expected
+
+
+@pytest.mark.parametrize("protocol", [0, pickle.HIGHEST_PROTOCOL])
+def test_read_meta_takes_every_pickle_protocol(tmp_path: Path, protocol: int) -> None:
+    path = write_meta(tmp_path / "meta.pkl", CHARS, protocol)
+    assert nanogpt.read_meta(path) == {"kind": "char", "itos": CHARS}
+
+
+def test_without_meta_a_gpt2_sized_model_is_decoded_with_gpt2s_bpe(tmp_path: Path) -> None:
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR")
+    if not (cache and Path(cache).is_dir() and any(Path(cache).iterdir())):
+        pytest.skip("no tiktoken cache (TIKTOKEN_CACHE_DIR) with r50k_base")
+    model = nanogpt_model(50304, bias=False, n_embd=16)  # nanoGPT pads GPT-2's 50257 tokens to 50304
+    save_nanogpt_checkpoint(tmp_path / "out", model)
+    bpe = TiktokenTokenizer()
+    prompt = "ROMEO: Shall I"
+    ids = reference(model, bpe.encode(prompt), 6, vocab_size=bpe.vocab_size)  # sample.py never picks a padded id
+    assert greedy("--out_dir", str(tmp_path / "out"), prompt=prompt, n=6) == bpe.decode(ids)
+
+
+# --- batch_independence.py and bench.decoding ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--ckpt", "--out_dir"])
+def test_batch_independence_on_a_nanogpt_checkpoint(
+    nanogpt_run: tuple[Path, GPT], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir, _ = nanogpt_run
+    where = str(out_dir / "ckpt.pt") if flag == "--ckpt" else str(out_dir)
+    args = [flag, where, "--norms", "custom", "builtin", "batchnorm", "--prompt_len", "6", "--new_tokens", "6"]
+    status = batch_independence.main(["--json", *args, *CPU])
+    result = json.loads(capsys.readouterr().out)
+    assert status == 0 and result["source"].startswith(f"nanoGPT's checkpoint {out_dir / 'ckpt.pt'}")
+    assert result["model"]["vocab_size"] == len(CHARS) and result["model"]["block_size"] == BLOCK
+    passed = {r["name"]: r["passed"] for r in result["rows"]}
+    assert passed == {"custom": True, "builtin": True, "batchnorm": False, "batchnorm-eval": True}
+
+
+@pytest.mark.parametrize("flag", ["--ckpt", "--out_dir"])
+def test_bench_decoding_on_a_nanogpt_checkpoint(nanogpt_run: tuple[Path, GPT], flag: str) -> None:
+    out_dir, _ = nanogpt_run
+    where = str(out_dir / "ckpt.pt") if flag == "--ckpt" else str(out_dir)
+    args = ["--norms", "builtin,custom", "--paths", "cached,uncached", "--batches", "1", "--new_tokens", "8"]
+    result = decoding.main([flag, where, *args, "--repeats", "1", "--prompt_len", "4", *CPU])
+    assert [r["model"] for r in result["runs"]] == [f"{out_dir / 'ckpt.pt'} norm={n}" for n in ("builtin", "custom")]
+    for r in result["runs"]:
+        assert r["same_tokens_as_first"] and r["cached_equals_uncached_up_to_block"]
+
+
+# --- bad input: one line, and no pickled code runs -----------------------------------------------------------------
+
+
+def run_sample(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "sample.py"), *CPU, "--max_new_tokens", "2", *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS))
+def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
+    nanogpt_run: tuple[Path, GPT], tmp_path: Path, payload: str
+) -> None:
+    out_dir, _ = nanogpt_run
+    marker = tmp_path / "marker"
+    meta = {"vocab_size": len(CHARS), "itos": dict(enumerate(CHARS)), "note": PAYLOADS[payload](marker)}
+    (tmp_path / "meta.pkl").write_bytes(pickle.dumps(meta))
+    pickle.loads((tmp_path / "meta.pkl").read_bytes())  # the payload is live: read as nanoGPT's sample.py reads it,
+    assert marker.exists()  # it runs
+    marker.unlink()
+    proc = run_sample("--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl"))
+    assert not marker.exists()
+    assert_one_line_error(proc, 1, f"error: {tmp_path / 'meta.pkl'} holds more than the dicts", "nothing in it ran")
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("meta", "fragment"),
+    [
+        (b"\x80\x04\x95", "is truncated or not a pickle"),
+        (pickle.dumps(["a", "b"]), "no 'itos' dict of token ids 0..n-1"),
+        (pickle.dumps({"itos": {0: "a", 2: "b"}}), "no 'itos' dict of token ids 0..n-1"),
+        (pickle.dumps({"itos": {0: "a", 1: "bc"}}), "must be a single character"),
+        (pickle.dumps({"itos": {0: "a", 1: "b"}, "stoi": {"a": 1, "b": 0}}), "'stoi' is not the inverse"),
+        (pickle.dumps({"itos": {0: "a", 1: "b"}}), "holds 2 characters, but the checkpoint's vocabulary is"),
+    ],
+    ids=["truncated", "not-a-dict", "ids-with-a-gap", "two-characters", "stoi-not-inverse", "another-size"],
+)
+def test_a_meta_pkl_that_is_not_this_checkpoints_is_refused(
+    nanogpt_run: tuple[Path, GPT], tmp_path: Path, meta: bytes, fragment: str
+) -> None:
+    out_dir, _ = nanogpt_run
+    (tmp_path / "meta.pkl").write_bytes(meta)
+    with pytest.raises(SystemExit, match="^error: ") as e:
+        sample.main([*CPU, "--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl")])
+    assert fragment in str(e.value.code) and str(tmp_path / "meta.pkl") in str(e.value.code)
+    assert "\n" not in str(e.value.code)
+
+
+def test_a_truncated_nanogpt_checkpoint_is_one_line(nanogpt_run: tuple[Path, GPT], tmp_path: Path) -> None:
+    out_dir, _ = nanogpt_run
+    data = (out_dir / "ckpt.pt").read_bytes()
+    (tmp_path / "ckpt.pt").write_bytes(data[: len(data) // 2])
+    proc = run_sample("--ckpt", str(tmp_path / "ckpt.pt"))
+    assert_one_line_error(proc, 1, f"error: {tmp_path / 'ckpt.pt'} is truncated or corrupt")
+
+
+def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_run: tuple[Path, GPT], tmp_path: Path):
+    out_dir, _ = nanogpt_run
+    (tmp_path / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())
+    proc = run_sample("--ckpt", str(tmp_path / "ckpt.pt"))
+    assert_one_line_error(
+        proc,
+        1,
+        f"has a vocabulary of {len(CHARS)} tokens, fewer than GPT-2's BPE (50257)",
+        str(tmp_path / "meta.pkl"),  # each place it looked
+        str(tmp_path.parent / "data" / "shakespeare_char" / "meta.pkl"),
+        "--meta=PATH",
+    )
+
+
+def test_a_missing_meta_file_and_meta_for_this_projects_checkpoint_are_refused(
+    nanogpt_run: tuple[Path, GPT], tmp_path: Path
+) -> None:
+    out_dir, _ = nanogpt_run
+    with pytest.raises(SystemExit, match=r"^error: --meta: no file .*nowhere\.pkl"):
+        sample.main([*CPU, "--out_dir", str(out_dir), "--meta", str(tmp_path / "nowhere.pkl")])
+    ckpt = load_checkpoint(out_dir / "ckpt.pt")
+    ours = {**ckpt, "format": "layernorm-gpt/1", "tokenizer": {"kind": "char", "itos": CHARS}}
+    torch.save(ours, tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit, match="^error: --meta is for a nanoGPT checkpoint"):
+        sample.main([*CPU, "--out_dir", str(tmp_path), "--meta", str(out_dir.parent / "data" / "x.pkl")])
+
+
+def test_a_checkpoint_of_neither_format_names_both(tmp_path: Path) -> None:
+    torch.save({"model": {}, "model_args": {}}, tmp_path / "ckpt.pt")  # nanoGPT's keys, but not all of them
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path / "ckpt.pt")
+    message = str(e.value)
+    assert "format 'layernorm-gpt/1'" in message
+    assert "nanoGPT's (a dict with keys model, model_args, config, iter_num)" in message
+    assert "it holds a dict with keys model, model_args" in message
+
+
+def test_train_py_does_not_resume_a_nanogpt_checkpoint(nanogpt_run: tuple[Path, GPT]) -> None:
+    out_dir, _ = nanogpt_run
+    with pytest.raises(CheckpointError, match="is nanoGPT's checkpoint: .* train.py resumes only its own"):
+        load_resume_checkpoint(out_dir)
