@@ -39,17 +39,6 @@ if not _cuda_available() and "TRITON_INTERPRET" not in os.environ:
 sys.path.insert(0, str(ROOT))
 
 
-# End-to-end tests in files whose owners have not marked them yet: each runs processes for many seconds.
-SLOW_ELSEWHERE = ("test_readme_commands.py::test_every_readme_command_runs_as_printed", "test_gpu_sh.py::")
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by mark
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if any(name in item.nodeid for name in SLOW_ELSEWHERE):
-            item.add_marker(pytest.mark.slow)
-
-
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
     if not SHAKESPEARE.is_file():

@@ -31,6 +31,7 @@ def run_gpu_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
 SELECTED = ["data", "tests", "triton_eager", "decode"]
 
 
+@pytest.mark.slow  # four steps of the dry run, each a process
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
     nanogpt = make_fake_nanogpt(tmp_path / "nanogpt")
     out = tmp_path / "out"

@@ -134,6 +134,7 @@ def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
     assert f"`pip install torch=={pin} --index-url https://download.pytorch.org/whl/cpu`" in README
 
 
+@pytest.mark.slow  # a process per command
 def test_every_doc_command_runs_as_printed(clone: Path) -> None:
     # The Quickstart's own steps first (prepare, then train): the later commands read what they leave.
     commands = ["python data/shakespeare_char/prepare.py", "python train.py configs/shakespeare_char_cpu.json"]
