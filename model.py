@@ -242,7 +242,9 @@ class GPT(nn.Module):
         decay = [p for p in params if id(p) in decay_ids]
         no_decay = [p for p in params if id(p) not in decay_ids]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        fused = device_type == "cuda"  # the fused CUDA kernel is faster; CPU keeps the default (foreach)
+        # One fused kernel for every parameter where torch has one (CPU, CUDA, MPS): the same update as the default
+        # loop over the parameters (on a CPU: several small ops per parameter), in a fraction of the time.
+        fused = device_type in ("cpu", "cuda", "mps")
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
     @torch.inference_mode()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -60,7 +61,7 @@ NANOGPT_KEYS = (
     "lr_decay_iters",
     "min_lr",
 )
-PROFILE_STEPS = 5  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
+PROFILE_STEPS = 10  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
 NANOGPT_ITER = re.compile(r"^iter (\d+): loss [^,]+, time ([\d.]+)ms")  # nanoGPT's log lines, the only ones parsed
 NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.naif]+), val loss ([\d.naif]+)")
 
@@ -337,53 +338,134 @@ def run_all(args: argparse.Namespace, device: str, out: Path | None) -> dict[str
     return result
 
 
-def profile_norm(norm: str, cfg: options.TrainConfig, device: str, steps: int) -> dict[str, Any]:
-    """A few training steps of one norm under torch.profiler, in this process: kernels per step, how busy the GPU
-    is, where the CPU's time goes (self time per op). Random tokens: the cost of a step does not depend on them."""
+# Where a step's CPU time goes: each profiled op goes to the first category that its own name or one of its callers'
+# names (outermost first) matches. Callers: the profile's own ranges (data, optimizer, norm), torch's autograd nodes.
+CATEGORIES = {
+    "matrix products": re.compile(r"^aten::(linear|mm|addmm|bmm|baddbmm|matmul)$|: (Mm|Addmm|Bmm|Baddbmm)Backward"),
+    "attention": re.compile(r"scaled_dot_product|ScaledDotProduct|^aten::_softmax|SoftmaxBackward"),
+    "norms": re.compile(r"^norm$|Norm\w*Backward|_LayerNorm\w*Backward|LayerNorm"),
+    "activation": re.compile(r"^aten::gelu|GeluBackward"),
+    "optimizer": re.compile(r"^optimizer$|^Optimizer\."),
+    "data": re.compile(r"^data$"),
+}
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def category(event: Any) -> str:
+    chain = []
+    while event is not None:
+        chain.append(event.name)
+        event = event.cpu_parent
+    for name in reversed(chain):  # the outermost caller first: an mm inside attention counts as attention
+        for cat, pattern in CATEGORIES.items():
+            if pattern.search(name):
+                return cat
+    return "everything else"
+
+
+def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
+    """GFLOP/s of the step's own matrix products (each op and input shape), each timed alone, FLOP-weighted."""
     import torch
-    from torch.profiler import ProfilerActivity
+
+    from bench.common import timed
+
+    total_flops = total_s = 0.0
+    for (name, dims), (count, flops) in shapes.items():
+        args = [torch.randn(d, device=device) for d in dims]
+        op = getattr(torch, name.removeprefix("aten::"))
+        op(*args)
+        seconds = median([timed(lambda op=op, args=args: op(*args), device, calls=20) for _ in range(5)])
+        total_flops += flops
+        total_s += seconds * count
+    return total_flops / total_s / 1e9 if total_s else None
+
+
+def profile_norm(norm: str, cfg: options.TrainConfig, device: str, steps: int, data_dir: str | None) -> dict[str, Any]:
+    """A few training steps of one norm under torch.profiler, in this process, as train.py takes them (a batch from
+    the prepared data, forward, backward, clip, the optimizer model.configure_optimizers builds): kernels per step,
+    how busy the GPU is, where the CPU's time goes (self time per op, and per category), and the rate of the
+    step's matrix products in the step and alone."""
+    import torch
+    from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
+    from data.common import DataError, PreparedData
     from device import autocast, resolve_dtype
+    from layernorm import Norm
     from model import GPT, GPTConfig
 
+    try:
+        data = PreparedData(data_dir, cfg.dataset, cfg.block_size)
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from None
     model_args = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GPTConfig) if hasattr(cfg, f.name)}
-    model = GPT(GPTConfig(**{**model_args, "norm": norm, "vocab_size": 65})).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
-    tokens = torch.randint(65, (cfg.batch_size, cfg.block_size + 1), device=device)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    mixed = autocast(device, resolve_dtype(cfg.dtype, device.split(":")[0]))
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig(**{**model_args, "norm": norm, "vocab_size": data.vocab_size})).to(device)
+    device_type = device.split(":")[0]
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    mixed = autocast(device, resolve_dtype(cfg.dtype, device_type))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for module in model.modules():  # each norm's forward as a range of its own (its backward is an autograd node)
+        if isinstance(module, Norm):
+            module.register_forward_pre_hook(lambda m, _: setattr(m, "_range", record_function("norm").__enter__()))
+            module.register_forward_hook(lambda m, _, __: m._range.__exit__(None, None, None))
 
     def step() -> None:
+        with record_function("data"):
+            starts = torch.randint(data.num_starts("train"), (cfg.batch_size,), generator=gen)
+            x, y = data.get("train", starts, device)
         with mixed:
             _, loss = model(x, y)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with record_function("optimizer"):
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         loss.item()  # the read-back train.py makes at a log line
 
     for _ in range(3):
         step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     t0 = time.perf_counter()
-    with torch_profile(activities=activities) as prof:
+    with torch_profile(activities=activities, record_shapes=True, with_flops=True) as prof:
         for _ in range(steps):
             step()
     wall_us = (time.perf_counter() - t0) * 1e6
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    data.close()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
+    cpu = [e for e in events if e.device_type.name == "CPU"]
+    by_category = dict.fromkeys([*CATEGORIES, "everything else"], 0.0)
+    shapes: dict[tuple, list[float]] = {}
+    for e in cpu:
+        by_category[category(e)] += e.self_cpu_time_total / steps
+        if e.name in MATMUL_OPS and e.flops:
+            dims = tuple(tuple(d) for d in e.input_shapes if d)[:3]  # the tensors (addmm's scalars left out)
+            entry = shapes.setdefault((e.name, dims), [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.flops
+    matmul_flops = sum(f for _, f in shapes.values()) / steps
     return {
         "ms_per_step": wall_us / 1000 / steps,
         "kernels_per_step": len(kernels) / steps if kernels else None,
         "gpu_busy": sum(e.device_time for e in kernels) / wall_us if kernels else None,
         "cpu_us_per_step": {e.key: e.self_cpu_time_total / steps for e in ops},
+        "calls_per_step": {e.key: e.count / steps for e in ops},
+        "copy_calls_per_step": sum(e.count for e in prof.key_averages() if e.key == "aten::copy_") / steps,
+        "category_us_per_step": by_category,
+        "matmul_gflop_per_step": matmul_flops / 1e9,
+        "matmul_gflops_in_step": matmul_flops / by_category["matrix products"] / 1e3,
+        "matmul_gflops_alone": matmul_rate(shapes, device),
+        "step_gflops": matmul_flops / (wall_us / steps) / 1e3,
     }
 
 
 def profile(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], str]:
     cfg, rows = train_config(args), {}
     for norm in args.norms.split(","):
-        rows[norm] = profile_norm(norm, cfg, device, PROFILE_STEPS)
+        rows[norm] = profile_norm(norm, cfg, device, PROFILE_STEPS, args.data_dir)
         print(f"profile {norm}: {rows[norm]['ms_per_step']:.2f} ms/step", flush=True)
     table = markdown_table(
         ["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"],
@@ -398,10 +480,92 @@ def profile(args: argparse.Namespace, device: str) -> tuple[dict[str, Any], str]
             for n, r in rows.items()
         ],
     )
+    cats = [*CATEGORIES, "everything else"]
+    breakdown = markdown_table(
+        ["norm", *[f"{c} ms" for c in cats], "CPU ms", "matmul GFLOP/step", "GFLOP/s: step, its products, alone"],
+        [
+            [
+                n,
+                *[fmt(r["category_us_per_step"][c] / 1000) for c in cats],
+                fmt(sum(r["category_us_per_step"].values()) / 1000),
+                fmt(r["matmul_gflop_per_step"], ".3f"),
+                f"{fmt(r['step_gflops'], '.0f')}, {fmt(r['matmul_gflops_in_step'], '.0f')}, "
+                f"{fmt(r['matmul_gflops_alone'], '.0f')}",
+            ]
+            for n, r in rows.items()
+        ],
+    )
     return (
         {"device": device, "config": args.config, "set": args.set, "steps": PROFILE_STEPS, "norms": rows},
-        f"### torch.profiler, {PROFILE_STEPS} training steps per norm on {device}\n\n{table}",
+        f"### torch.profiler, {PROFILE_STEPS} training steps per norm on {device}\n\n{table}\n\n"
+        f"### Where a step's CPU time goes (self time per category, per step)\n\n{breakdown}",
     )
+
+
+def write_profile_plot(png: Path, sides: dict[str, dict[str, Any]], norm: str) -> None:
+    """One bar per side (e.g. before, after): the step's CPU ms by category; beside it the GFLOP/s of the whole
+    step, of its matrix products inside it, and of the same products alone (the machine's rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = [*CATEGORIES, "everything else"]
+    rows = {name: side["norms"][norm] for name, side in sides.items()}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.2), gridspec_kw={"width_ratios": [2.2, 1]})
+    for y, r in enumerate(rows.values()):
+        x = 0.0
+        for i, cat in enumerate(cats):
+            ms = r["category_us_per_step"][cat] / 1000
+            left.barh(y, ms, left=x, color=f"C{i}", label=cat if y == 0 else None)
+            x += ms
+        left.text(x, y, f" {x:.1f} ms", va="center")
+    left.set(yticks=range(len(rows)), yticklabels=list(rows), xlabel="CPU ms per training step (self time)")
+    left.invert_yaxis()
+    left.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    rates = ("step_gflops", "matmul_gflops_in_step", "matmul_gflops_alone")
+    labels = ("whole\nstep", "its matrix\nproducts", "the same\nproducts alone")
+    width = 0.8 / len(rows)
+    for j, (name, r) in enumerate(rows.items()):
+        right.bar([i + j * width for i in range(3)], [r[k] or 0 for k in rates], width, label=name)
+    right.set(xticks=[i + width * (len(rows) - 1) / 2 for i in range(3)], xticklabels=labels, ylabel="GFLOP/s")
+    right.tick_params(axis="x", labelsize=8)
+    right.legend(fontsize=8)
+    fig.suptitle(f"Where a training step goes: {norm} norm, {next(iter(sides.values()))['config']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def write_loss_pair(before: Path, after: Path, out: Path) -> tuple[dict[str, Any], str]:
+    """Two runs' logged losses (their metrics.jsonl) side by side: out (JSON, .md) and one plot of both (.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {name: read_metrics(folder / "metrics.jsonl") for name, folder in (("before", before), ("after", after))}
+    logged = {
+        name: [(r["kind"], r["iter"], r["loss"] if r["kind"] == "train" else r["val_loss"]) for r in records]
+        for name, records in runs.items()
+        for records in [[r for r in records if r["kind"] in ("train", "eval")]]
+    }
+    pairs = list(zip(logged["before"], logged["after"], strict=True))
+    rel = [abs(a[2] - b[2]) / abs(a[2]) for a, b in pairs]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (name, points), style in zip(logged.items(), ("-", "--"), strict=True):
+        for kind in ("train", "eval"):
+            kept = [(it, v) for k, it, v in points if k == kind]
+            label = f"{name}: {'train' if kind == 'train' else 'val'}"
+            ax.plot(*zip(*kept, strict=True), style, marker=".", label=label)
+    ax.set(xlabel="iteration", ylabel="loss", title=f"logged losses before and after (max relative gap {max(rel):.1e})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=120)
+    rows = [[k, it, f"{a:.7f}", f"{b:.7f}", f"{abs(a - b):.1e}"] for (k, it, a), (_, _, b) in pairs]
+    table = markdown_table(["logged", "iter", "before", "after", "|after - before|"], rows)
+    return {"before": str(before), "after": str(after), "max_relative_gap": max(rel), "logged": pairs}, table
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -428,6 +592,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--target_val", type=float, default=None, help="report the training time to this val loss")
     p.add_argument("--profile", action="store_true", help=f"torch.profiler over {PROFILE_STEPS} steps per norm")
+    p.add_argument(
+        "--before", type=Path, help="with --profile and --out: an earlier profile's JSON, drawn beside this one (PNG)"
+    )
+    p.add_argument(
+        "--pair",
+        nargs=2,
+        type=Path,
+        metavar=("BEFORE", "AFTER"),
+        help="two train.py out_dirs: their logged losses side by side, in --out (and one plot, .png)",
+    )
     p.add_argument("--time_limit", type=float, default=None, help="seconds before a run is killed")
     p.add_argument("--data_dir", help="our train.py's --data_dir (default: the config's dataset)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
@@ -452,10 +626,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         device = resolve_device(args.device)
     except DeviceError as e:
         raise SystemExit(f"error: {e}") from None
-    if args.profile:
+    if args.pair:
+        result, text = write_loss_pair(*args.pair, args.out or Path("loss_pair.json"))
+        write_results(args.out or Path("loss_pair.json"), ["bench.training", *args.argv], result, text)
+    elif args.profile:
         result, text = profile(args, device)
         if args.out:
             write_results(args.out, ["bench.training", *args.argv], result, text)
+            sides = {"before": json.loads(args.before.read_text()), "after": result} if args.before else {"now": result}
+            write_profile_plot(args.out.with_suffix(".png"), sides, args.norms.split(",")[0])
     else:
         result = run_all(args, device, args.out)
         text = table(result)

@@ -1,0 +1,83 @@
+"""The training step's optimizer: the fused AdamW that configure_optimizers picks on a CPU computes the update of
+torch's per-parameter loop, and takes over a checkpoint that loop saved."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from model import GPT, GPTConfig
+
+# No biases: the key projection's bias has a gradient of zero in exact arithmetic (softmax ignores a shift shared by
+# every key), so its computed gradient is rounding noise, which Adam scales up to full-size steps.
+CONFIG = GPTConfig(block_size=16, vocab_size=30, n_layer=2, n_head=2, n_embd=32, bias=False)
+STEPS = 5
+# float32: the fused kernel and the loop may round an update differently in the last bit (2**-23 relative),
+# and over a few steps that stays within a few units of the last place.
+RTOL, ATOL = 1e-5, 1e-7
+
+
+def new_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(CONFIG)
+
+
+def train(model: GPT, optimizer: torch.optim.Optimizer, steps: int, seed: int = 1) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randint(CONFIG.vocab_size, (4, CONFIG.block_size), generator=gen)
+        y = torch.randint(CONFIG.vocab_size, (4, CONFIG.block_size), generator=gen)
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def loop_optimizer(model: GPT) -> torch.optim.AdamW:
+    """The same groups and hyperparameters as configure_optimizers, updated by torch's per-parameter loop."""
+    fused = model.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
+    groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")} for g in fused.param_groups]
+    return torch.optim.AdamW(groups, fused=False, foreach=False)
+
+
+def assert_same_parameters(a: GPT, b: GPT) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_configure_optimizers_fuses_on_cpu():
+    optimizer = new_model().configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    assert all(group["fused"] for group in optimizer.param_groups)
+
+
+def test_fused_adamw_makes_the_loops_update():
+    fused_model, loop_model = new_model(), new_model()
+    fused = fused_model.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
+    train(fused_model, fused, STEPS)
+    train(loop_model, loop_optimizer(loop_model), STEPS)
+    assert_same_parameters(fused_model, loop_model)
+    start = new_model().parameters()
+    moved = max((p - q).abs().max().item() for p, q in zip(fused_model.parameters(), start, strict=True))
+    assert moved > 1e-3  # the steps did move the weights: the comparison above is not between two untouched models
+
+
+def test_fused_adamw_resumes_the_loops_checkpoint():
+    """The loop's optimizer state (a checkpoint from before AdamW was fused on a CPU) carries on in the fused
+    kernel: the steps after it are the loop's own."""
+    model = new_model()
+    loop = loop_optimizer(model)
+    train(model, loop, 3)
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_optimizer = copy.deepcopy(loop.state_dict())  # (its tensors are the live state, updated in place)
+    train(model, loop, 2, seed=2)  # the loop, uninterrupted
+
+    resumed = new_model()
+    resumed.load_state_dict(saved_model)
+    fused = resumed.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
+    fused.load_state_dict(saved_optimizer)
+    for group in fused.param_groups:
+        group["fused"] = True  # load_state_dict brought back the saved groups' fused=False: run the fused kernel
+    train(resumed, fused, 2, seed=2)
+    assert_same_parameters(resumed, model)
