@@ -294,12 +294,13 @@ def restore_training_state(
     """
     rank, world = (dist.rank, dist.world_size) if dist else (0, 1)
     try:
-        # The saved moments and step counts; betas and weight decay as configured now (the same unless given
-        # explicitly); the learning rate is set at every iteration.
-        wanted = [(g["betas"], g["weight_decay"]) for g in optimizer.param_groups]
+        # The saved moments and step counts; betas, weight decay and the kernel (fused or not) as configured now
+        # (the same unless given explicitly, or saved by an older version); the learning rate is set every iteration.
+        kept = ("betas", "weight_decay", "fused", "foreach")
+        wanted = [{key: g.get(key) for key in kept} for g in optimizer.param_groups]
         optimizer.load_state_dict(ckpt["optimizer"])
-        for group, (betas, weight_decay) in zip(optimizer.param_groups, wanted, strict=True):
-            group["betas"], group["weight_decay"] = betas, weight_decay
+        for group, settings in zip(optimizer.param_groups, wanted, strict=True):
+            group.update(settings)
         if scaler.is_enabled() and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process

@@ -4,9 +4,11 @@ torch's per-parameter loop, and takes over a checkpoint that loop saved."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
+from checkpoint import restore_training_state, rng_state
 from model import GPT, GPTConfig
 
 # No biases: the key projection's bias has a gradient of zero in exact arithmetic (softmax ignores a shift shared by
@@ -76,8 +78,9 @@ def test_fused_adamw_resumes_the_loops_checkpoint():
     resumed = new_model()
     resumed.load_state_dict(saved_model)
     fused = resumed.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
-    fused.load_state_dict(saved_optimizer)
-    for group in fused.param_groups:
-        group["fused"] = True  # load_state_dict brought back the saved groups' fused=False: run the fused kernel
+    data_gen = torch.Generator()
+    ckpt = {"optimizer": saved_optimizer, "rng": rng_state(data_gen), "iter_num": 3, "best_val_loss": 1.0}
+    restore_training_state(ckpt, fused, torch.amp.GradScaler("cpu", enabled=False), data_gen, Path("ckpt.pt"))
+    assert all(group["fused"] for group in fused.param_groups)  # not the saved groups' fused=False
     train(resumed, fused, 2, seed=2)
     assert_same_parameters(resumed, model)
