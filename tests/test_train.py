@@ -345,6 +345,22 @@ def test_resume_continues_the_run(trained: tuple[Path, dict], tmp_path: Path) ->
     assert load_checkpoint(resumed / "ckpt.pt")["iter_num"] == 15
 
 
+def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_loss(tmp_path: Path, data_dir: Path):
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--always_save_checkpoint=False"))
+    best, saved = math.inf, None
+    for r in records(out, "eval"):  # saved: the last iteration after 0 whose val loss was a new best
+        if r["val_loss"] < best:
+            best = r["val_loss"]
+            saved = r["iter"] if r["iter"] > 0 else saved
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert saved is not None and ckpt["iter_num"] == saved and ckpt["best_val_loss"] == best
+    ckpt["best_val_loss"] = 0.0  # a best no later evaluation can beat: the resumed run must never save
+    torch.save(ckpt, out / "ckpt.pt")
+    summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=9"])
+    assert summary["best_val_loss"] == 0.0 and load_checkpoint(out / "ckpt.pt")["iter_num"] == saved
+
+
 @pytest.mark.parametrize("norm", ["builtin", "custom", "rmsnorm", "batchnorm", "none"])
 def test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run(tmp_path: Path, data_dir: Path, norm: str) -> None:
     # dropout > 0 so that the torch RNG state matters too, not only the data stream
