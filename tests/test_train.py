@@ -22,7 +22,7 @@ import checkpoint
 import options
 import train
 from checkpoint import FORMAT, CheckpointError, load_checkpoint
-from data.common import DataError
+from data.common import DataError, PreparedData
 from device import Dist
 from helpers import (
     ROOT,
@@ -330,6 +330,20 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, dict], tiny_data
     assert rec == summary
     assert rec["iters"] == 12 and rec["norm"] == "builtin" and rec["device"] == "cpu"
     assert rec["peak_memory_bytes"] > 10_000_000 and rec["median_ms_per_iter"] > 0 and rec["wall_s"] > 0
+
+
+def test_the_checkpoint_holds_the_data_streams_position(trained: tuple[Path, dict]) -> None:
+    """The batches come from the data stream's own generator, seeded by seed (not from the global RNG, which
+    dropout and each process's seed + rank share): after N iterations it has drawn N global batches of starts."""
+    out, _ = trained
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    cfg = ckpt["config"]
+    data = PreparedData(cfg["data_dir"], cfg["dataset"], cfg["block_size"])
+    stream = torch.Generator().manual_seed(cfg["seed"])
+    global_batch = (cfg["gradient_accumulation_steps"], cfg["batch_size"])
+    for _ in range(ckpt["iter_num"]):
+        torch.randint(data.num_starts("train"), global_batch, generator=stream)
+    assert torch.equal(ckpt["rng"]["data"], stream.get_state())
 
 
 def test_resume_continues_the_run(trained: tuple[Path, dict], tmp_path: Path) -> None:
