@@ -289,6 +289,8 @@ def test_batches_are_windows_of_the_file(tmp_path: Path) -> None:
     assert x.shape == y.shape == (3, 4, 16) and x.dtype == torch.int64
     for (i, j), s in np.ndenumerate(starts.numpy()):
         assert x[i, j].tolist() == ids[s : s + 16].tolist() and y[i, j].tolist() == ids[s + 1 : s + 17].tolist()
+    last = data.num_starts("train") - 1  # the last start's target ends at the file's last token: no window is lost
+    assert last + 17 == len(ids) and data.get("train", torch.tensor([last]), "cpu")[1][0].tolist() == ids[-16:].tolist()
     data.close()  # and after close(), the files open again
     x2, y2 = data.get("train", starts, "cpu")
     assert torch.equal(x, x2) and torch.equal(y, y2)

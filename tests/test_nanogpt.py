@@ -24,7 +24,7 @@ from checkpoint import CheckpointError, load_checkpoint, load_resume_checkpoint
 from helpers import PAYLOADS, assert_one_line_error, skip_unless_runs, subprocess_env
 from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
-from tokenizer import TiktokenTokenizer
+from tokenizer import GPT2_ENCODING, TiktokenTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = sorted(set("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
@@ -179,6 +179,16 @@ def test_without_meta_a_gpt2_sized_model_is_decoded_with_gpt2s_bpe(tmp_path: Pat
     prompt = "ROMEO: Shall I"
     ids = reference(model, bpe.encode(prompt), 6, vocab_size=bpe.vocab_size)  # sample.py never picks a padded id
     assert greedy("--out_dir", str(tmp_path / "out"), prompt=prompt, n=6) == bpe.decode(ids)
+
+
+@pytest.mark.parametrize("vocab_size", [nanogpt.GPT2_VOCAB_SIZE - 1, nanogpt.GPT2_VOCAB_SIZE])
+def test_without_meta_bpe_is_taken_from_gpt2s_vocabulary_size_up(tmp_path: Path, vocab_size: int) -> None:
+    ckpt = {"model_args": {"vocab_size": vocab_size}, "config": {}}  # no dataset, no meta.pkl beside it
+    if vocab_size < nanogpt.GPT2_VOCAB_SIZE:
+        with pytest.raises(nanogpt.MetaError, match=f"has a vocabulary of {vocab_size} tokens, fewer than"):
+            nanogpt.tokenizer_meta(tmp_path / "ckpt.pt", ckpt)
+    else:
+        assert nanogpt.tokenizer_meta(tmp_path / "ckpt.pt", ckpt) == {"kind": "tiktoken", "encoding": GPT2_ENCODING}
 
 
 # --- batch_independence.py and bench.decoding ---------------------------------------------------------------------

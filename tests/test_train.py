@@ -22,7 +22,7 @@ import checkpoint
 import options
 import train
 from checkpoint import FORMAT, CheckpointError, load_checkpoint
-from data.common import DataError
+from data.common import DataError, PreparedData
 from device import Dist
 from helpers import (
     ROOT,
@@ -332,6 +332,20 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, dict], tiny_data
     assert rec["peak_memory_bytes"] > 10_000_000 and rec["median_ms_per_iter"] > 0 and rec["wall_s"] > 0
 
 
+def test_the_checkpoint_holds_the_data_streams_position(trained: tuple[Path, dict]) -> None:
+    """The batches come from the data stream's own generator, seeded by seed (not from the global RNG, which
+    dropout and each process's seed + rank share): after N iterations it has drawn N global batches of starts."""
+    out, _ = trained
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    cfg = ckpt["config"]
+    data = PreparedData(cfg["data_dir"], cfg["dataset"], cfg["block_size"])
+    stream = torch.Generator().manual_seed(cfg["seed"])
+    global_batch = (cfg["gradient_accumulation_steps"], cfg["batch_size"])
+    for _ in range(ckpt["iter_num"]):
+        torch.randint(data.num_starts("train"), global_batch, generator=stream)
+    assert torch.equal(ckpt["rng"]["data"], stream.get_state())
+
+
 def test_resume_continues_the_run(trained: tuple[Path, dict], tmp_path: Path) -> None:
     out, _ = trained
     resumed = tmp_path / "resumed"
@@ -343,6 +357,22 @@ def test_resume_continues_the_run(trained: tuple[Path, dict], tmp_path: Path) ->
     assert summary["iters"] == 15
     assert sorted(train_losses(resumed)) == list(range(15))
     assert load_checkpoint(resumed / "ckpt.pt")["iter_num"] == 15
+
+
+def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_loss(tmp_path: Path, data_dir: Path):
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--always_save_checkpoint=False"))
+    best, saved = math.inf, None
+    for r in records(out, "eval"):  # saved: the last iteration after 0 whose val loss was a new best
+        if r["val_loss"] < best:
+            best = r["val_loss"]
+            saved = r["iter"] if r["iter"] > 0 else saved
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert saved is not None and ckpt["iter_num"] == saved and ckpt["best_val_loss"] == best
+    ckpt["best_val_loss"] = 0.0  # a best no later evaluation can beat: the resumed run must never save
+    torch.save(ckpt, out / "ckpt.pt")
+    summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=9"])
+    assert summary["best_val_loss"] == 0.0 and load_checkpoint(out / "ckpt.pt")["iter_num"] == saved
 
 
 @pytest.mark.parametrize("norm", ["builtin", "custom", "rmsnorm", "batchnorm", "none"])
