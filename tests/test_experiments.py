@@ -63,19 +63,10 @@ def test_inside_norms_smoke(tmp_path, norm_position):
 
 
 @pytest.mark.slow
-def test_norm_placement_smoke(tmp_path):
+def test_norm_placement_smoke(tmp_path, monkeypatch, capsys):
     """Both parts end to end on a 2-layer model: gradient norms per block, four short train.py runs, two plots."""
     data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "experiments/norm_placement.py", "--smoke", f"--data_dir={data}", f"--results_dir={out}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=subprocess_env(MPLBACKEND="Agg"),
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
-    assert "total time" in proc.stdout
+    run_experiment(monkeypatch, capsys, "norm_placement", "--smoke", f"--data_dir={data}", f"--results_dir={out}")
     assert (out / "grad_norms.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
     result = json.loads((out / "norm_placement.json").read_text())
     assert result["run_time_s"] > 0 and "--smoke" in result["command"] and result["machine"]["cpu_count"]
@@ -112,27 +103,25 @@ def test_missing_input_is_a_one_line_error(script, args, message):
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def run_experiment(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, f"experiments/{script}", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=subprocess_env(MPLBACKEND="Agg"),
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
-    assert "total time" in proc.stdout
-    return proc
+def run_experiment(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, *args: str) -> str:
+    """experiments/NAME.py's main(args) in this process (a fresh interpreter adds nothing here: the one-line errors
+    above are checked in one); what it printed. The train.py runs it starts get one thread, as subprocess_env's."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    capsys.readouterr()
+    load_script(name).main(list(args))
+    stdout = capsys.readouterr().out
+    assert "total time" in stdout, stdout[-2000:]
+    return stdout
 
 
 @pytest.mark.slow
-def test_dyt_stall_smoke(tmp_path):
+def test_dyt_stall_smoke(tmp_path, monkeypatch, capsys):
     """Three 2-layer models measured at init and after 4 iterations of train.py: every norm, the logits, the
     gradient per block; at init the old DyT hands its sublayer far less than LayerNorm's unit RMS, the recipe
     about as much, and each DyT's alpha starts where its flags say."""
     data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
-    run_experiment("dyt_stall.py", "--smoke", f"--data_dir={data}", f"--results_dir={out}")
+    run_experiment(monkeypatch, capsys, "dyt_stall", "--smoke", f"--data_dir={data}", f"--results_dir={out}")
     assert (out / "dyt_stall.png").stat().st_size > 0
     result = json.loads((out / "dyt_stall.json").read_text())
     assert result["run_time_s"] > 0 and set(result["train_commands"]) == set(result["results"])
@@ -176,14 +165,14 @@ def test_centre_only_against_float64_and_swapped_in_for_every_norm():
 
 
 @pytest.mark.slow
-def test_centre_and_rescale_smoke(tmp_path):
+def test_centre_and_rescale_smoke(tmp_path, monkeypatch, capsys):
     """Five rows, two seeds of one of them, 6 iterations each; a second call finds every run done and only
     rewrites the table."""
     data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
     common = ["--smoke", f"--data_dir={data}", f"--results_dir={out}"]
-    first = run_experiment("centre_and_rescale.py", *common)
-    run_experiment("centre_and_rescale.py", *common, "--rows", "rmsnorm", "--seeds", "1337", "7")
-    assert "5 runs of 6 iterations to go" in first.stdout and "min left" in first.stdout
+    first = run_experiment(monkeypatch, capsys, "centre_and_rescale", *common)
+    run_experiment(monkeypatch, capsys, "centre_and_rescale", *common, "--rows", "rmsnorm", "--seeds", "1337", "7")
+    assert "5 runs of 6 iterations to go" in first and "min left" in first
     result = json.loads((out / "centre_and_rescale.json").read_text())
     assert len(result["runs"]) == 6 and {r["row"] for r in result["runs"]} == set(result["table"])
     for run in result["runs"]:
@@ -193,5 +182,5 @@ def test_centre_and_rescale_smoke(tmp_path):
     assert rms["mean"] == pytest.approx(sum(rms["final_val_loss"]) / 2)
     table = (out / "centre_and_rescale.md").read_text()
     assert all(f"| {row} |" in table for row in result["table"]) and (out / "centre_and_rescale.png").exists()
-    again = run_experiment("centre_and_rescale.py", *common)
-    assert "0 runs of 6 iterations to go" in again.stdout
+    again = run_experiment(monkeypatch, capsys, "centre_and_rescale", *common)
+    assert "0 runs of 6 iterations to go" in again

@@ -83,48 +83,17 @@ def torchrun(args: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_processes_with_dropout_resume_to_the_losses_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    """Each process has its own dropout stream; a resumed 2-process run must get every one of them back."""
-    data = make_dataset(tmp_path / "data")
-    args = ["--gradient_accumulation_steps=2", "--eval_interval=4", "--dropout=0.2"]
-    for out, extra in (
-        ("whole", ["--max_iters=8"]),
-        ("cut", ["--max_iters=4"]),
-        ("cut", ["--max_iters=8", "--init_from=resume"]),
-    ):
-        proc = subprocess.run(
-            torchrun(tiny_args(data, tmp_path / out, *args, *extra)),
-            cwd=ROOT,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    ranks = load_checkpoint(tmp_path / "cut" / "ckpt.pt")["rng_ranks"]
-    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
-    whole, cut = train_losses(tmp_path / "whole"), train_losses(tmp_path / "cut")
-    assert sorted(cut) == sorted(whole) == list(range(8))
-    assert [cut[i] for i in range(4, 8)] == [whole[i] for i in range(4, 8)]
-
-
-@pytest.mark.slow
-def test_ctrl_c_in_one_process_stops_every_process_at_the_same_iteration(tmp_path: Path) -> None:
+def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_uninterrupted_losses(
+    tmp_path: Path,
+) -> None:
     """With no log line to wait for (log_interval is huge), a signal to rank 1 alone still stops both processes
-    at the next iteration, and rank 0 saves that iteration's state."""
+    at the next iteration, and rank 0 saves that iteration's state, each process's own dropout stream among it.
+    Resumed from it, the 2-process run gets the losses of a run never interrupted."""
     data = make_dataset(tmp_path / "data")
-    out = tmp_path / "run"
+    args = ["--gradient_accumulation_steps=2", "--dropout=0.2", "--eval_interval=1000000"]
+    out = tmp_path / "cut"
     proc = subprocess.Popen(
-        torchrun(
-            tiny_args(
-                data,
-                out,
-                "--gradient_accumulation_steps=2",
-                "--max_iters=1000000",
-                "--log_interval=1000000",
-                "--eval_interval=1000000",
-            )
-        ),
+        torchrun(tiny_args(data, out, *args, "--max_iters=1000000", "--log_interval=1000000")),
         cwd=ROOT,
         env=subprocess_env(),
         stdout=subprocess.PIPE,
@@ -132,14 +101,32 @@ def test_ctrl_c_in_one_process_stops_every_process_at_the_same_iteration(tmp_pat
         text=True,
     )
     wait_for(lambda: bool(records_if_any(out, "eval")), proc, timeout=180)
-    time.sleep(1.0)  # well into training
+    time.sleep(0.5)  # into training
     rank1 = next(pid for pid in children(proc.pid) if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())
     os.kill(rank1, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert "interrupted (SIGINT)" in stderr and "To continue the run" in stderr, stderr[-2000:]
-    it = load_checkpoint(out / "ckpt.pt")["iter_num"]
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    it = ckpt["iter_num"]
     assert 0 < it < 1000000
     assert f"after {it} iterations" in stderr
+    ranks = ckpt["rng_ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+
+    end = it + 3
+    for out_dir, extra in ((out, ["--init_from=resume"]), (tmp_path / "whole", [])):
+        done = subprocess.run(
+            torchrun(tiny_args(data, out_dir, *args, f"--max_iters={end}", "--log_interval=1", *extra)),
+            cwd=ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    whole, cut = train_losses(tmp_path / "whole"), train_losses(out)
+    assert sorted(whole) == list(range(end)) and sorted(cut) == [0, *range(it, end)]
+    assert [cut[i] for i in range(it, end)] == [whole[i] for i in range(it, end)]
 
 
 def children(pid: int) -> list[int]:

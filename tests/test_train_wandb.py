@@ -8,12 +8,13 @@ run-*.wandb log, a LevelDB-style record log of protobuf records, which `wandb_lo
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, make_dataset, run_cli, tiny_args, train_losses
+from helpers import assert_one_line_error, make_dataset, run_cli, tiny_args, train_cli, train_losses
 
 
 def wandb_log_records(path: Path) -> Iterator[bytes]:
@@ -103,15 +104,17 @@ def test_offline_run_records_loss_and_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_without_wandb(tmp_path: Path) -> None:
-    """A shim that makes `import wandb` (and tiktoken, triton) fail, as on a machine without them."""
+def test_without_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`import wandb` (and tiktoken, triton) failing, as on a machine without them: in this process for the error
+    (None in sys.modules), in a fresh one with a shim on its path for the run that must not import them."""
+    data = make_dataset(tmp_path / "data")
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    asked = train_cli(capsys, tiny_args(data, tmp_path / "a", "--max_iters=2", "--wandb_log=True"))
+    assert_one_line_error(asked, 2, "wandb_log=True", "pip install wandb", "drop --wandb_log")
     shim = tmp_path / "shim"
     for name in ("wandb", "tiktoken", "triton"):
         (shim / name).mkdir(parents=True)
         (shim / name / "__init__.py").write_text(f'raise ImportError("No module named {name!r} (test shim)")\n')
-    data = make_dataset(tmp_path / "data")
-    asked = run_cli(tiny_args(data, tmp_path / "a", "--max_iters=2", "--wandb_log=True"), PYTHONPATH=str(shim))
-    assert_one_line_error(asked, 2, "wandb_log=True", "pip install wandb", "drop --wandb_log")
     # not asking for it needs no wandb (nor tiktoken nor triton, for a character-level builtin-norm run)
     plain = run_cli(tiny_args(data, tmp_path / "b", "--max_iters=2", "--sample_at_end=True"), PYTHONPATH=str(shim))
     assert plain.returncode == 0, plain.stderr[-3000:]
