@@ -1,20 +1,26 @@
 """Every command the README and docs/ print runs as printed, from a fresh copy of the repository, in the README's
 order and then the chapters', with only flags that make it small appended (a later --key=value wins); at the end
-the Quickstart's checkpoint is still the one it trained. Commands that run for minutes are named in LONG, each with
-the test that runs its plumbing at a tiny size instead, so a new command that is neither fails here. The docs'
+the Quickstart's checkpoint is still the one it trained. Consecutive `python` commands with the same environment
+run in one process, each as a fresh `python` would run it (tests/one_process.py); torchrun's get processes of their
+own. A nanoGPT checkpoint sits where the README's "Your nanoGPT checkpoint" commands read it, beside the copy.
+Commands that run for minutes are named in LONG, each with the test that runs its plumbing at a tiny size instead,
+so a new command that is neither fails here. The docs'
 Python snippets run, and every file and picture they link to or cite exists."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+from test_nanogpt import CHARS, nanogpt_model, save_nanogpt_checkpoint, write_meta
 
 from helpers import ROOT, subprocess_env
 
@@ -43,6 +49,7 @@ TINY = {
     "train.py": TINY_TRAIN,
     "sample.py": ["--max_new_tokens=5", "--device=cpu"],
     "batch_independence.py": ["--prompt_len=2", "--new_tokens=2", "--device=cpu"],
+    "bench.decoding": ["--prompt_len=4", "--new_tokens=4", "--repeats=1", "--batches=1", "--device=cpu"],
 }
 # Commands that run for minutes (or need a GPU), and the test that runs their plumbing at a tiny size.
 LONG = {
@@ -51,7 +58,7 @@ LONG = {
 
 
 # bench/ commands that take seconds: run here as printed, not only by their plumbing tests.
-QUICK_BENCH = ("python -m bench.plot_batch_independence",)
+QUICK_BENCH = ("python -m bench.plot_batch_independence", "python -m bench.decoding --ckpt ../nanoGPT/")
 # Files the Quickstart makes, which a doc may name before they exist.
 MADE_BY_THE_QUICKSTART = ("data/shakespeare_char/input.txt",)
 
@@ -72,16 +79,35 @@ def readme_commands() -> list[str]:
     return list(dict.fromkeys(c for doc in DOCS for c in commands_in(TEXT[doc])))
 
 
-def script_of(command: str) -> str:
+def split_env(command: str) -> tuple[dict[str, str], list[str]]:
+    """A command's environment prefix (`TRITON_INTERPRET=1 python ...`) and its words after it."""
     words = shlex.split(command)
+    env = {}
+    while re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, words
+
+
+def script_of(command: str) -> str:
+    words = split_env(command)[1]
     words = words[words.index("train.py") :] if "torchrun" in words else words[1:]
     return words[0] if words[0] != "-m" else words[1]
 
 
+def python_argv(command: str) -> list[str] | None:
+    """What follows `python` in a `python ...` command, with its size flags; None for any other command."""
+    words = split_env(command)[1]
+    if words[0] not in ("python", "python3"):
+        return None
+    return words[1:] + TINY.get(script_of(command), [])
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
-    """The repository's files as a fresh clone has them, and Tiny Shakespeare where the README says to put it."""
-    out = tmp_path_factory.mktemp("clone")
+    """The repository's files as a fresh clone has them, Tiny Shakespeare where the README says to put it, and a
+    nanoGPT checkpoint where the README's commands for one read it: nanoGPT's folder beside the clone."""
+    out = tmp_path_factory.mktemp("docs") / "clone"
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,
@@ -96,20 +122,64 @@ def clone(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> P
     for dataset in ("shakespeare_char", "shakespeare"):
         shutil.copy(shakespeare_path, out / "data" / dataset / "input.txt")
     shutil.copy(shakespeare_path, out / "my.txt")
+    nanogpt = out.parent / "nanoGPT"
+    save_nanogpt_checkpoint(nanogpt / "out-shakespeare-char", nanogpt_model(len(CHARS), bias=False))
+    write_meta(nanogpt / "data" / "shakespeare_char" / "meta.pkl")
     return out
 
 
-def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {}
-    if command.startswith("TRITON_INTERPRET=1 "):
-        command, env = command.removeprefix("TRITON_INTERPRET=1 "), {"TRITON_INTERPRET": "1"}
-    words = shlex.split(command)
-    if words[0] in ("python", "python3"):
-        words[0] = sys.executable
-    elif words[0] == "torchrun":
+class Result(NamedTuple):
+    command: str
+    code: int | None  # None: it never finished
+    stderr: str
+    quickstart: str | None  # the sha256 of the Quickstart's checkpoint after it, if there is one
+
+
+def sha256(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def batches(commands: list[str]) -> list[list[str]]:
+    """Consecutive `python` commands with the same environment prefix together, each other command alone."""
+    out: list[list[str]] = []
+    for command in commands:
+        last = out[-1][-1] if out else None
+        same = last is not None and split_env(last)[0] == split_env(command)[0]
+        if same and python_argv(last) is not None and python_argv(command) is not None:
+            out[-1].append(command)
+        else:
+            out.append([command])
+    return out
+
+
+def run_in_one_process(commands: list[str], cwd: Path, scratch: Path) -> list[Result]:
+    """`python` commands with one environment, one after another in one process (tests/one_process.py)."""
+    spec = scratch / "commands.json"
+    spec.write_text(json.dumps({"commands": [python_argv(c) for c in commands], "watch": str(QUICKSTART_CKPT)}))
+    done = scratch / "results.jsonl"
+    runner = [sys.executable, str(ROOT / "tests" / "one_process.py"), str(spec), str(done)]
+    env = subprocess_env(**split_env(commands[0])[0])
+    try:
+        proc = subprocess.run(runner, cwd=cwd, env=env, capture_output=True, text=True, timeout=300 * len(commands))
+        stopped = f"the process running it stopped (exit {proc.returncode}): {proc.stderr.strip()[-600:]}"
+    except subprocess.TimeoutExpired:
+        stopped = "the process running it timed out"
+    lines = done.read_text(encoding="utf-8").splitlines() if done.exists() else []
+    reported = map(json.loads, lines)
+    results = [Result(c, r["code"], r["stderr"], r["watch"]) for c, r in zip(commands, reported, strict=False)]
+    if len(results) < len(commands):  # the first command without a result stopped the process, the rest never ran
+        results.append(Result(commands[len(results)], None, stopped, None))
+    return results
+
+
+def run_alone(command: str, cwd: Path) -> Result:
+    """A command in a process of its own: torchrun's (its point is the processes it starts)."""
+    env, words = split_env(command)
+    if words[0] == "torchrun":
         words[:1] = [sys.executable, "-m", "torch.distributed.run"]
     words += TINY.get(script_of(command), [])
-    return subprocess.run(words, cwd=cwd, env=subprocess_env(**env), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(words, cwd=cwd, env=subprocess_env(**env), capture_output=True, text=True, timeout=300)
+    return Result(command, proc.returncode, proc.stderr, sha256(cwd / QUICKSTART_CKPT))
 
 
 def code_blocks(text: str, language: str = "") -> list[str]:
@@ -134,26 +204,35 @@ def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
     assert f"`pip install torch=={pin} --index-url https://download.pytorch.org/whl/cpu`" in README
 
 
-@pytest.mark.slow  # a process per command
-def test_every_doc_command_runs_as_printed(clone: Path) -> None:
+@pytest.mark.slow  # every command the docs print, the Quickstart's training run first
+def test_every_doc_command_runs_as_printed(clone: Path, tmp_path: Path) -> None:
     # The Quickstart's own steps first (prepare, then train): the later commands read what they leave.
     commands = ["python data/shakespeare_char/prepare.py", "python train.py configs/shakespeare_char_cpu.json"]
     commands += [c for c in readme_commands() if not c.startswith("python3 -m venv")]
-    ran, failed, quickstart = [], [], None
+    ran = []
     for command in dict.fromkeys(commands):
         long = command in LONG or script_of(command).startswith(("bench", "experiments"))
         if long and not command.startswith(QUICK_BENCH):
             continue  # LONG, bench/ and experiments/: test_bench.py, test_gpu_sh.py, test_experiments.py
-        proc = run(command, clone)
         ran.append(command)
-        if proc.returncode != 0 or "Traceback" in proc.stderr:
-            failed.append(f"{command}\n  exit {proc.returncode}: {proc.stderr.strip()[-600:]}")
-        if quickstart is None and (clone / QUICKSTART_CKPT).exists():
-            quickstart = hashlib.sha256((clone / QUICKSTART_CKPT).read_bytes()).hexdigest()
+    results = []
+    for i, batch in enumerate(batches(ran)):
+        scratch = tmp_path / str(i)
+        scratch.mkdir()
+        in_one = python_argv(batch[0]) is not None
+        results += run_in_one_process(batch, clone, scratch) if in_one else [run_alone(batch[0], clone)]
+    failed = [
+        f"{r.command}\n  exit {r.code}: {r.stderr.strip()[-600:]}"
+        for r in results
+        if r.code != 0 or "Traceback" in r.stderr
+    ]
     assert not failed, "\n".join(failed)
+    assert [r.command for r in results] == ran
     assert len(ran) >= 15 and any(c.startswith("torchrun") for c in ran) and any("sample.py" in c for c in ran)
+    assert any("../nanoGPT/" in c for c in ran)
     # No later command replaced the Quickstart's checkpoint (each run has a folder of its own).
-    assert hashlib.sha256((clone / QUICKSTART_CKPT).read_bytes()).hexdigest() == quickstart
+    quickstart = next(r.quickstart for r in results if r.quickstart is not None)
+    assert sha256(clone / QUICKSTART_CKPT) == quickstart
 
 
 def test_long_commands_are_still_in_the_docs() -> None:
