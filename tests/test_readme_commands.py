@@ -4,8 +4,8 @@ the Quickstart's checkpoint is still the one it trained. Consecutive `python` co
 run in one process, each as a fresh `python` would run it (tests/one_process.py); torchrun's get processes of their
 own. A nanoGPT checkpoint sits where the README's "Your nanoGPT checkpoint" commands read it, beside the copy.
 Commands that run for minutes are named in LONG, each with the test that runs its plumbing at a tiny size instead,
-so a new command that is neither fails here. The docs'
-Python snippets run, and every file and picture they link to or cite exists."""
+so a new command that is neither fails here. The docs' Python snippets run, and every file and picture they link
+to or cite exists."""
 
 from __future__ import annotations
 
@@ -139,12 +139,18 @@ def sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
+def environment(command: str) -> dict[str, str]:
+    """The environment a command runs in: this one's, with its prefix (`TRITON_INTERPRET=1 python ...`) set."""
+    return subprocess_env(**split_env(command)[0])
+
+
 def batches(commands: list[str]) -> list[list[str]]:
-    """Consecutive `python` commands with the same environment prefix together, each other command alone."""
+    """Consecutive `python` commands with the same environment together (triton, say, reads TRITON_INTERPRET once,
+    at import), each other command alone."""
     out: list[list[str]] = []
     for command in commands:
         last = out[-1][-1] if out else None
-        same = last is not None and split_env(last)[0] == split_env(command)[0]
+        same = last is not None and environment(last) == environment(command)
         if same and python_argv(last) is not None and python_argv(command) is not None:
             out[-1].append(command)
         else:
@@ -158,9 +164,10 @@ def run_in_one_process(commands: list[str], cwd: Path, scratch: Path) -> list[Re
     spec.write_text(json.dumps({"commands": [python_argv(c) for c in commands], "watch": str(QUICKSTART_CKPT)}))
     done = scratch / "results.jsonl"
     runner = [sys.executable, str(ROOT / "tests" / "one_process.py"), str(spec), str(done)]
-    env = subprocess_env(**split_env(commands[0])[0])
     try:
-        proc = subprocess.run(runner, cwd=cwd, env=env, capture_output=True, text=True, timeout=300 * len(commands))
+        proc = subprocess.run(
+            runner, cwd=cwd, env=environment(commands[0]), capture_output=True, text=True, timeout=300 * len(commands)
+        )
         stopped = f"the process running it stopped (exit {proc.returncode}): {proc.stderr.strip()[-600:]}"
     except subprocess.TimeoutExpired:
         stopped = "the process running it timed out"
@@ -168,17 +175,20 @@ def run_in_one_process(commands: list[str], cwd: Path, scratch: Path) -> list[Re
     reported = map(json.loads, lines)
     results = [Result(c, r["code"], r["stderr"], r["watch"]) for c, r in zip(commands, reported, strict=False)]
     if len(results) < len(commands):  # the first command without a result stopped the process, the rest never ran
-        results.append(Result(commands[len(results)], None, stopped, None))
+        never_ran = len(commands) - len(results) - 1
+        results.append(
+            Result(commands[len(results)], None, f"{stopped}\n  ({never_ran} commands after it never ran)", None)
+        )
     return results
 
 
 def run_alone(command: str, cwd: Path) -> Result:
     """A command in a process of its own: torchrun's (its point is the processes it starts)."""
-    env, words = split_env(command)
+    words = split_env(command)[1]
     if words[0] == "torchrun":
         words[:1] = [sys.executable, "-m", "torch.distributed.run"]
     words += TINY.get(script_of(command), [])
-    proc = subprocess.run(words, cwd=cwd, env=subprocess_env(**env), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(words, cwd=cwd, env=environment(command), capture_output=True, text=True, timeout=300)
     return Result(command, proc.returncode, proc.stderr, sha256(cwd / QUICKSTART_CKPT))
 
 
