@@ -54,6 +54,7 @@ TINY = {
 # Commands that run for minutes (or need a GPU), and the test that runs their plumbing at a tiny size.
 LONG = {
     "python -m pytest": "this suite itself",
+    'python -m pytest -m "not slow"': "this suite itself",
 }
 
 
