@@ -191,7 +191,8 @@ def test_training_bad_input_is_one_line(argv, message, capsys):
 
 
 def test_profile_runs_in_process(env):
-    result = training.main(["--profile", "--config", env["config"], "--norms", "builtin", "--device", "cpu"])
+    argv = ["--profile", "--config", env["config"], "--data_dir", str(env["data"]), "--norms", "builtin"]
+    result = training.main([*argv, "--device", "cpu"])
     row = result["norms"]["builtin"]
     assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
 
