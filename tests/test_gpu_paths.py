@@ -118,6 +118,7 @@ def traced() -> dict:
     return without_interpreter(TRACE)
 
 
+@pytest.mark.slow  # a fresh interpreter compiles
 def test_the_triton_op_traces_with_symbolic_shapes(traced):
     """torch.compile(dynamic=True), and opcheck's dynamic-shape check, trace the launchers with symbolic sizes: the
     launch parameters' cache must be keyed by plain ints (a SymInt is unhashable)."""
@@ -158,6 +159,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter compiles
 def test_the_backward_kernel_fits_the_shared_memory_of_the_gpu():
     """The one-block backward's pipelined row loop keeps a block of x and one of dy in shared memory: 128 KiB for a
     float64 row of 8192, more than an RTX 30's 99 KiB, where the loop must not be pipelined; float32 (64 KiB) is,
@@ -185,6 +187,7 @@ print(json.dumps({"keys": keys}))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter compiles
 def test_attention_compiles_one_kernel_for_a_full_pass_and_a_cached_step():
     """Triton keys its compiled kernels by each argument's specialization (an integer divisible by 16, a pointer
     16-byte aligned); a full pass and a cached step with head size 12 differ in both, and must get one kernel."""

@@ -60,6 +60,7 @@ def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakes
     assert "tests/test_gpu_paths.py::" in logs["tests"]  # the first step
 
 
+@pytest.mark.slow  # bash and a torch import
 def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_path):
     proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), str(tmp_path / "out"), GPU_SH_BUDGET_S="3")
     assert proc.returncode == 0, proc.stderr
@@ -68,6 +69,7 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     assert all(s["rc"].startswith("skipped") for s in steps)
 
 
+@pytest.mark.slow  # bash and a torch import per case
 @pytest.mark.parametrize(
     "args, env, message",
     [

@@ -234,6 +234,7 @@ def run_sample(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a sample.py process
 @pytest.mark.parametrize("payload", list(PAYLOADS))
 def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
     nanogpt_run: tuple[Path, GPT], tmp_path: Path, payload: str
@@ -274,6 +275,7 @@ def test_a_meta_pkl_that_is_not_this_checkpoints_is_refused(
     assert "\n" not in str(e.value.code)
 
 
+@pytest.mark.slow  # a sample.py process
 def test_a_truncated_nanogpt_checkpoint_is_one_line(nanogpt_run: tuple[Path, GPT], tmp_path: Path) -> None:
     out_dir, _ = nanogpt_run
     data = (out_dir / "ckpt.pt").read_bytes()
@@ -282,6 +284,7 @@ def test_a_truncated_nanogpt_checkpoint_is_one_line(nanogpt_run: tuple[Path, GPT
     assert_one_line_error(proc, 1, f"error: {tmp_path / 'ckpt.pt'} is truncated or corrupt")
 
 
+@pytest.mark.slow  # a sample.py process
 def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_run: tuple[Path, GPT], tmp_path: Path):
     out_dir, _ = nanogpt_run
     (tmp_path / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())
