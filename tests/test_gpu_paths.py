@@ -17,9 +17,10 @@ import checkpoint
 import options
 import train
 from device import Dist
-from helpers import ROOT, make_dataset, tiny_args
+from helpers import ROOT, TRITON_SKIP, make_dataset, tiny_args
 
-pytest.importorskip("triton", reason="triton is not installed (Linux only)")
+if TRITON_SKIP is not None:
+    pytest.skip(TRITON_SKIP, allow_module_level=True)
 
 
 def without_interpreter(code: str) -> dict:

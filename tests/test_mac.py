@@ -19,7 +19,7 @@ from bench import common, decoding
 from checkpoint import load_checkpoint
 from data.common import run_prepare
 from device import peak_memory
-from helpers import make_dataset, tiny_args
+from helpers import TRITON_SKIP, make_dataset, tiny_args
 from layernorm import TritonUnavailableError, check_triton_device
 from tokenizer import CharTokenizer
 
@@ -52,7 +52,8 @@ def test_triton_missing_is_one_line_naming_the_cause_on_every_device(
 
 
 def test_triton_installed_but_the_device_is_mps_offers_the_interpreter_on_the_cpu() -> None:
-    pytest.importorskip("triton")
+    if TRITON_SKIP is not None:
+        pytest.skip(TRITON_SKIP)
     with pytest.raises(TritonUnavailableError) as e:
         check_triton_device("mps")
     msg = str(e.value)
