@@ -12,7 +12,7 @@ import pytest
 from test_bench import make_fake_nanogpt
 
 from bench.common import PACKED
-from helpers import ROOT
+from helpers import ROOT, needs_triton
 
 SCRIPT = ROOT / "bench" / "gpu.sh"
 STEPS = re.findall(r"\bstep (\w+) \d+ ", SCRIPT.read_text())  # `step NAME SHARE COMMAND`, in the script's order
@@ -32,6 +32,7 @@ SELECTED = ["data", "tests", "decode"]
 
 
 @pytest.mark.slow  # three steps of the dry run, each a process
+@needs_triton  # the dry run runs the kernels through Triton's interpreter
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
     nanogpt = make_fake_nanogpt(tmp_path / "nanogpt")
     out = tmp_path / "out"

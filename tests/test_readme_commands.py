@@ -22,7 +22,7 @@ from typing import NamedTuple
 import pytest
 from test_nanogpt import CHARS, nanogpt_model, save_nanogpt_checkpoint, write_meta
 
-from helpers import ROOT, subprocess_env
+from helpers import ROOT, TRITON_SKIP, subprocess_env
 
 # The README first, then the chapters in reading order: the order their commands run in.
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -215,6 +215,14 @@ def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
     assert f"`pip install torch=={pin} --index-url https://download.pytorch.org/whl/cpu`" in README
 
 
+def as_documented(r: Result) -> bool:
+    """Ran cleanly; or, where triton cannot be imported (macOS, Windows), a --norm=triton command refused in the
+    one line the docs show for it."""
+    if TRITON_SKIP is not None and "--norm=triton" in r.command:
+        return r.code == 2 and "needs the triton package" in r.stderr and "Traceback" not in r.stderr
+    return r.code == 0 and "Traceback" not in r.stderr
+
+
 @pytest.mark.slow  # every command the docs print, the Quickstart's training run first
 def test_every_doc_command_runs_as_printed(clone: Path, tmp_path: Path) -> None:
     # The Quickstart's own steps first (prepare, then train): the later commands read what they leave.
@@ -232,11 +240,7 @@ def test_every_doc_command_runs_as_printed(clone: Path, tmp_path: Path) -> None:
         scratch.mkdir()
         in_one = python_argv(batch[0]) is not None
         results += run_in_one_process(batch, clone, scratch) if in_one else [run_alone(batch[0], clone)]
-    failed = [
-        f"{r.command}\n  exit {r.code}: {r.stderr.strip()[-600:]}"
-        for r in results
-        if r.code != 0 or "Traceback" in r.stderr
-    ]
+    failed = [f"{r.command}\n  exit {r.code}: {r.stderr.strip()[-600:]}" for r in results if not as_documented(r)]
     assert not failed, "\n".join(failed)
     assert [r.command for r in results] == ran
     assert len(ran) >= 15 and any(c.startswith("torchrun") for c in ran) and any("sample.py" in c for c in ran)
