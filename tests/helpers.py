@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from checkpoint import FORMAT, save_checkpoint
 from layernorm import TritonUnavailableError, make_norm
 from model import GPT, GPTConfig
 
@@ -247,3 +248,19 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str] | Run, code: in
     for needle in needles:
         assert needle in err, (needle, err)
     return err
+
+
+def save_model(path: Path, model: GPT, tokenizer: dict) -> None:
+    """`model` saved at `path` in the form train.py saves it, with no training state to resume from."""
+    checkpoint = {
+        "format": FORMAT,
+        "model": model.state_dict(),
+        "model_args": asdict(model.config),
+        "optimizer": {},
+        "iter_num": 0,
+        "best_val_loss": 9.9,
+        "config": {},
+        "tokenizer": tokenizer,
+        "rng": {},
+    }
+    save_checkpoint(path, checkpoint)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 
 import sample
-from checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint
 from helpers import (
     assert_one_line_error,
     randomize_norms,
+    save_model,
     save_with_payload,
     sharpen_logits,
     subprocess_env,
@@ -36,21 +36,7 @@ BPE = {"kind": "tiktoken", "encoding": "r50k_base"}
 def make_checkpoint(out_dir: Path, tokenizer: dict, vocab_size: int, norm: str = "builtin", n_embd: int = 32) -> GPT:
     """A random tiny GPT saved as train.py would save it; norm weights and embeddings moved off their init."""
     model = sharpen_logits(randomize_norms(tiny_model(norm, block_size=BLOCK, vocab_size=vocab_size, n_embd=n_embd)))
-    config = model.config
-    save_checkpoint(
-        out_dir / "ckpt.pt",
-        {
-            "format": FORMAT,
-            "model": model.state_dict(),
-            "model_args": asdict(config),
-            "optimizer": {},
-            "iter_num": 0,
-            "best_val_loss": 9.9,
-            "config": {},
-            "tokenizer": tokenizer,
-            "rng": {},
-        },
-    )
+    save_model(out_dir / "ckpt.pt", model, tokenizer)
     return model
 
 
@@ -143,20 +129,7 @@ def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path
         ln_f.weight.zero_()
         model.lm_head.weight[len(itos) :] = 10 * ln_f.bias / ln_f.bias.square().sum()
         assert model(torch.zeros(1, 1, dtype=torch.long))[0][0, -1].argmax() >= len(itos)
-    save_checkpoint(
-        tmp_path / "ckpt.pt",
-        {
-            "format": FORMAT,
-            "model": model.state_dict(),
-            "model_args": asdict(model.config),
-            "optimizer": {},
-            "iter_num": 0,
-            "best_val_loss": 9.9,
-            "config": {},
-            "tokenizer": {"kind": "char", "itos": itos},
-            "rng": {},
-        },
-    )
+    save_model(tmp_path / "ckpt.pt", model, {"kind": "char", "itos": itos})
     for temperature in ("0", "1"):
         text = run(tmp_path, "--start", "abc", "--max_new_tokens", "20", "--temperature", temperature)[0]
         assert len(text) == 23 and set(text) <= set(itos)
