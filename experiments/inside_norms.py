@@ -38,7 +38,7 @@ def stats(values: torch.Tensor) -> dict[str, float]:
     return {k: round(float(x), 6) for k, x in out.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     p = common.parser(__doc__.splitlines()[0], "inside_norms", "one batch of two windows (for tests)", data_dir=False)
     p.add_argument("--out_dir", default="out-shakespeare-char-cpu", help="folder holding ckpt.pt")
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--data_dir", help="folder with val.bin (default: the checkpoint's data_dir, else data/<dataset>)")
     p.add_argument("--batches", type=int, default=16, help="batches of validation windows (default 16)")
     p.add_argument("--batch_size", type=int, default=32, help="windows of block_size tokens per batch (default 32)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     n_batches = 1 if args.smoke else args.batches
     batch_size = 2 if args.smoke else args.batch_size
     ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"

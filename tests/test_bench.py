@@ -190,6 +190,7 @@ def test_training_bad_input_is_one_line(argv, message, capsys):
     assert message in f"{stop.value}{capsys.readouterr().err}"
 
 
+@pytest.mark.slow  # torch.profiler over a short training run
 def test_profile_runs_in_process(env):
     argv = ["--profile", "--config", env["config"], "--data_dir", str(env["data"]), "--norms", "builtin"]
     result = training.main([*argv, "--device", "cpu"])

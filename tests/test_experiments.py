@@ -1,13 +1,17 @@
 """The experiments in experiments/: each runs end to end in a smoke mode on a tiny model."""
 
+import contextlib
 import importlib.util
+import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import train
 from checkpoint import save_training_checkpoint
 from device import Dist
 from helpers import ROOT, make_dataset, subprocess_env
@@ -17,7 +21,7 @@ from model import GPT, GPTConfig
 
 @pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
-def test_inside_norms_smoke(tmp_path, norm_position):
+def test_inside_norms_smoke(tmp_path, monkeypatch, capsys, norm_position):
     data = make_dataset(tmp_path / "data")
     extra = {"norm_position": norm_position} if norm_position != "pre" else {}
     model = GPT(GPTConfig(block_size=16, vocab_size=30, n_layer=3, n_head=2, n_embd=32, **extra))
@@ -35,22 +39,9 @@ def test_inside_norms_smoke(tmp_path, norm_position):
         data_gen=torch.Generator().manual_seed(0),
     )
     out = tmp_path / "results"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "experiments/inside_norms.py",
-            f"--out_dir={tmp_path / 'run'}",
-            "--smoke",
-            f"--results_dir={out}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=subprocess_env(MPLBACKEND="Agg"),
+    run_experiment(
+        monkeypatch, capsys, "inside_norms", f"--out_dir={tmp_path / 'run'}", "--smoke", f"--results_dir={out}"
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "total time" in proc.stdout
     assert (out / "inside_norms.png").stat().st_size > 0
     result = json.loads((out / "inside_norms.json").read_text())
     for key in ("resid_in", "ln_1_out", "ln_2_out"):
@@ -103,16 +94,34 @@ def test_missing_input_is_a_one_line_error(script, args, message):
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+RUN = subprocess.run
+
+
 def run_experiment(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, *args: str) -> str:
-    """experiments/NAME.py's main(args) in this process (a fresh interpreter adds nothing here: the one-line errors
-    above are checked in one); what it printed. The train.py runs it starts get one thread, as subprocess_env's."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    """experiments/NAME.py's main(args) in this process, and the train.py runs it starts too (train_in_process); what
+    it printed. A fresh interpreter adds nothing here: the one-line errors above are checked in one."""
+    monkeypatch.setattr(subprocess, "run", train_in_process)
+    monkeypatch.chdir(ROOT)  # where train.py's runs start, so that their relative paths mean the same
     capsys.readouterr()
     load_script(name).main(list(args))
     stdout = capsys.readouterr().out
     assert "total time" in stdout, stdout[-2000:]
     return stdout
+
+
+def train_in_process(cmd: list[str], **how: object) -> subprocess.CompletedProcess[str]:
+    """subprocess.run, but an experiment's `python train.py ARGS` (from the repository's root, text captured, stderr
+    apart or into stdout) runs as train.cli(ARGS) here: its exit status and what it printed, without a torch import.
+    Any other command (git, for the machine facts) runs as it would."""
+    if cmd[:2] != [sys.executable, "train.py"]:
+        return RUN(cmd, **how)
+    assert Path(how["cwd"]) == ROOT == Path.cwd() and how.get("text"), how
+    assert how.get("capture_output") or how.get("stdout") == subprocess.PIPE, how
+    out = io.StringIO()
+    err = out if how.get("stderr") == subprocess.STDOUT else io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train.cli(cmd[2:])
+    return subprocess.CompletedProcess(cmd, code, out.getvalue(), None if err is out else err.getvalue())
 
 
 @pytest.mark.slow

@@ -127,6 +127,7 @@ def test_the_triton_op_traces_with_symbolic_shapes(traced):
     assert not errors, errors
 
 
+@pytest.mark.slow  # the traced fixture's fresh interpreter
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_traced_kernels_get_no_tensor_twice_and_dw_is_what_the_kernel_wrote(traced, direction):
     """Functionalized (as torch.compile's AOT pass does), every tensor a kernel gets may be taken as written and

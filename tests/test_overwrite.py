@@ -10,7 +10,7 @@ import pytest
 
 import train
 from checkpoint import CheckpointError, load_checkpoint
-from helpers import assert_one_line_error, make_dataset, run_cli, tiny_args
+from helpers import assert_one_line_error, make_dataset, tiny_args, train_cli
 
 
 @pytest.fixture
@@ -22,10 +22,12 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
     return data, out
 
 
-def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line(run: tuple[Path, Path]) -> None:
+def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line(
+    run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     data, out = run
     before = (out / "ckpt.pt").read_bytes()
-    proc = run_cli(tiny_args(data, out, "--max_iters=2", "--seed=7"))
+    proc = train_cli(capsys, tiny_args(data, out, "--max_iters=2", "--seed=7"))
     err = assert_one_line_error(proc, 1, str(out / "ckpt.pt"), "--out_dir", "--init_from=resume", "--overwrite=True")
     assert err.startswith("error: ")
     assert (out / "ckpt.pt").read_bytes() == before  # untouched

@@ -53,8 +53,8 @@ TINY = {
 }
 # Commands that run for minutes (or need a GPU), and the test that runs their plumbing at a tiny size.
 LONG = {
-    "python -m pytest": "this suite itself",
-    'python -m pytest -m "not slow"': "this suite itself",
+    "python -m pytest -n auto": "this suite itself",
+    'python -m pytest -m "not slow" -n auto': "this suite itself",
 }
 
 
@@ -207,7 +207,8 @@ def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
     ]
     (tests,) = [c for c in readme_commands() if c.startswith("python3 -m venv") and "pytest" in c]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert tests.endswith("&& python -m pytest") and "python -m pytest" in ci
+    command = tests.split(" && ")[-1]
+    assert command.startswith("python -m pytest") and command.replace("python -m pytest", "python -m pytest -q") in ci
     for requirements in re.findall(r"-r (\S+)", tests):
         assert (ROOT / requirements).is_file() and requirements in ci
     # The CPU-only PyTorch the README offers is the version requirements.txt pins.
