@@ -2,6 +2,7 @@
 
     python -m bench.training --norms custom,builtin --nanogpt ../nanogpt --out bench/results/train_cpu.json
     python -m bench.training --compare --out bench/results/compare_norms_cpu/table.json   # every norm, val_loss.png
+    python -m bench.training --whole --norms builtin --nanogpt ../nanogpt --repeats 3   # the whole run, wall and RSS
     python -m bench.training --profile --norms builtin,triton --config configs/shakespeare_char.json  # torch.profiler
 
 Each run is a fresh child process (no allocator, thread pool or compiled kernel leaks into the next). Sides (norm x
@@ -115,7 +116,13 @@ def commands(
     args: argparse.Namespace,
 ) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None)."""
-    common = {**sched, "out_dir": out_dir, "device": device, "always_save_checkpoint": False}
+    # --whole: each side's checkpoints as its config saves them, and our sample at the end, as its command runs
+    common = {
+        **sched,
+        "out_dir": out_dir,
+        "device": device,
+        **({} if args.whole else {"always_save_checkpoint": False}),
+    }
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **common}
         if device != "cuda":
@@ -127,7 +134,8 @@ def commands(
             *[f"--{k}={v}" for k, v in values.items()],
         ], Path(args.nanogpt)
     norm, mode = side
-    ours = {**common, "norm": norm, "sample_at_end": False, **({"data_dir": args.data_dir} if args.data_dir else {})}
+    ours = {**common, "norm": norm, **({} if args.whole else {"sample_at_end": False})}
+    ours.update({"data_dir": args.data_dir} if args.data_dir else {})
     return [
         sys.executable,
         "train.py",
@@ -224,12 +232,13 @@ def table(result: dict[str, Any]) -> str:
             fmt(s["final_val_loss"], ".4f"),
             fmt(s["best_val_loss"], ".4f"),
             fmt(s["train_s_to_target"], ".1f"),
+            fmt(s["wall_s"], ".1f"),
             fmt(s["ms_per_iter"] and base and s["ms_per_iter"] / base, ".3f"),
             fmt(s["ms_per_iter"] and nano and s["ms_per_iter"] / nano, ".3f"),
         ]
         for name, s in sides.items()
     ]
-    rows += [[name, f"skipped: {why}", *[""] * 10] for name, why in result["skipped"].items()]
+    rows += [[name, f"skipped: {why}", *[""] * 11] for name, why in result["skipped"].items()]
     c, s = result["config"], result["schedule"]
     title = (
         f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
@@ -252,6 +261,7 @@ def table(result: dict[str, Any]) -> str:
                     "final val",
                     "best val",
                     f"train s to val <= {result['target_val'] or '--target_val'}",
+                    "wall s",
                     "x builtin eager",
                     "x nanoGPT",
                 ],
@@ -586,6 +596,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval_iters", type=int, default=20, help="batches of the evals at 0 and at the end (default 20)")
     p.add_argument("--curves", action="store_true", help="the config's own iterations and evals (loss curves)")
     p.add_argument(
+        "--whole",
+        action="store_true",
+        help="--curves, with each side's checkpoints and our sample: the config's run as its command runs it",
+    )
+    p.add_argument(
         "--compare",
         action="store_true",
         help="every norm (or --norms) once, --curves, and evals.csv and val_loss.png beside --out",
@@ -609,6 +624,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
+    args.curves = args.curves or args.whole
     if args.compare:
         args.curves, args.repeats = True, 1
         args.norms = args.norms if "--norms" in args.argv else ",".join((*NORMS, NO_NORM))

@@ -116,6 +116,21 @@ def test_training_alternates_with_nanogpt_and_reads_our_metrics(env, tmp_path):
     assert "| nanogpt | 2/2 |" in out.with_suffix(".md").read_text()
 
 
+def test_whole_runs_each_config_as_its_command_does(env, tmp_path):
+    """--whole: the config's own schedule, each side's checkpoints as its config saves them, and our sample; without
+    it a timed run saves no checkpoint beyond the best one and prints no sample."""
+    for whole in (True, False):
+        args = training.parse_args(["--config", env["config"], "--nanogpt", str(env["nanogpt"])] + ["--whole"] * whole)
+        cfg = training.train_config(args)
+        sched = training.schedule(args, cfg)
+        ours, _ = training.commands(("builtin", "eager"), cfg, sched, tmp_path, "cpu", args)
+        nano, _ = training.commands(None, cfg, sched, tmp_path, "cpu", args)
+        assert (sched["max_iters"], sched["eval_interval"]) == ((6, 3) if whole else (210, 210))
+        assert ("--sample_at_end=False" in ours) != whole
+        assert ("--always_save_checkpoint=False" in ours) != whole
+        assert ("--always_save_checkpoint=False" in nano) != whole
+
+
 def test_measure_takes_our_figures_from_metrics_jsonl(tmp_path):
     records = [
         {"kind": "eval", "iter": 0, "train_loss": 4.0, "val_loss": 4.1},
