@@ -87,9 +87,11 @@ TRITON_SKIP = _triton_skip_reason()
 needs_triton = pytest.mark.skipif(TRITON_SKIP is not None, reason=TRITON_SKIP or "")
 
 
-def norm_params(names: Sequence[str]) -> list:
-    """`names` for pytest.mark.parametrize, with "triton" skipped where Triton cannot run."""
-    return [pytest.param(n, marks=needs_triton) if n == "triton" else n for n in names]
+def norm_params(names: Sequence[str], slow_triton: bool = False) -> list:
+    """`names` for pytest.mark.parametrize, with "triton" skipped where Triton cannot run (and, with slow_triton,
+    left out of the quick tier: a whole model through Triton's interpreter takes seconds)."""
+    triton_marks = [needs_triton, pytest.mark.slow] if slow_triton else [needs_triton]
+    return [pytest.param(n, marks=triton_marks) if n == "triton" else n for n in names]
 
 
 def skip_unless_runs(norm: str) -> None:

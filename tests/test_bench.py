@@ -245,7 +245,9 @@ def test_decoding_paths_agree(env, tmp_path):
     assert "mode's time per token" in out.with_suffix(".md").read_text()
 
 
-@pytest.mark.parametrize("norms", [pytest.param("builtin,custom,triton", marks=needs_triton), "builtin,custom"])
+@pytest.mark.parametrize(
+    "norms", [pytest.param("builtin,custom,triton", marks=[needs_triton, pytest.mark.slow]), "builtin,custom"]
+)
 def test_decoding_one_checkpoint_with_each_layernorm(checkpoint_dir, norms):
     result = decoding.main(
         [

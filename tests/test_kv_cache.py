@@ -49,7 +49,7 @@ def cached_windows(prompt_len: int, steps: int, block: int) -> list[tuple[int, i
 # --- within block_size: the cache changes nothing --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm", norm_params([*LAYERNORMS, "rmsnorm"]))
+@pytest.mark.parametrize("norm", norm_params([*LAYERNORMS, "rmsnorm"], slow_triton=True))
 def test_cached_and_uncached_greedy_decoding_agree(norm: str) -> None:
     model = tiny(norm)
     idx = prompts(1, 10) if norm == "triton" else prompts(2, 5)  # the Triton interpreter is slow: keep it small

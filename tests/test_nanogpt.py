@@ -21,7 +21,7 @@ import nanogpt
 import sample
 from bench import decoding
 from checkpoint import CheckpointError, load_checkpoint, load_resume_checkpoint
-from helpers import PAYLOADS, assert_one_line_error, skip_unless_runs, subprocess_env
+from helpers import PAYLOADS, assert_one_line_error, norm_params, skip_unless_runs, subprocess_env
 from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
 from tokenizer import GPT2_ENCODING, TiktokenTokenizer
@@ -121,7 +121,7 @@ def greedy(*args: str, prompt: str = "ROMEO:", n: int = 20) -> str:
 # --- the same text as nanoGPT's sample.py --top_k=1 --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm", LAYERNORMS)
+@pytest.mark.parametrize("norm", norm_params(LAYERNORMS, slow_triton=True))
 def test_greedy_text_is_nanogpts_with_every_layernorm(nanogpt_run: tuple[Path, GPT], norm: str) -> None:
     skip_unless_runs(norm)
     out_dir, model = nanogpt_run
