@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import warnings
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"or point --out_dir at the folder holding ckpt.pt"
         )
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch's note on a plain pickle's protocol: noise before our one line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load fails in many ways on damaged bytes; each gets the same clear answer
         # torch names a global it refuses "Unsupported global", or "unsupported GLOBAL ... is blocked" (os.system)
         if isinstance(e, pickle.UnpicklingError) and "unsupported global" in str(e).lower():
@@ -120,7 +123,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 
 def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else ""
+    """The first line of an error's message; of torch's weights-only refusal, only its reason (its first line
+    suggests loading with weights_only=False, which would run whatever code the file holds)."""
+    text = str(e)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+    return text.splitlines()[0] if text else ""
 
 
 def checkpoint_config(checkpoint: dict[str, Any]) -> GPTConfig:

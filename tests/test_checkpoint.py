@@ -1,6 +1,7 @@
 """checkpoint.py: atomic writes, and a clear CheckpointError for every way a checkpoint can be wrong."""
 
 import os
+import pickle
 import random
 from dataclasses import asdict
 
@@ -61,6 +62,18 @@ def test_damaged_files_are_reported_as_corrupt(tmp_path, damage):
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(path)
+
+
+def test_a_plain_pickle_is_corrupt_in_one_line_that_never_suggests_an_unsafe_load(tmp_path, recwarn):
+    """torch's refusal suggests weights_only=False (which runs the file's code): only its reason is passed on, and
+    its warning about the pickle's protocol is not printed before the error."""
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    with pytest.raises(CheckpointError, match="truncated or corrupt") as error:
+        load_checkpoint(path)
+    message = str(error.value)
+    assert "\n" not in message and "weights_only" not in message and "Unsupported operand" in message
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
 
 
 def test_missing_file_says_how_to_get_one(tmp_path):
