@@ -36,6 +36,20 @@ def test_logits_shape_and_loss() -> None:
     assert loss is None and logits.shape == (3, 7, TINY.vocab_size)
 
 
+def test_init_is_gpt2s() -> None:
+    """GPT-2's init, as nanoGPT's: Linear weights and embeddings N(0, 0.02), the projections into the residual
+    stream N(0, 0.02 / sqrt(2 n_layer)), biases 0, the norms weight 1 and bias 0."""
+    config = GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128)
+    m = GPT(config)
+    for name, p in m.named_parameters():
+        if name.endswith("c_proj.weight"):
+            assert p.std().item() == pytest.approx(0.02 / math.sqrt(2 * config.n_layer), rel=0.05), name
+        elif name.endswith("weight") and p.dim() == 2:  # the other Linears, the embeddings (wte is the head)
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), name
+        else:  # biases and the norms' parameters
+            assert torch.equal(p, torch.ones_like(p) if name.endswith("weight") else torch.zeros_like(p)), name
+
+
 def test_input_longer_than_block_size_is_an_error() -> None:
     m = tiny()
     with pytest.raises(ValueError, match="block_size"):
