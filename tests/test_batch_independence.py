@@ -155,6 +155,7 @@ def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "PASS" in row_lines(out, mode=True)["builtin"]
 
 
+@pytest.mark.slow  # a model of configs/shakespeare_char.json's size (6 x 384), decoded
 def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config_file = ROOT / "configs" / "shakespeare_char.json"
     status, result = run_json(

@@ -291,7 +291,8 @@ def test_custom_ops_pass_opcheck():
         torch.library.opcheck(torch.ops.layernorm.triton_bwd.default, args)
 
 
-@pytest.mark.parametrize("norm", [pytest.param("triton", marks=pytest.mark.slow), "custom"])
+@pytest.mark.slow  # torch.compile traces a whole model
+@pytest.mark.parametrize("norm", ["triton", "custom"])
 def test_torch_compile_traces_a_model_with_the_norm(norm):
     """fullgraph=True: the norm must not break the graph. aot_eager traces forward and backward (no C compiler);
     the Triton norm goes through its torch.library custom ops there."""
