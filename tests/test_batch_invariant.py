@@ -50,7 +50,7 @@ CASES = [(n, s) for n in PER_TOKEN_NORMS for s in SIZES if n != "triton" or s ==
 
 @pytest.mark.parametrize(
     ("norm", "size"),
-    # The quick tier decodes the tiny model with every norm; the full suite adds the Quickstart's size too.
+    # The quick tier decodes the tiny model with every norm; the full suite adds configs/shakespeare_char.json's size.
     [
         pytest.param(n, s, marks=[needs_triton, pytest.mark.slow])
         if n == "triton"
