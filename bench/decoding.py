@@ -1,7 +1,8 @@
-"""Decoding: tokens/s of GPT.generate uncached, cached, and cached in the batch-invariant mode; and the matrix
-product alone at decoding shapes, stock F.linear against the mode's.
+"""Decoding: tokens/s of GPT.generate uncached, cached, and cached in the batch-invariant mode, beside the model's
+Linear layers alone as a cached step runs them (the ceiling for these matrix products); and the matrix product
+alone at decoding shapes, stock F.linear against the mode's.
 
-    python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, the three paths
+    python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, every path
     python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
     python -m bench.decoding --out_dir out-shakespeare-char-cpu --norms builtin,custom --paths cached --batches 1
     python -m bench.decoding --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --norms builtin,custom  # nanoGPT's
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from device import DeviceError, resolve_device
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
-PATHS = ("uncached", "cached", "mode")
+PATHS = ("uncached", "cached", "mode", "linears")
 MATMUL_ROWS, MATMUL_WIDTHS = (1, 2, 4, 8, 16, 32, 64), (384, 1536)
 
 
@@ -70,15 +72,40 @@ def paths_here(paths: list[str], device: str) -> list[str]:
     return kept
 
 
+def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
+    """steps -> None: the model's Linear layers, in a cached step's order, on one token per row, `steps` times.
+
+    A cached step runs these same matrix products and more, so their speed alone is the most that decoding can
+    reach without computing them differently; at batch 1 each one streams its whole weight from memory."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(batch, 1, m.in_features, device=device) for m in layers]
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            for layer, x in zip(layers, inputs, strict=True):
+                F.linear(x, layer.weight, layer.bias)
+
+    return run
+
+
 @torch.no_grad()
 def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
     prompts = torch.randint(
         model.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(0)
     ).to(device)
 
-    def run(name: str, n: int) -> torch.Tensor:
+    products = linears_alone(model, batch, device)
+
+    def run(name: str, n: int) -> torch.Tensor | None:
+        if name == "linears":
+            return products(n)
         with batch_invariant(enabled=name == "mode"):
             return model.generate(prompts, n, temperature=0, use_kv_cache=name != "uncached")
+
+    def tokens_of(name: str) -> None:
+        tokens = run(name, args.new_tokens)
+        if tokens is not None:
+            new[name] = tokens[:, args.prompt_len :]
 
     for name in args.paths:  # warm-up: the allocator, the kernels
         run(name, min(8, args.new_tokens))
@@ -86,9 +113,7 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
     for _ in range(args.repeats):
         rounds.append({})
         for name in args.paths:
-            seconds = timed(
-                lambda name=name: new.__setitem__(name, run(name, args.new_tokens)[:, args.prompt_len :]), device
-            )
+            seconds = timed(lambda name=name: tokens_of(name), device)
             rounds[-1][name] = batch * args.new_tokens / seconds
     block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
 
@@ -105,7 +130,7 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
         "spread": {k: spread([r[k] for r in rounds]) for k in args.paths},
         "cached_equals_uncached_up_to_block": agree("cached", "uncached", block),
         "mode_equals_cached": agree("mode", "cached"),
-        "tokens": next(iter(new.values())).tolist(),
+        "tokens": next(iter(new.values())).tolist() if new else None,
     }
 
 
@@ -119,8 +144,9 @@ def decode_table(result: dict[str, Any]) -> str:
                 f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})",
                 r["batch"],
                 *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
-                fmt(cached and tps.get("uncached") and cached / tps["uncached"], ".2f") + "x",
-                fmt(cached and tps.get("mode") and cached / tps["mode"], ".2f") + "x",
+                fmt(cached and tps.get("uncached") and cached / tps["uncached"], ".2f") + "x" * ("uncached" in tps),
+                fmt(cached and tps.get("mode") and cached / tps["mode"], ".2f") + "x" * ("mode" in tps),
+                fmt(cached and tps.get("linears") and cached / tps["linears"], ".2f"),
                 r["cached_equals_uncached_up_to_block"],
                 r["mode_equals_cached"],
                 r["same_tokens_as_first"],
@@ -132,6 +158,15 @@ def decode_table(result: dict[str, Any]) -> str:
             f"prompts, {result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of "
             f"{result['repeats']}",
             "",
+            *(
+                [
+                    "linears: the model's Linear layers alone, as a cached step runs them, steps/s (no tokens): the",
+                    "most a cached step can reach without computing its matrix products differently.",
+                    "",
+                ]
+                if "linears" in paths
+                else []
+            ),
             markdown_table(
                 [
                     "model",
@@ -139,6 +174,7 @@ def decode_table(result: dict[str, Any]) -> str:
                     *[f"{p} tok/s" for p in paths],
                     "cache speedup",
                     "mode's time per token",
+                    "cached / linears",
                     "cached = uncached (to block)",
                     "mode = cached",
                     "same tokens as first model",

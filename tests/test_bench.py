@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import common, decoding, training
 from device import maxrss_bytes
@@ -243,6 +244,33 @@ def test_decoding_paths_agree(env, tmp_path):
         assert set(r["tokens_per_s"]) == set(decoding.PATHS) and all(v > 0 for v in r["tokens_per_s"].values())
         assert r["cached_equals_uncached_up_to_block"] and r["mode_equals_cached"]
     assert "mode's time per token" in out.with_suffix(".md").read_text()
+    assert "cached / linears" in out.with_suffix(".md").read_text()
+
+
+def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
+    """The ceiling path runs each Linear's weight once a step, in the order the model's forward uses them."""
+    from torch.nn import functional as F
+    from torch.overrides import TorchFunctionMode
+
+    from model import GPT, GPTConfig
+
+    class Weights(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is F.linear:
+                self.seen.append(args[1])
+            return func(*args, **(kwargs or {}))
+
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16)).eval()
+    with Weights() as forward:
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 1, temperature=0)  # one forward pass
+    with Weights() as alone:
+        decoding.linears_alone(model, 1, "cpu")(2)  # two steps
+    assert len(forward.seen) == 2 * 4 + 1  # per block c_attn, c_proj, c_fc, c_proj; then the head
+    assert [id(w) for w in alone.seen] == [id(w) for w in forward.seen] * 2
 
 
 @pytest.mark.parametrize(
