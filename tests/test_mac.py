@@ -134,7 +134,7 @@ def test_timed_waits_for_the_apple_gpu(device: str, monkeypatch: pytest.MonkeyPa
 def test_decoding_leaves_out_the_mode_where_it_refuses_the_device(
     device: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert decoding.paths_here(list(decoding.PATHS), device) == ["uncached", "cached"]
+    assert decoding.paths_here(list(decoding.PATHS), device) == ["uncached", "cached", "linears"]
     line = capsys.readouterr().out.strip()
     assert len(line.splitlines()) == 1 and line.startswith("leaving out path 'mode': ") and device in line, line
     assert decoding.paths_here(list(decoding.PATHS), "cpu") == list(decoding.PATHS)  # the mode runs on the CPU
