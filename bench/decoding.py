@@ -134,6 +134,10 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
     }
 
 
+def ratio(a: float | None, b: float | None, unit: str = "") -> str:
+    return f"{a / b:.2f}{unit}" if a and b else "n/a"
+
+
 def decode_table(result: dict[str, Any]) -> str:
     paths = result["paths"]
     rows = []
@@ -144,9 +148,9 @@ def decode_table(result: dict[str, Any]) -> str:
                 f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})",
                 r["batch"],
                 *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
-                fmt(cached and tps.get("uncached") and cached / tps["uncached"], ".2f") + "x" * ("uncached" in tps),
-                fmt(cached and tps.get("mode") and cached / tps["mode"], ".2f") + "x" * ("mode" in tps),
-                fmt(cached and tps.get("linears") and cached / tps["linears"], ".2f"),
+                ratio(cached, tps.get("uncached"), "x"),
+                ratio(cached, tps.get("mode"), "x"),
+                ratio(cached, tps.get("linears")),
                 r["cached_equals_uncached_up_to_block"],
                 r["mode_equals_cached"],
                 r["same_tokens_as_first"],
