@@ -248,7 +248,7 @@ def test_decoding_paths_agree(env, tmp_path):
 
 
 def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
-    """The ceiling path runs each Linear's weight once a step, in the order the model's forward uses them."""
+    """The ceiling path runs each Linear (weight and bias) once a step, in the order the model's forward does."""
     from torch.nn import functional as F
     from torch.overrides import TorchFunctionMode
 
@@ -260,8 +260,8 @@ def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
             self.seen = []
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is F.linear:
-                self.seen.append(args[1])
+            if func is F.linear:  # (weight, bias), as nn.Linear passes them
+                self.seen.append((id(args[1]), id(args[2] if len(args) > 2 else (kwargs or {}).get("bias"))))
             return func(*args, **(kwargs or {}))
 
     model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16)).eval()
@@ -270,7 +270,7 @@ def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
     with Weights() as alone:
         decoding.linears_alone(model, 1, "cpu")(2)  # two steps
     assert len(forward.seen) == 2 * 4 + 1  # per block c_attn, c_proj, c_fc, c_proj; then the head
-    assert [id(w) for w in alone.seen] == [id(w) for w in forward.seen] * 2
+    assert alone.seen == forward.seen * 2
 
 
 @pytest.mark.parametrize(
