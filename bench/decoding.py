@@ -102,6 +102,8 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
         with batch_invariant(enabled=name == "mode"):
             return model.generate(prompts, n, temperature=0, use_kv_cache=name != "uncached")
 
+    new, rounds = {}, []  # the paths take turns, A B C A B C; tokens/s of each, round by round
+
     def tokens_of(name: str) -> None:
         tokens = run(name, args.new_tokens)
         if tokens is not None:
@@ -109,7 +111,6 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
 
     for name in args.paths:  # warm-up: the allocator, the kernels
         run(name, min(8, args.new_tokens))
-    new, rounds = {}, []  # the paths take turns, A B C A B C; tokens/s of each, round by round
     for _ in range(args.repeats):
         rounds.append({})
         for name in args.paths:
@@ -164,8 +165,8 @@ def decode_table(result: dict[str, Any]) -> str:
             "",
             *(
                 [
-                    "linears: the model's Linear layers alone, as a cached step runs them, steps/s (no tokens): the",
-                    "most a cached step can reach without computing its matrix products differently.",
+                    "linears: the model's Linear layers alone, as a cached step runs them, one step per token (none is",
+                    "produced): the most a cached step can reach without computing its matrix products differently.",
                     "",
                 ]
                 if "linears" in paths
