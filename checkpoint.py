@@ -19,7 +19,7 @@ import os
 import pickle
 import tempfile
 import warnings
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +133,7 @@ def _first_line(e: BaseException) -> str:
 
 def checkpoint_config(checkpoint: dict[str, Any]) -> GPTConfig:
     """The GPTConfig a checkpoint was trained with (keys this version does not know are left out)."""
-    known = {f.name for f in fields(GPTConfig)}
-    return GPTConfig(**{k: v for k, v in checkpoint["model_args"].items() if k in known})
+    return GPTConfig.from_options(checkpoint["model_args"])
 
 
 def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -180,17 +179,6 @@ def model_from_checkpoint(
 
 
 # ---- resuming a training run ----
-
-
-def seed_rngs(seed: int, rank: int = 0) -> torch.Generator:
-    """Seed the random states a run draws from; return the data stream's own generator.
-
-    Weights and dropout draw from the global torch RNG (one stream per process: seed + rank), the data from the
-    returned generator (the same on every process), so its state is the position in the data stream. Nothing here
-    draws from Python's or NumPy's generators, so their states are neither seeded nor saved.
-    """
-    torch.manual_seed(seed + rank)
-    return torch.Generator().manual_seed(seed)
 
 
 def rng_state(data_gen: torch.Generator) -> dict[str, Any]:

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -72,6 +73,13 @@ class GPTConfig:
             raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
         if self.norm_alpha is not None:
             new_norm(self)  # a norm without an alpha, or an alpha <= 0: make_norm's ValueError, before any model
+
+    @classmethod
+    def from_options(cls, options: Any, **changes: Any) -> GPTConfig:
+        """The model that `options` describe: train.py's TrainConfig, a checkpoint's model_args (a dict), or any
+        object with these fields as attributes; the other options are ignored, `changes` win."""
+        given = options if isinstance(options, dict) else vars(options)
+        return cls(**{**{f.name: given[f.name] for f in fields(cls) if f.name in given}, **changes})
 
 
 def new_norm(config: GPTConfig) -> nn.Module:

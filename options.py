@@ -99,8 +99,6 @@ class TrainConfig:
 
 
 TYPES = {f.name: f.type for f in fields(TrainConfig)}  # "int", "float | None", ... (annotations are strings)
-# The options that are GPTConfig's fields: all of them but vocab_size, which is the data's.
-MODEL_KEYS = tuple(f.name for f in fields(GPTConfig) if f.name != "vocab_size")
 # The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
 RANGES = {
     **dict.fromkeys(
@@ -251,7 +249,7 @@ def build_config(
                 f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, or drop --wandb_log"
             ) from None
     try:  # the model's own checks: sizes, n_embd divisible by n_head, dropout in [0, 1)
-        GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS})
+        GPTConfig.from_options(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return cfg

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import statistics
 import time
@@ -16,7 +15,7 @@ from typing import Any, TextIO
 
 import torch
 
-from device import Dist, peak_memory
+from device import Dist
 from options import TrainConfig
 
 
@@ -89,30 +88,12 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
         yield log
 
 
-def summarize(
-    it: int,
-    ms_per_iter: list[float],
-    last_val: float | None,
-    best_val: float,
-    tokens_per_iter: int,
-    t_start: float,
-    facts: dict[str, Any],
-    stop_reason: str,
-) -> dict[str, Any]:
-    timed = ms_per_iter[1:] if len(ms_per_iter) > 1 else ms_per_iter  # the first holds startup
+def summarize(window: LossWindow, tokens_per_iter: int, **record: Any) -> dict[str, Any]:
+    """The summary record: the run's `record` with its median time and speed per iteration."""
+    timed = window.ms_per_iter[1:] if len(window.ms_per_iter) > 1 else window.ms_per_iter  # the first: startup
     median_ms = statistics.median(timed) if timed else None
-    return {
-        "kind": "summary",
-        "iters": it,
-        "final_val_loss": last_val,
-        "best_val_loss": best_val if math.isfinite(best_val) else None,
-        "peak_memory_bytes": peak_memory(facts["device"]),
-        "median_ms_per_iter": median_ms,
-        "median_tokens_per_s": tokens_per_iter / (median_ms / 1000) if median_ms else None,
-        "wall_s": time.perf_counter() - t_start,
-        **facts,
-        "stop_reason": stop_reason,
-    }
+    speed = tokens_per_iter / (median_ms / 1000) if median_ms else None
+    return {"kind": "summary", **record, "median_ms_per_iter": median_ms, "median_tokens_per_s": speed}
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

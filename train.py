@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,20 @@ import torch
 import checkpoint
 import runlog
 from data.common import DataError, PreparedData
-from device import DeviceError, Dist, StopRequest, autocast, dist_from_env, resolve_device, resolve_dtype
+from device import (
+    DeviceError,
+    Dist,
+    StopRequest,
+    autocast,
+    dist_from_env,
+    peak_memory,
+    resolve_device,
+    resolve_dtype,
+)
 from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
-from options import MODEL_KEYS, ConfigError, TrainConfig, build_config, parse_args
+from options import ConfigError, TrainConfig, build_config, parse_args
+from step import get_lr, train_step
 
 EVAL_SEED_OFFSET = 1_000_003  # the eval generator's seed is seed + this: a stream unrelated to the training one
 SAMPLE_TEMPERATURE = 0.8
@@ -66,19 +76,6 @@ class Interrupted(TrainError):
             f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}",
             stop.signum or signal.SIGINT,
         )
-
-
-def get_lr(it: int, cfg: TrainConfig) -> float:
-    """nanoGPT's schedule: linear warmup for warmup_iters, cosine decay to min_lr at lr_decay_iters, then min_lr."""
-    if not cfg.decay_lr:
-        return cfg.learning_rate
-    if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    if it > cfg.lr_decay_iters:
-        return cfg.min_lr
-    ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
-    return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
 
 
 @torch.no_grad()
@@ -130,34 +127,57 @@ def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, 
     print(tok.decode(out[0].tolist()), flush=True)
 
 
-# ---- set-up: each function returns plain values ----
+# ---- set-up ----
+
+
+@dataclass
+class Run:
+    """What the loop trains: the data, the model (new, or the checkpoint's), its optimizer and loss scaler, the data
+    stream's own generator, and the iteration and best val loss to start from."""
+
+    data: PreparedData
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    data_gen: torch.Generator
+    iter_num: int = 0
+    best_val: float = math.inf
+    last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
 
 
 def setup(
     cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str, dist: Dist
-) -> tuple[PreparedData, GPT, torch.optim.Optimizer, torch.amp.GradScaler, torch.Generator, int, float]:
-    """The data; the model (new, with the same initial weights on every process, or the checkpoint's), its
-    optimizer and loss scaler; the data stream's own generator; the iteration and best val loss to start from."""
+) -> Run:
+    """The run as the loop starts it: seeded afresh, or as the checkpoint left it."""
     data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
-    path = Path(cfg.out_dir) / "ckpt.pt"
-    data_gen = checkpoint.seed_rngs(cfg.seed, dist.rank)
-    if ckpt is not None:
-        raw_model = checkpoint.resume_model(
-            ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size, data.meta.get("tokenizer"), path, device
-        )
+    device_type = torch.device(device).type
+    if ckpt is None:
+        torch.manual_seed(cfg.seed)  # the initial weights: the same on every process
+        model = GPT(GPTConfig.from_options(cfg, vocab_size=data.vocab_size)).to(device)
     else:
-        torch.manual_seed(cfg.seed)
-        raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=data.vocab_size)).to(device)
-        torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process
-    optimizer = raw_model.configure_optimizers(
-        cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device.split(":")[0]
+        tokenizer = data.meta.get("tokenizer")
+        model = checkpoint.resume_model(
+            ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size, tokenizer, ckpt_path(cfg), device
+        )
+    # Dropout draws from torch's RNG, one stream per process; the batches from a generator of their own, the same on
+    # every process, whose state is the position in the data stream. A resume restores both.
+    torch.manual_seed(cfg.seed + dist.rank)
+    run = Run(
+        data,
+        model,
+        model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type),
+        torch.amp.GradScaler(device_type, enabled=dtype == "float16"),  # loss scaling for float16
+        torch.Generator().manual_seed(cfg.seed),
     )
-    scaler = torch.amp.GradScaler(device.split(":")[0], enabled=dtype == "float16")  # loss scaling for float16
-    it = 0
-    best_val = math.inf
     if ckpt is not None:
-        it, best_val = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, path, dist)
-    return data, raw_model, optimizer, scaler, data_gen, it, best_val
+        state = checkpoint.restore_training_state(ckpt, run.optimizer, run.scaler, run.data_gen, ckpt_path(cfg), dist)
+        run.iter_num, run.best_val = state
+        run.last_saved = run.iter_num
+    return run
+
+
+def ckpt_path(cfg: TrainConfig) -> Path:
+    return Path(cfg.out_dir) / "ckpt.pt"
 
 
 class LossOnly(torch.nn.Module):
@@ -189,10 +209,10 @@ def wrap(
     return model, train_model
 
 
-def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
+def diverged(what: str, run: Run, cfg: TrainConfig) -> TrainError:
     kept = (
-        f"the last good checkpoint, {ckpt_path} (iteration {last_saved}), was kept"
-        if last_saved is not None
+        f"the last good checkpoint, {ckpt_path(cfg)} (iteration {run.last_saved}), was kept"
+        if run.last_saved is not None
         else "no checkpoint had been written by this run"
     )
     return TrainError(
@@ -201,152 +221,151 @@ def diverged(what: str, last_saved: int | None, ckpt_path: Path) -> TrainError:
     )
 
 
-def train(
-    cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None, dist: Dist
-) -> dict[str, Any]:
-    """Set up, then the loop: evaluate and checkpoint, set the learning rate, run the micro-steps, clip and step,
-    log. Returns the summary record."""
-    t_start = time.perf_counter()
-    ckpt_path = Path(cfg.out_dir) / "ckpt.pt"
-    data, raw_model, optimizer, scaler, data_gen, it, best_val = setup(cfg, explicit, ckpt, device, dtype, dist)
-    model, train_model = wrap(raw_model, cfg, data, device, dtype, dist)
-    start = it
-    last_saved = it if ckpt else None
-    last_val = None
-    stop_reason = None
-    amp = autocast(device, dtype)
-    micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+def finite(read: list[tuple[int, float, float]], run: Run, cfg: TrainConfig) -> list[tuple[int, float, float]]:
+    """The losses read back, if every one is finite; else the run stops (TrainError)."""
+    for i, loss, _ in read:
+        if not math.isfinite(loss):
+            raise diverged(f"loss is {loss} at iteration {i}", run, cfg)
+    return read
 
-    def save(it: int, path: Path) -> None:
-        if not all(bool(torch.isfinite(t).all()) for t in raw_model.state_dict().values() if t.is_floating_point()):
-            raise diverged(f"the weights are not finite at iteration {it}", last_saved, ckpt_path)
-        checkpoint.save_training_checkpoint(
-            path,
-            dist,
-            model=raw_model,
-            optimizer=optimizer,
-            scaler=scaler,
-            iter_num=it,
-            best_val_loss=best_val,
-            config=asdict(cfg),
-            tokenizer=data.meta.get("tokenizer"),
-            data_gen=data_gen,
-        )
 
-    def read_back() -> list[tuple[int, float, float]]:  # and stop if a loss is not finite
-        read = window.read()
-        for i, loss, _ in read:
-            if not math.isfinite(loss):
-                raise diverged(f"loss is {loss} at iteration {i}", last_saved, ckpt_path)
-        return read
+def save(run: Run, it: int, path: Path, cfg: TrainConfig, dist: Dist) -> None:
+    """Checkpoint the run after `it` iterations, if every weight is finite (else TrainError: the last one stays)."""
+    if not all(bool(torch.isfinite(t).all()) for t in run.model.state_dict().values() if t.is_floating_point()):
+        raise diverged(f"the weights are not finite at iteration {it}", run, cfg)
+    checkpoint.save_training_checkpoint(
+        path,
+        dist,
+        model=run.model,
+        optimizer=run.optimizer,
+        scaler=run.scaler,
+        iter_num=it,
+        best_val_loss=run.best_val,
+        config=asdict(cfg),
+        tokenizer=run.data.meta.get("tokenizer"),
+        data_gen=run.data_gen,
+    )
+    if path == ckpt_path(cfg):
+        run.last_saved = it
+        dist.print(f"saved checkpoint {path}")
 
-    where = f"resuming {ckpt_path} at iteration {it}" if ckpt else "from scratch"
+
+def evaluate(
+    run: Run, model: torch.nn.Module, it: int, cfg: TrainConfig, dist: Dist, device: str, amp: Any, log: Any
+) -> tuple[float, bool]:
+    """Estimate the losses and log them; return the val loss and whether it is the best yet (kept in run.best_val).
+    A loss that is not finite stops the run."""
+    losses = estimate_loss(model, run.data, cfg, dist, device, amp)
+    dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    log(
+        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
+        wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]},
+    )
+    if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
+        raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run, cfg)
+    improved = losses["val"] < run.best_val
+    run.best_val = min(run.best_val, losses["val"])
+    return losses["val"], improved
+
+
+def announce(run: Run, cfg: TrainConfig, device: str, dtype: str, dist: Dist, resumed: bool) -> None:
+    where = f"resuming {ckpt_path(cfg)} at iteration {run.iter_num}" if resumed else "from scratch"
     dist.print(
         f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, "
-        f"{raw_model.get_num_params() / 1e6:.2f}M parameters, device={device}, dtype={dtype}, compile={cfg.compile}, "
+        f"{run.model.get_num_params() / 1e6:.2f}M parameters, device={device}, dtype={dtype}, compile={cfg.compile}, "
         f"processes={dist.world_size}"
     )
-    dist.print(f"{data.describe()}; {tokens_per_iter:,} tokens per iteration")
+    dist.print(f"{run.data.describe()}; {tokens_per_iter(cfg):,} tokens per iteration")
     if cfg.decay_lr and cfg.lr_decay_iters > cfg.max_iters:
         dist.print(
             f"note: lr_decay_iters={cfg.lr_decay_iters} is past max_iters={cfg.max_iters}, so the learning rate ends "
             f"at {get_lr(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr:.2e}; "
             f"--lr_decay_iters={cfg.max_iters} decays it fully"
         )
-    rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)  # this process's micro-batches
-    no_sync = train_model.no_sync if dist.enabled else contextlib.nullcontext
+
+
+def tokens_per_iter(cfg: TrainConfig) -> int:
+    return cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+
+
+def train(
+    cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None, dist: Dist
+) -> dict[str, Any]:
+    """Set up, then the loop: evaluate and checkpoint, set the learning rate, step, log. Returns the summary."""
+    t_start = time.perf_counter()
+    run = setup(cfg, explicit, ckpt, device, dtype, dist)
+    model, train_model = wrap(run.model, cfg, run.data, device, dtype, dist)
+    announce(run, cfg, device, dtype, dist, resumed=ckpt is not None)
+    amp = autocast(device, dtype)
+    micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share of the global batch
+    rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
+    start = run.iter_num
+    it = start
+    last_val = None
+    stop_reason = None
     with (
         runlog.open_log(cfg, dist, start if ckpt else None) as log,
         StopRequest(announce=dist.master) as stop,
-        contextlib.closing(data),
+        contextlib.closing(run.data),
     ):
         window = runlog.LossWindow(dist)
         while True:
-            stop_reason = stop_reason or stop.agreed(
-                dist, cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
-            )
+            over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
+            stop_reason = stop_reason or stop.agreed(dist, over_time)
             end = it >= cfg.max_iters or stop_reason == "max_wall_s" or cfg.eval_only
-            # Evaluate (and maybe checkpoint); a resumed run was evaluated just before its checkpoint.
-            if (it % cfg.eval_interval == 0 or end) and not (ckpt and it == start and not end):
+            just_resumed = ckpt is not None and it == start  # evaluated just before its checkpoint was saved
+            if end or (it % cfg.eval_interval == 0 and not just_resumed):
                 t0 = time.perf_counter()
-                read_back()  # never evaluate or save weights that a NaN went through
-                losses = estimate_loss(model, data, cfg, dist, device, amp)
-                dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                log(
-                    {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
-                    wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]},
-                )
-                if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
-                    raise diverged(
-                        f"the estimated loss is not finite at iteration {it} ({losses})", last_saved, ckpt_path
-                    )
-                last_val = losses["val"]
-                improved = last_val < best_val
-                best_val = min(best_val, last_val)
+                finite(window.read(), run, cfg)  # never evaluate or save weights that a NaN went through
+                last_val, improved = evaluate(run, model, it, cfg, dist, device, amp, log)
                 if it > start and not cfg.eval_only and (improved or cfg.always_save_checkpoint):
-                    save(it, ckpt_path)
-                    last_saved = it
-                    dist.print(f"saved checkpoint {ckpt_path}")
+                    save(run, it, ckpt_path(cfg), cfg, dist)
                 window.paused_s += time.perf_counter() - t0
             if end:
                 break
             if stop_reason == "signal":
-                read_back()
+                finite(window.read(), run, cfg)
                 # In best-only mode ckpt.pt is the best model so far; the interrupted state goes beside it.
-                path = ckpt_path if cfg.always_save_checkpoint else ckpt_path.parent / "ckpt_interrupted.pt"
-                save(it, path)
-                raise Interrupted.at(it, path, ckpt_path, stop)
+                path = ckpt_path(cfg) if cfg.always_save_checkpoint else Path(cfg.out_dir) / "ckpt_interrupted.pt"
+                save(run, it, path, cfg, dist)
+                raise Interrupted.at(it, path, ckpt_path(cfg), stop)
 
             lr = get_lr(it, cfg)
-            for group in optimizer.param_groups:
+            for group in run.optimizer.param_groups:
                 group["lr"] = lr
             # The whole global batch's offsets (so any number of processes sees the same data); then ours.
-            starts = torch.randint(
-                data.num_starts("train"), (cfg.gradient_accumulation_steps, cfg.batch_size), generator=data_gen
+            shape = (cfg.gradient_accumulation_steps, cfg.batch_size)
+            starts = torch.randint(run.data.num_starts("train"), shape, generator=run.data_gen)
+            xs, ys = run.data.get("train", starts[rows], device)
+            loss = train_step(
+                train_model,
+                run.optimizer,
+                xs,
+                ys,
+                grad_clip=cfg.grad_clip,
+                autocast=amp,
+                scaler=run.scaler,
+                set_to_none=not cfg.cuda_graphs,
             )
-            xs, ys = data.get("train", starts[rows], device)
-            loss_sum = 0.0
-            for m in range(micro_steps):
-                # Gradients are all-reduced only after the last micro-step (DDP).
-                with no_sync() if m < micro_steps - 1 else contextlib.nullcontext():
-                    with amp:
-                        _, loss = train_model(xs[m], ys[m])
-                    loss = loss / micro_steps
-                    scaler.scale(loss).backward()
-                loss_sum = loss_sum + loss.detach()
-            if cfg.grad_clip:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=not cfg.cuda_graphs)
-            window.pending.append((it, loss_sum, lr))
+            window.pending.append((it, loss, lr))
             if it % cfg.log_interval == 0:
-                window.log_line(read_back()[-1], tokens_per_iter, log)
+                window.log_line(finite(window.read(), run, cfg)[-1], tokens_per_iter(cfg), log)
             it += 1
-        facts = {
-            "norm": cfg.norm,
-            "device": device,
-            "dtype": dtype,
-            "compile": cfg.compile,
-            "cuda_graphs": cfg.cuda_graphs,
-            "world_size": dist.world_size,
-            "n_params": raw_model.get_num_params(),
-        }
         summary = runlog.summarize(
-            it,
-            window.ms_per_iter,
-            last_val,
-            best_val,
-            tokens_per_iter,
-            t_start,
-            facts,
-            "eval_only" if cfg.eval_only else stop_reason or "max_iters",
+            window,
+            tokens_per_iter(cfg),
+            iters=it,
+            final_val_loss=last_val,
+            best_val_loss=run.best_val if math.isfinite(run.best_val) else None,
+            peak_memory_bytes=peak_memory(device),
+            wall_s=time.perf_counter() - t_start,
+            **{"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile},
+            **{"cuda_graphs": cfg.cuda_graphs, "world_size": dist.world_size, "n_params": run.model.get_num_params()},
+            stop_reason="eval_only" if cfg.eval_only else stop_reason or "max_iters",
         )
         log(summary)
         if cfg.sample_at_end and dist.master and not cfg.eval_only:
-            print_sample(raw_model, data, cfg, device, amp)
+            print_sample(run.model, run.data, cfg, device, amp)
     return summary
 
 

@@ -7,7 +7,7 @@ Which of the two does training need here?
 
 Five models of the CPU configuration (configs/shakespeare_char_cpu.json), each trained from the same seed on the
 same batches with the same schedule, by this script's loop: train.py's iteration with one micro-step (its
-optimizer, train.get_lr, its data stream, gradient clipping), in-process, since one of the norms is not in the
+optimizer, step.get_lr, its data stream, step.train_step), in-process, since one of the norms is not in the
 registry:
     layernorm    centre and rescale      --norm=builtin
     rmsnorm      rescale only            --norm=rmsnorm
@@ -34,11 +34,10 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from checkpoint import seed_rngs
 from data.common import PreparedData
 from model import GPT, GPTConfig
-from options import MODEL_KEYS, TrainConfig, build_config, parse_args
-from train import get_lr
+from options import TrainConfig, build_config, parse_args
+from step import get_lr, train_step
 
 CONFIG = common.CPU_CONFIG
 ROWS = {  # name: (what it does, the registry norm it is built with)
@@ -88,7 +87,7 @@ def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
 def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
     """The row's model, from cfg.seed; the centre row's norms swapped for CentreOnly after construction."""
     torch.manual_seed(cfg.seed)
-    model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=vocab_size))
+    model = GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
     if row == "centre":
         for block in model.transformer.h:
             block.ln_1 = CentreOnly(cfg.n_embd, cfg.bias)
@@ -117,7 +116,8 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
         data.get("val", torch.randint(data.num_starts("val"), (cfg.batch_size,), generator=eval_gen), "cpu")
         for _ in range(args.eval_batches)
     ]
-    data_gen = seed_rngs(cfg.seed)  # the data stream's generator, train.py's
+    torch.manual_seed(cfg.seed)  # dropout's stream, and the data stream's own generator, as train.py seeds them
+    data_gen = torch.Generator().manual_seed(cfg.seed)
     evals = []
     for it in range(cfg.max_iters + 1):
         if it % args.eval_interval == 0 or it == cfg.max_iters:
@@ -135,12 +135,9 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
             break
         for group in optimizer.param_groups:
             group["lr"] = get_lr(it, cfg)
-        x, y = data.get("train", torch.randint(data.num_starts("train"), (cfg.batch_size,), generator=data_gen), "cpu")
-        model(x, y)[1].backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        starts = torch.randint(data.num_starts("train"), (1, cfg.batch_size), generator=data_gen)
+        xs, ys = data.get("train", starts, "cpu")
+        train_step(model, optimizer, xs, ys, grad_clip=cfg.grad_clip)
     clock["done"] += cfg.max_iters
     final = evals[-1][1]
     return {

@@ -31,7 +31,7 @@ import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPT, GPTConfig
-from options import MODEL_KEYS, TrainConfig, build_config, parse_args
+from options import TrainConfig, build_config, parse_args
 
 CONFIG = common.CPU_CONFIG
 OLD_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
@@ -59,7 +59,7 @@ def new_model(flags: list[str], vocab_size: int) -> GPT:
     """The model train.py would build from CONFIG and these flags, with its initial weights."""
     cfg = config(flags)
     torch.manual_seed(cfg.seed)
-    return GPT(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_KEYS}, vocab_size=vocab_size))
+    return GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
 
 
 def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:

@@ -114,7 +114,7 @@ def test_another_projects_file_is_refused(tmp_path):
     [
         (lambda c: c.pop("model_args"), "KeyError: 'model_args'"),
         (lambda c: c.pop("model"), "KeyError: 'model'"),
-        (lambda c: c.update(model_args="n_layer=1"), "AttributeError"),
+        (lambda c: c.update(model_args="n_layer=1"), "TypeError"),
         (lambda c: c.update(model=[1, 2]), "AttributeError"),
         (lambda c: c["model_args"].update(n_head=3), "ValueError: n_embd (16) must be divisible by n_head (3)"),
     ],

@@ -216,9 +216,9 @@ def test_the_graphed_micro_step_returns_only_the_loss(tmp_path, monkeypatch):
     cfg = options.build_config(options.parse_args(args))
     cfg = dataclasses.replace(cfg, cuda_graphs=True)
     checkpoint.make_out_dir(cfg.out_dir)
-    data, raw_model, *_ = train.setup(cfg, {}, None, "cpu", "float32", Dist())
-    train.wrap(raw_model, cfg, data, "cpu", "float32", Dist())
+    run = train.setup(cfg, {}, None, "cpu", "float32", Dist())
+    train.wrap(run.model, cfg, run.data, "cpu", "float32", Dist())
     ((module, sample),) = captured
     outputs = torch.utils._pytree.tree_flatten(module(*sample))[0]
     assert [o.requires_grad for o in outputs] == [True] and outputs[0].dim() == 0  # the loss, a scalar
-    assert {id(p) for p in module.parameters()} == {id(p) for p in raw_model.parameters()}
+    assert {id(p) for p in module.parameters()} == {id(p) for p in run.model.parameters()}

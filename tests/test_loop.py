@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import train
-from checkpoint import seed_rngs
 from helpers import make_dataset, tiny_args
 from model import GPT
 from options import TrainConfig, build_config, parse_args
@@ -99,7 +98,8 @@ def run_recorded(argv: list[str]) -> dict:
     real_setup = train.setup
 
     def recording_setup(*args, **kwargs):
-        data, model, optimizer, *rest = real_setup(*args, **kwargs)
+        run = real_setup(*args, **kwargs)
+        model = run.model
         seen["config"] = model.config
         seen["init"] = copy.deepcopy(model.state_dict())
 
@@ -110,9 +110,9 @@ def run_recorded(argv: list[str]) -> dict:
         def after_step(_opt, _args, _kwargs):
             seen["params"].append({n: p.detach().clone() for n, p in model.named_parameters()})
 
-        optimizer.register_step_pre_hook(before_step)
-        optimizer.register_step_post_hook(after_step)
-        return data, model, optimizer, *rest
+        run.optimizer.register_step_pre_hook(before_step)
+        run.optimizer.register_step_post_hook(after_step)
+        return run
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(train, "setup", recording_setup)
@@ -161,7 +161,7 @@ def reference_loop(seen: dict, windows: Windows, cfg: TrainConfig) -> dict:
     model = GPT(seen["config"])
     model.load_state_dict(seen["init"])
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
-    data_gen = seed_rngs(cfg.seed)  # the data stream's generator
+    data_gen = torch.Generator().manual_seed(cfg.seed)  # the data stream's generator, as train.setup seeds it
     steps = cfg.gradient_accumulation_steps
     ref = {"lr": [], "grads": [], "params": [], "loss": [], "norm": [], "evals": []}
     for it in range(cfg.max_iters + 1):
