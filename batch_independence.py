@@ -17,13 +17,12 @@ import json
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from batch_invariant import batch_invariant, refusal
-from checkpoint import CheckpointError, checkpoint_config, checkpoint_weights, load_checkpoint
+from checkpoint import CheckpointError, checkpoint_config, checkpoint_path, checkpoint_weights, load_checkpoint
 from device import DEVICE_HELP, DeviceError, resolve_device
 from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig
@@ -99,12 +98,7 @@ def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.T
         config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
         torch.manual_seed(args.seed)
         return config, GPT(config).state_dict(), f"random init (seed {args.seed}), the same weights in every row"
-    if args.ckpt is not None:
-        path = Path(args.ckpt)
-    elif Path(args.out_dir).is_file():
-        path = Path(args.out_dir)
-    else:
-        path = Path(args.out_dir) / "ckpt.pt"
+    path = checkpoint_path(args.out_dir, args.ckpt)
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError as e:

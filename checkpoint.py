@@ -41,16 +41,23 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, damaged, or does not fit what it is asked to do."""
 
 
+def checkpoint_path(out_dir: str | os.PathLike, ckpt: str | os.PathLike | None = None) -> Path:
+    """Where a command reads its checkpoint: --ckpt if given, else <out_dir>/ckpt.pt (or out_dir, if it is a file)."""
+    if ckpt is not None:
+        return Path(ckpt)
+    return Path(out_dir) if Path(out_dir).is_file() else Path(out_dir) / "ckpt.pt"
+
+
 def make_out_dir(path: str | os.PathLike, new_run: bool = False) -> None:
     """Create the folder for ckpt.pt (and its parents) now, so that a path that can't be one fails before training.
     A new run is refused a folder that holds another run's checkpoint: it would replace it without a word."""
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"out_dir {str(out)!r} is a file, not a folder: give a folder for ckpt.pt and metrics")
-    if new_run and (out / "ckpt.pt").exists():
+    if new_run and checkpoint_path(out).exists():
         raise CheckpointError(
-            f"{out / 'ckpt.pt'} holds another run's checkpoint: give this run its own --out_dir, continue that run "
-            f"with --init_from=resume, or replace it with --overwrite=True"
+            f"{checkpoint_path(out)} holds another run's checkpoint: give this run its own --out_dir, continue that "
+            f"run with --init_from=resume, or replace it with --overwrite=True"
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -230,7 +237,7 @@ def save_training_checkpoint(
 
 def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
     """<out_dir>/ckpt.pt, with every entry a resume needs; CheckpointError otherwise."""
-    path = Path(out_dir) / "ckpt.pt"
+    path = checkpoint_path(out_dir)
     ckpt = load_checkpoint(path, map_location="cpu")
     if ckpt["format"] != FORMAT:
         raise CheckpointError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,10 @@ class TrainConfig:
     sample_tokens: int = opt(300, "tokens in that sample")
 
 
-TYPES = {f.name: f.type for f in fields(TrainConfig)}  # "int", "float | None", ... (annotations are strings)
+# Each option's type and whether it may be None: int, (float, optional), ...
+HINTS = typing.get_type_hints(TrainConfig)
+TYPES = {k: next(a for a in (*typing.get_args(t), t) if a is not type(None)) for k, t in HINTS.items()}
+OPTIONAL = {k for k, t in HINTS.items() if type(None) in typing.get_args(t)}
 # The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
 RANGES = {
     **dict.fromkeys(
@@ -128,9 +132,9 @@ def _typed(key: str, value: Any, source: str | None = None) -> Any:
             f"unknown option {key!r} ({where}).{_did_you_mean(key, list(TYPES), ' Did you mean {!r}?')}"
             f" Valid options: {', '.join(TYPES)}"
         )
-    base = {"str": str, "int": int, "float": float, "bool": bool}[TYPES[key].split(" | ")[0]]
-    optional = TYPES[key].endswith("| None")
-    expected = "bool (true/false/1/0)" if base is bool else TYPES[key].replace(" | ", " or ")
+    base = TYPES[key]
+    optional = key in OPTIONAL
+    expected = "bool (true/false/1/0)" if base is bool else type_name(key)
     if source is None:
         try:
             if optional and value in ("None", "none", "null"):
@@ -145,6 +149,10 @@ def _typed(key: str, value: Any, source: str | None = None) -> Any:
     raise ConfigError(f"{key}={value!r} in {source}: expected {expected}, got {type(value).__name__}")
 
 
+def type_name(key: str) -> str:
+    return TYPES[key].__name__ + (" or None" if key in OPTIONAL else "")
+
+
 def usage() -> str:
     lines = [
         "usage: python train.py [CONFIG.json] [--key=value ...]",
@@ -154,7 +162,7 @@ def usage() -> str:
     ]
     for f in fields(TrainConfig):
         extra = f" [{'|'.join(f.metadata['choices'])}]" if f.metadata["choices"] else ""
-        lines.append(f"{'  --' + f.name + '=' + str(f.default):<36} ({f.type}) {f.metadata['help']}{extra}")
+        lines.append(f"{'  --' + f.name + '=' + str(f.default):<36} ({type_name(f.name)}) {f.metadata['help']}{extra}")
     return "\n".join(lines)
 
 
@@ -171,8 +179,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         if arg.startswith("--"):
             key, eq, text = arg[2:].partition("=")
             key = key.replace("-", "_")
-            if not eq and TYPES.get(key, "bool") != "bool":
-                raise ConfigError(f"--{key} needs a value: --{key}=VALUE ({TYPES[key]})")
+            if not eq and TYPES.get(key, bool) is not bool:
+                raise ConfigError(f"--{key} needs a value: --{key}=VALUE ({type_name(key)})")
             from_flags[key] = _typed(key, text if eq else "true")  # a bare --flag turns a bool option on
         elif arg.startswith("-"):
             raise ConfigError(f"unknown argument {arg!r}: options are written --key=value (see --help)")

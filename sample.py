@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import nanogpt
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
 from data.common import fail, read_text_file
 from device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
 from layernorm import NORMS, check_triton_device
@@ -67,14 +67,9 @@ def read_prompt(start: str) -> str:
     return read_text_file(Path(start.removeprefix("FILE:"))) if start.startswith("FILE:") else start
 
 
-def checkpoint_path(args: argparse.Namespace) -> Path:
-    """--ckpt, else --out_dir/ckpt.pt."""
-    return Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
-
-
 def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
     """The checkpoint and its model, with --norm swapped in, in eval mode."""
-    ckpt_path = checkpoint_path(args)
+    ckpt_path = checkpoint_path(args.out_dir, args.ckpt)
     try:
         checkpoint = load_checkpoint(ckpt_path, map_location="cpu")
         if (args.norm or checkpoint["model_args"].get("norm")) == "triton":
@@ -143,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
     samples = []
     # bfloat16 autocast on a GPU that has it, as train.py's dtype=auto
-    with autocast(device, resolve_dtype("auto", device.split(":")[0])):
+    with autocast(device, resolve_dtype("auto", torch.device(device).type)):
         for _ in range(args.num_samples):
             try:  # the checks run here, before anything is printed; their messages start with the argument's name
                 steps = model.stream(

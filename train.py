@@ -157,7 +157,14 @@ def setup(
     else:
         tokenizer = data.meta.get("tokenizer")
         model = checkpoint.resume_model(
-            ckpt, explicit, cfg.norm, cfg.dropout, data.vocab_size, tokenizer, ckpt_path(cfg), device
+            ckpt,
+            explicit,
+            cfg.norm,
+            cfg.dropout,
+            data.vocab_size,
+            tokenizer,
+            checkpoint.checkpoint_path(cfg.out_dir),
+            device,
         )
     # Dropout draws from torch's RNG, one stream per process; the batches from a generator of their own, the same on
     # every process, whose state is the position in the data stream. A resume restores both.
@@ -170,14 +177,12 @@ def setup(
         torch.Generator().manual_seed(cfg.seed),
     )
     if ckpt is not None:
-        state = checkpoint.restore_training_state(ckpt, run.optimizer, run.scaler, run.data_gen, ckpt_path(cfg), dist)
+        state = checkpoint.restore_training_state(
+            ckpt, run.optimizer, run.scaler, run.data_gen, checkpoint.checkpoint_path(cfg.out_dir), dist
+        )
         run.iter_num, run.best_val = state
         run.last_saved = run.iter_num
     return run
-
-
-def ckpt_path(cfg: TrainConfig) -> Path:
-    return Path(cfg.out_dir) / "ckpt.pt"
 
 
 class LossOnly(torch.nn.Module):
@@ -211,7 +216,7 @@ def wrap(
 
 def diverged(what: str, run: Run, cfg: TrainConfig) -> TrainError:
     kept = (
-        f"the last good checkpoint, {ckpt_path(cfg)} (iteration {run.last_saved}), was kept"
+        f"the last good checkpoint, {checkpoint.checkpoint_path(cfg.out_dir)} (iteration {run.last_saved}), was kept"
         if run.last_saved is not None
         else "no checkpoint had been written by this run"
     )
@@ -245,7 +250,7 @@ def save(run: Run, it: int, path: Path, cfg: TrainConfig, dist: Dist) -> None:
         tokenizer=run.data.meta.get("tokenizer"),
         data_gen=run.data_gen,
     )
-    if path == ckpt_path(cfg):
+    if path == checkpoint.checkpoint_path(cfg.out_dir):
         run.last_saved = it
         dist.print(f"saved checkpoint {path}")
 
@@ -269,7 +274,9 @@ def evaluate(
 
 
 def announce(run: Run, cfg: TrainConfig, device: str, dtype: str, dist: Dist, resumed: bool) -> None:
-    where = f"resuming {ckpt_path(cfg)} at iteration {run.iter_num}" if resumed else "from scratch"
+    where = (
+        f"resuming {checkpoint.checkpoint_path(cfg.out_dir)} at iteration {run.iter_num}" if resumed else "from scratch"
+    )
     dist.print(
         f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, "
         f"{run.model.get_num_params() / 1e6:.2f}M parameters, device={device}, dtype={dtype}, compile={cfg.compile}, "
@@ -319,16 +326,20 @@ def train(
                 finite(window.read(), run, cfg)  # never evaluate or save weights that a NaN went through
                 last_val, improved = evaluate(run, model, it, cfg, dist, device, amp, log)
                 if it > start and not cfg.eval_only and (improved or cfg.always_save_checkpoint):
-                    save(run, it, ckpt_path(cfg), cfg, dist)
+                    save(run, it, checkpoint.checkpoint_path(cfg.out_dir), cfg, dist)
                 window.paused_s += time.perf_counter() - t0
             if end:
                 break
             if stop_reason == "signal":
                 finite(window.read(), run, cfg)
                 # In best-only mode ckpt.pt is the best model so far; the interrupted state goes beside it.
-                path = ckpt_path(cfg) if cfg.always_save_checkpoint else Path(cfg.out_dir) / "ckpt_interrupted.pt"
+                path = (
+                    checkpoint.checkpoint_path(cfg.out_dir)
+                    if cfg.always_save_checkpoint
+                    else Path(cfg.out_dir) / "ckpt_interrupted.pt"
+                )
                 save(run, it, path, cfg, dist)
-                raise Interrupted.at(it, path, ckpt_path(cfg), stop)
+                raise Interrupted.at(it, path, checkpoint.checkpoint_path(cfg.out_dir), stop)
 
             lr = get_lr(it, cfg)
             for group in run.optimizer.param_groups:
@@ -382,9 +393,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if cfg.init_from == "resume":
         ckpt = checkpoint.load_resume_checkpoint(cfg.out_dir)
         # The checkpoint's options are the defaults; what was given explicitly wins.
-        cfg = build_config(explicit, ckpt["config"], source=f"{cfg.out_dir}/ckpt.pt", processes=dist.world_size)
+        cfg = build_config(
+            explicit, ckpt["config"], source=str(checkpoint.checkpoint_path(cfg.out_dir)), processes=dist.world_size
+        )
     device = resolve_device(cfg.device, dist)
-    dtype = resolve_dtype(cfg.dtype, device.split(":")[0])
+    dtype = resolve_dtype(cfg.dtype, torch.device(device).type)
     if cfg.norm == "triton":
         check_triton_device(device)  # before any data or model is loaded
     if cfg.cuda_graphs and not device.startswith("cuda"):
