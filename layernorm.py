@@ -326,7 +326,14 @@ class DyT(Norm):
         return y.to(x.dtype)
 
 
-_CLASSES = dict(zip(NORMS, (LayerNorm, BuiltinLayerNorm, TritonLayerNorm, RMSNorm, BatchNorm, DyT), strict=True))
+_CLASSES = {
+    "custom": LayerNorm,
+    "builtin": BuiltinLayerNorm,
+    "triton": TritonLayerNorm,
+    "rmsnorm": RMSNorm,
+    "batchnorm": BatchNorm,
+    "dyt": DyT,
+}
 
 
 def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> nn.Module:
@@ -340,7 +347,9 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alph
         raise ValueError(
             f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
         )
-    return _CLASSES[name](dim, bias=bias, eps=eps, **({} if alpha is None else {"alpha": alpha}))
+    if name == "dyt":
+        return DyT(dim, bias=bias, eps=eps, alpha=alpha)
+    return _CLASSES[name](dim, bias=bias, eps=eps)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -84,8 +84,7 @@ class GPTConfig:
 
 def new_norm(config: GPTConfig) -> nn.Module:
     """One norm layer over n_embd features: layernorm.make_norm(config.norm, ...), with norm_alpha when set."""
-    alpha = {} if config.norm_alpha is None else {"alpha": config.norm_alpha}
-    return make_norm(config.norm, config.n_embd, bias=config.bias, **alpha)
+    return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha)
 
 
 class KVCache:

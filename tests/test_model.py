@@ -129,7 +129,9 @@ def test_model_delegates_every_norm_to_make_norm(monkeypatch: pytest.MonkeyPatch
     """Whatever make_norm returns is what the model uses, in all three places, and nothing else normalizes."""
     built: list[nn.Module] = []
 
-    def fake_make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5) -> nn.Module:
+    def fake_make_norm(
+        name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None
+    ) -> nn.Module:
         assert name == "some-future-norm" and dim == TINY.n_embd
         built.append(nn.Identity())
         return built[-1]
