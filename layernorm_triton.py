@@ -13,10 +13,20 @@ is built, and checks its inputs (layernorm.check_args says what is valid). Kerne
 tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before this module was imported (triton.jit
 chooses interpreter or compiler when a kernel is defined; INTERPRET below records which).
 
-A small model's training step is bound by the CPU launching kernels, so the Python around each launch is kept
-short: a plain autograd.Function in eager mode, launch parameters computed once per input shape, no device switch
-when the tensors' device is already current, and, on the Triton versions whose launcher this was written against,
-the cached compiled kernel called directly instead of through Triton's argument binding.
+Which path a call takes (`layer_norm_triton` decides; `_forward` and `_backward` are the launchers they share):
+
+    call                                   forward                     backward               launch (`_launch`)
+    eager, grad needed                     _LayerNormTriton.apply      its backward           direct*, or kernel[grid]
+    eager, no grad (decoding, eval)        _forward alone              -                      direct*, or kernel[grid]
+    under torch.compile                    the op layernorm::triton_fwd its registered rule   wrap_triton (TRITON_OP),
+                                           (traced=True)               -> triton_bwd          else kernel[grid]
+
+    * direct: on CUDA with DIRECT_LAUNCH, the cached compiled kernel called without Triton's argument binding.
+
+`traced` means "inside a torch.library op": there no two arguments may share one tensor and no two outputs one
+buffer, so an unused pointer gets a tensor of its own and dw, db come from two reductions. A small model's step is
+bound by the CPU launching kernels, so the eager paths keep their Python short: a plain autograd.Function, launch
+parameters computed once per input shape, no device switch when the tensors' device is already current.
 """
 
 import functools
