@@ -47,6 +47,11 @@ FAKE_NANOGPT = textwrap.dedent("""\
 """)
 
 
+def cli(text: str, **values: object) -> list[str]:
+    """A command line written as one string, {name}s filled in (with paths without spaces, as pytest's are)."""
+    return text.format(**values).split()
+
+
 ITER_MS = "lambda i: 500.0 if i == 0 else 10.0 + i % 3"  # the stand-in's step times; iteration 0 compiles
 fake_ms = eval(ITER_MS)
 
@@ -72,30 +77,8 @@ def env(tmp_path_factory):
 @pytest.mark.slow  # four child processes
 def test_training_alternates_with_nanogpt_and_reads_our_metrics(env, tmp_path):
     out = tmp_path / "train.json"
-    result = training.main(
-        [
-            "--config",
-            env["config"],
-            "--data_dir",
-            str(env["data"]),
-            "--norms",
-            "builtin",
-            "--nanogpt",
-            str(env["nanogpt"]),
-            "--repeats",
-            "2",
-            "--warmup",
-            "2",
-            "--iters",
-            "3",
-            "--target_val",
-            "3.85",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
-    )
+    command = "--config {config} --data_dir {data} --norms builtin --nanogpt {nanogpt} --repeats 2 --warmup 2"
+    result = training.main(cli(command + " --iters 3 --target_val 3.85 --device cpu --out {out}", **env, out=out))
     ours, nano = result["sides"]["builtin eager"], result["sides"]["nanogpt"]
     assert ours["runs_ok"] == nano["runs_ok"] == 2 and ours["ms_per_iter"] > 0 and ours["max_rss_mib"] > 10
     # nanoGPT ran 0..5; its eval iterations (0 and 5) and the warm-up (0, 1) are not timed: 2, 3, 4 are.
@@ -157,27 +140,9 @@ def test_compare_writes_the_curves_and_skips_triton_without_a_gpu(env, tmp_path,
     pytest.importorskip("matplotlib")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as a user's shell: no interpreter
     out = tmp_path / "cmp" / "table.json"
-    result = training.main(
-        [
-            "--compare",
-            "--config",
-            env["config"],
-            "--data_dir",
-            str(env["data"]),
-            "--norms",
-            "custom,builtin,triton",
-            "--set",
-            "eval_interval=3",
-            "--set",
-            "eval_iters=1",
-            "--set",
-            "log_interval=1",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
-    )
+    command = "--compare --config {config} --data_dir {data} --norms custom,builtin,triton --device cpu --out {out}"
+    sets = " --set eval_interval=3 --set eval_iters=1 --set log_interval=1"
+    result = training.main(cli(command + sets, **env, out=out))
     assert list(result["sides"]) == ["custom eager", "builtin eager"] and "triton eager" in result["skipped"]
     for runs in result["runs"].values():
         assert [e["iter"] for e in runs[0]["evals"]] == [0, 3, 6]
@@ -203,8 +168,9 @@ def test_training_bad_input_is_one_line(argv, message, capsys):
 @pytest.mark.slow  # torch.profiler over a few training steps
 def test_profile_sorts_a_training_step_into_its_categories(env, tmp_path):
     out = tmp_path / "profile.json"
-    argv = ["--config", env["config"], "--data_dir", str(env["data"]), "--norms", "builtin,custom", "--device", "cpu"]
-    result = profile.main([*argv, "--out", str(out)])
+    result = profile.main(
+        cli("--config {config} --data_dir {data} --norms builtin,custom --device cpu --out {out}", **env, out=out)
+    )
     for row in result["norms"].values():
         assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
         assert all(row["category_us_per_step"][c] > 0 for c in profile.CATEGORIES)
@@ -236,8 +202,8 @@ def test_profile_categories_follow_the_outermost_caller():
 
 @pytest.mark.slow  # three train.py processes
 def test_resume_finds_2_plus_2_iterations_the_same_as_4_with_dropout(env, tmp_path):
-    argv = ["--config", env["config"], "--set", f"data_dir={env['data']}", "--set", "device=cpu"]
-    result = resume.main([*argv, "--set", "dropout=0.2", "--out", str(tmp_path / "resume.json")])
+    command = "--config {config} --set data_dir={data} --set device=cpu --set dropout=0.2 --out {out}"
+    result = resume.main(cli(command, **env, out=tmp_path / "resume.json"))
     assert result["same"] and result["max_relative_loss_gap"] == 0 and result["max_weight_gap"] == 0
     logged = [(kind, it) for kind, it, _, _ in result["losses"]]
     assert logged == [("eval", 0), ("eval", 2), ("eval", 4), *[("train", i) for i in range(4)]]
@@ -263,24 +229,8 @@ def test_resume_comparison_sees_a_different_loss_or_weight(tmp_path):
 
 def test_decoding_paths_agree(env, tmp_path):
     out = tmp_path / "decode.json"
-    result = decoding.main(
-        [
-            "--sizes",
-            env["config"],
-            "--batches",
-            "1,2",
-            "--prompt_len",
-            "4",
-            "--new_tokens",
-            "16",
-            "--repeats",
-            "1",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
-    )
+    command = "--sizes {config} --batches 1,2 --prompt_len 4 --new_tokens 16 --repeats 1 --device cpu --out {out}"
+    result = decoding.main(cli(command, **env, out=out))
     assert [r["batch"] for r in result["runs"]] == [1, 2]
     for r in result["runs"]:  # block 16, prompt 4: the first 12 tokens are compared cached vs uncached
         assert set(r["tokens_per_s"]) == set(decoding.PATHS) and all(v > 0 for v in r["tokens_per_s"].values())
@@ -317,24 +267,8 @@ def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
     "norms", [pytest.param("builtin,custom,triton", marks=[needs_triton, pytest.mark.slow]), "builtin,custom"]
 )
 def test_decoding_one_checkpoint_with_each_layernorm(trained, norms):
-    result = decoding.main(
-        [
-            "--out_dir",
-            str(trained[0]),
-            "--norms",
-            norms,
-            "--paths",
-            "cached",
-            "--batches",
-            "1",
-            "--new_tokens",
-            "8",
-            "--repeats",
-            "1",
-            "--device",
-            "cpu",
-        ]
-    )
+    command = "--out_dir {out} --norms {norms} --paths cached --batches 1 --new_tokens 8 --repeats 1 --device cpu"
+    result = decoding.main(cli(command, out=trained[0], norms=norms))
     assert [r["same_tokens_as_first"] for r in result["runs"]] == [True] * len(norms.split(","))
 
 
