@@ -1,6 +1,8 @@
 """What the benchmarks share: the machine, a child process with its peak memory, Markdown tables, result files.
 
-python -m bench.common RESULTS_DIR OUT_DIR    # bench/gpu.sh's last step: RESULTS_DIR as the files of PACKED
+python -m bench.common RESULTS_DIR OUT_DIR    # bench/gpu.sh, after every step: RESULTS_DIR as the files of PACKED
+
+torch is imported where it is used, so that the packing after each of gpu.sh's steps takes no torch import.
 """
 
 from __future__ import annotations
@@ -20,10 +22,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-
-import torch
-
-from device import maxrss_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKED = ("summary.md", "results.json", "gpu_results.tar.gz")  # what bench/gpu.sh leaves in its output folder
@@ -55,6 +53,8 @@ def run_child(
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
     outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (on Linux at least this
     process's size when it started the child: the kernel carries that over fork and exec)."""
+    from device import maxrss_bytes
+
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
@@ -81,6 +81,17 @@ def run_child(
     return Child(proc.returncode, lines, time.perf_counter() - t0, maxrss_bytes(rusage.ru_maxrss), killed.is_set())
 
 
+def train_config(config: str, sets: Sequence[str]) -> Any:
+    """train.py's options (an options.TrainConfig) from a config file with KEY=VALUE items on top, typed and checked
+    by options.py; one clear line (SystemExit) if something is wrong."""
+    import options
+
+    try:
+        return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets)]))
+    except options.ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def progress(done: int, total: int, t0: float) -> str:
     """'3/9 done, 42 s in, about 84 s left' (the rest estimated at the mean pace so far)."""
     spent = time.perf_counter() - t0
@@ -90,6 +101,8 @@ def progress(done: int, total: int, t0: float) -> str:
 
 def timed(fn: Callable[[], Any], device: str, calls: int = 1) -> float:
     """Seconds per call of fn, over `calls` calls; on a GPU (CUDA, MPS), the queued work included (synchronize)."""
+    import torch
+
     kind = torch.device(device).type
     sync = torch.cuda.synchronize if kind == "cuda" else torch.mps.synchronize if kind == "mps" else (lambda: None)
     sync()
@@ -142,6 +155,7 @@ def write_results(path: Path, command: Sequence[str], result: dict[str, Any], ta
 
 def machine_info() -> dict[str, Any]:
     """The commit measured ('+changes' if the files differ from it), CPU, GPU and the versions behind the figures."""
+    import torch
 
     def version(name: str) -> str | None:  # without importing it (importing triton fixes TRITON_INTERPRET)
         try:
@@ -188,21 +202,31 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file's contents; None if it is not (yet) whole JSON, as a step's file cut short by its time limit."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def pack(res: Path, out: Path) -> None:
-    """bench/gpu.sh's results as PACKED: summary.md (each step's exit code and seconds, then its Markdown table, or
-    the end of its log), results.json (every JSON under its step's name) and the whole folder as a tarball."""
+    """bench/gpu.sh's results so far as PACKED: summary.md (the plan, each step's exit code and seconds, then its
+    Markdown table or the end of its log), results.json (every JSON under its step's name) and the whole folder as
+    a tarball. Each file is written beside its name and then renamed, so a run cut at any moment leaves whole files."""
     steps = [line.split("\t") for line in (res / "steps.tsv").read_text().splitlines()]
-    machine = machine_info()
+    machine = read_json(res / "machine.json") or {}
     results = {
-        "machine": machine,
         "steps": [dict(zip(("step", "rc", "seconds", "limit_s"), s, strict=True)) for s in steps],
-        **{path.stem: json.loads(path.read_text(encoding="utf-8")) for path in sorted(res.glob("*.json"))},
+        **{path.stem: read_json(path) for path in sorted(res.glob("*.json"))},
     }
+    plan = (res / "plan.txt").read_text(encoding="utf-8").strip() if (res / "plan.txt").exists() else ""
     summary = [
         f"# bench/gpu.sh at commit {machine.get('commit')}",
         "",
         f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}",
         "",
+        *([plan, ""] if plan else []),
         markdown_table(["step", "exit", "seconds", "limit s"], steps),
     ]
     for name, *_ in steps:
@@ -212,10 +236,12 @@ def pack(res: Path, out: Path) -> None:
             tail = (res / f"{name}.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()[-25:]
             summary += ["", f"## {name}", "", "```", *tail, "```"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / PACKED[0]).write_text("\n".join(summary) + "\n", encoding="utf-8")
-    (out / PACKED[1]).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    with tarfile.open(out / PACKED[2], "w:gz") as tar:
+    (out / f"{PACKED[0]}.part").write_text("\n".join(summary) + "\n", encoding="utf-8")
+    (out / f"{PACKED[1]}.part").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    with tarfile.open(out / f"{PACKED[2]}.part", "w:gz") as tar:
         tar.add(res, arcname="gpu_results")
+    for name in PACKED:
+        os.replace(out / f"{name}.part", out / name)
 
 
 if __name__ == "__main__":

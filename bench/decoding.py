@@ -53,10 +53,9 @@ def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
         ]
     out = []
     for path in args.sizes.split(","):
-        config = options.read_config_file(path)
+        config = GPTConfig.from_options(options.read_config_file(path), norm=args.norms.split(",")[0])
         torch.manual_seed(1337)
-        keys = {k: config[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias") if k in config}
-        out.append((Path(path).stem, GPT(GPTConfig(**keys, norm=args.norms.split(",")[0])).to(device).eval()))
+        out.append((Path(path).stem, GPT(config).to(device).eval()))
     return out
 
 

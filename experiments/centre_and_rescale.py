@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
+from bench.common import machine_info
 from data.common import PreparedData
 from model import GPT, GPTConfig
 from options import TrainConfig, build_config, parse_args
@@ -204,7 +205,7 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
                 "config": CONFIG,
                 "eval_interval": args.eval_interval,
                 "eval_batches": args.eval_batches,
-                "machine": common.machine(),
+                "machine": machine_info(),
                 "this_invocation_s": round(run_time, 1),
                 "table": table,
                 "runs": runs,

@@ -1,19 +1,15 @@
 """What the experiments share. Each script imports it first (`import common`), before the project's modules and
 pyplot: it puts the repository root on sys.path (a script runs as python experiments/NAME.py, from anywhere) and
 sends matplotlib's figures to files. Then: the command line every experiment has, the tiny model of its --smoke
-run, the prepared data opened with a one-line error, and the machine a result was measured on."""
+run, and the prepared data opened with a one-line error. (The machine in each JSON: bench.common.machine_info.)"""
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 from pathlib import Path
-from typing import Any
 
 import matplotlib
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -50,20 +46,3 @@ def open_data(data_dir: str, block_size: int) -> PreparedData:
         return PreparedData(data_dir, DATASET, block_size)
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
-
-
-def machine() -> dict[str, Any]:
-    """The machine a result was measured on: the platform, the CPU's name and cores, torch and its threads."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip()
-        for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-        if line.startswith("model name")
-    ]
-    return {
-        "platform": platform.platform(),
-        "cpu": names[0] if names else platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }

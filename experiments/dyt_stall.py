@@ -29,6 +29,7 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
+from bench.common import machine_info
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPT, GPTConfig
 from options import TrainConfig, build_config, parse_args
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
                 "iters": args.iters,
                 "batches": args.batches,
                 "run_time_s": round(run_time, 1),
-                "machine": common.machine(),
+                "machine": machine_info(),
                 "results": results,
             },
             indent=1,

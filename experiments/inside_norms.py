@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from bench.common import machine_info
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             "ln_f_out": measured.get("ln_f"),
         },
         "params": {name: {pn: stats(pv) for pn, pv in m.named_parameters()} for name, m in norms.items()},
-        "machine": common.machine(),
+        "machine": machine_info(),
     }
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
+from bench.common import machine_info
 from model import GPT, GPTConfig
 from runlog import read_metrics
 
@@ -81,14 +82,7 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
         }
         for seed in range(args.grad_seeds):
             torch.manual_seed(args.seed + seed)
-            config = GPTConfig(
-                block_size=args.block_size,
-                vocab_size=data.vocab_size,
-                n_layer=args.n_layer,
-                n_head=args.n_head,
-                n_embd=args.n_embd,
-                norm_position=position,
-            )
+            config = GPTConfig.from_options(args, vocab_size=data.vocab_size, norm_position=position)
             model = GPT(config).train()
             for x, y in batches:
                 model.zero_grad(set_to_none=True)
@@ -249,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                 ),
                 "args": vars(args),
                 "run_time_s": run_time,
-                "machine": common.machine(),
+                "machine": machine_info(),
                 "grad_norms_at_init": grads,
                 "grad_norm_ratio_last_over_first": ratios,
                 "final_val_loss": final,

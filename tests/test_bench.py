@@ -1,4 +1,5 @@
-"""The training and decoding benchmarks and bench/common.py, end to end at tiny sizes: the plumbing, never timings.
+"""The training, profile, resume and decoding benchmarks and bench/common.py, end to end at tiny sizes: the
+plumbing, never timings.
 
 nanoGPT itself is not needed: a stand-in prints nanoGPT's log lines.
 """
@@ -9,27 +10,20 @@ import sys
 import tarfile
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from bench import common, decoding, training
+from bench import common, decoding, profile, resume, training
 from device import maxrss_bytes
-from helpers import make_dataset, needs_triton
+from helpers import MODEL_FLAGS, TINY, make_dataset, needs_triton, save_model, tiny_model
 
-TINY = {
-    "batch_size": 4,
-    "block_size": 16,
-    "n_layer": 1,
-    "n_head": 2,
-    "n_embd": 32,
-    "dropout": 0.0,
-    "max_iters": 6,
-    "lr_decay_iters": 50,
-    "warmup_iters": 2,
-    "eval_interval": 3,
-    "eval_iters": 1,
-    "log_interval": 1,
+# A config file for the benchmarks: the tests' model, a short schedule.
+CONFIG = {
+    **{name: getattr(TINY, name) for name in MODEL_FLAGS},
+    **{"batch_size": 4, "dropout": 0.0, "max_iters": 6, "lr_decay_iters": 50, "warmup_iters": 2},
+    **{"eval_interval": 3, "eval_iters": 1, "log_interval": 1},
 }
 
 # nanoGPT's train.py, as far as the benchmark sees it: reads --key=value flags as its configurator does (literal
@@ -53,6 +47,11 @@ FAKE_NANOGPT = textwrap.dedent("""\
 """)
 
 
+def cli(text: str, **values: object) -> list[str]:
+    """A command line written as one string, {name}s filled in (with paths without spaces, as pytest's are)."""
+    return text.format(**values).split()
+
+
 ITER_MS = "lambda i: 500.0 if i == 0 else 10.0 + i % 3"  # the stand-in's step times; iteration 0 compiles
 fake_ms = eval(ITER_MS)
 
@@ -67,7 +66,7 @@ def make_fake_nanogpt(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("bench")
-    (base / "tiny.json").write_text(json.dumps(TINY))
+    (base / "tiny.json").write_text(json.dumps(CONFIG))
     return {
         "data": make_dataset(base / "data"),
         "config": str(base / "tiny.json"),
@@ -78,30 +77,8 @@ def env(tmp_path_factory):
 @pytest.mark.slow  # four child processes
 def test_training_alternates_with_nanogpt_and_reads_our_metrics(env, tmp_path):
     out = tmp_path / "train.json"
-    result = training.main(
-        [
-            "--config",
-            env["config"],
-            "--data_dir",
-            str(env["data"]),
-            "--norms",
-            "builtin",
-            "--nanogpt",
-            str(env["nanogpt"]),
-            "--repeats",
-            "2",
-            "--warmup",
-            "2",
-            "--iters",
-            "3",
-            "--target_val",
-            "3.85",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
-    )
+    command = "--config {config} --data_dir {data} --norms builtin --nanogpt {nanogpt} --repeats 2 --warmup 2"
+    result = training.main(cli(command + " --iters 3 --target_val 3.85 --device cpu --out {out}", **env, out=out))
     ours, nano = result["sides"]["builtin eager"], result["sides"]["nanogpt"]
     assert ours["runs_ok"] == nano["runs_ok"] == 2 and ours["ms_per_iter"] > 0 and ours["max_rss_mib"] > 10
     # nanoGPT ran 0..5; its eval iterations (0 and 5) and the warm-up (0, 1) are not timed: 2, 3, 4 are.
@@ -110,7 +87,7 @@ def test_training_alternates_with_nanogpt_and_reads_our_metrics(env, tmp_path):
     # To val <= 3.85 (the eval at 5): iterations 0-4 as logged, 5 at the median.
     assert nano["train_s_to_target"] == pytest.approx((sum(map(fake_ms, range(5))) + nano["ms_per_iter"]) / 1000)
     calls = [json.loads(line) for line in (env["nanogpt"] / "args.jsonl").read_text().splitlines()]
-    assert len(calls) == 2 and all(calls[-1][k] == TINY[k] for k in training.NANOGPT_KEYS if k in TINY)
+    assert len(calls) == 2 and all(calls[-1][k] == CONFIG[k] for k in training.NANOGPT_KEYS if k in CONFIG)
     assert isinstance(calls[-1]["dropout"], float) and calls[-1]["compile"] is False and calls[-1]["log_interval"] == 1
     saved = json.loads(out.read_text())
     assert saved["machine"]["torch"] and saved["command"][:3] == ["python", "-m", "bench.training"]
@@ -122,7 +99,7 @@ def test_whole_runs_each_config_as_its_command_does(env, tmp_path):
     it a timed run saves no checkpoint beyond the best one and prints no sample."""
     for whole in (True, False):
         args = training.parse_args(["--config", env["config"], "--nanogpt", str(env["nanogpt"])] + ["--whole"] * whole)
-        cfg = training.train_config(args)
+        cfg = common.train_config(args.config, args.set)
         sched = training.schedule(args, cfg)
         ours, _ = training.commands(("builtin", "eager"), cfg, sched, tmp_path, "cpu", args)
         nano, _ = training.commands(None, cfg, sched, tmp_path, "cpu", args)
@@ -132,7 +109,7 @@ def test_whole_runs_each_config_as_its_command_does(env, tmp_path):
         assert ("--always_save_checkpoint=False" in nano) != whole
 
 
-def test_measure_takes_our_figures_from_metrics_jsonl(tmp_path):
+def test_measure_takes_our_figures_from_metrics_jsonl(env, tmp_path):
     records = [
         {"kind": "eval", "iter": 0, "train_loss": 4.0, "val_loss": 4.1},
         *[
@@ -151,7 +128,7 @@ def test_measure_takes_our_figures_from_metrics_jsonl(tmp_path):
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tr')
     child = common.Child(0, [], 1.0, 2**20, False)
-    cfg = training.options.build_config({})
+    cfg = common.train_config(env["config"], [])
     run = training.measure(("builtin", "eager"), child, tmp_path, cfg, warmup=3, target=3.0)
     assert run["ok"] and run["steps_timed"] == 3 and run["ms_per_iter"] == 70.0  # iters 4, 6, 8; not 0 nor 2
     assert run["best_val_loss"] == 2.5
@@ -163,27 +140,9 @@ def test_compare_writes_the_curves_and_skips_triton_without_a_gpu(env, tmp_path,
     pytest.importorskip("matplotlib")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as a user's shell: no interpreter
     out = tmp_path / "cmp" / "table.json"
-    result = training.main(
-        [
-            "--compare",
-            "--config",
-            env["config"],
-            "--data_dir",
-            str(env["data"]),
-            "--norms",
-            "custom,builtin,triton",
-            "--set",
-            "eval_interval=3",
-            "--set",
-            "eval_iters=1",
-            "--set",
-            "log_interval=1",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
-    )
+    command = "--compare --config {config} --data_dir {data} --norms custom,builtin,triton --device cpu --out {out}"
+    sets = " --set eval_interval=3 --set eval_iters=1 --set log_interval=1"
+    result = training.main(cli(command + sets, **env, out=out))
     assert list(result["sides"]) == ["custom eager", "builtin eager"] and "triton eager" in result["skipped"]
     for runs in result["runs"].values():
         assert [e["iter"] for e in runs[0]["evals"]] == [0, 3, 6]
@@ -206,39 +165,72 @@ def test_training_bad_input_is_one_line(argv, message, capsys):
     assert message in f"{stop.value}{capsys.readouterr().err}"
 
 
-@pytest.mark.slow  # torch.profiler over a short training run
-def test_profile_runs_in_process(env):
-    argv = ["--profile", "--config", env["config"], "--data_dir", str(env["data"]), "--norms", "builtin"]
-    result = training.main([*argv, "--device", "cpu"])
-    row = result["norms"]["builtin"]
-    assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
+@pytest.mark.slow  # torch.profiler over a few training steps
+def test_profile_sorts_a_training_step_into_its_categories(env, tmp_path):
+    out = tmp_path / "profile.json"
+    result = profile.main(
+        cli("--config {config} --data_dir {data} --norms builtin,custom --device cpu --out {out}", **env, out=out)
+    )
+    for row in result["norms"].values():
+        assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
+        assert all(row["category_us_per_step"][c] > 0 for c in profile.CATEGORIES)
+        assert row["matmul_gflop_per_step"] > 0 and row["matmul_gflops_alone"] > 0
+    assert out.with_suffix(".png").stat().st_size > 1000 and "| custom |" in out.with_suffix(".md").read_text()
 
 
-@pytest.fixture
-def checkpoint_dir(trained):
-    return trained[0]  # the tests' one tiny trained checkpoint (conftest.py)
+def test_profile_categories_follow_the_outermost_caller():
+    """An op counts where its outermost matching caller puts it; the clip's and AdamW's ops are the optimizer's,
+    though no range of ours wraps them (step.train_step runs them)."""
+
+    def chain(*names):  # outermost first -> the innermost event
+        event = None
+        for name in names:
+            event = SimpleNamespace(name=name, cpu_parent=event)
+        return event
+
+    assert profile.category(chain("aten::linear", "aten::addmm")) == "matrix products"
+    assert profile.category(chain("aten::scaled_dot_product_attention", "aten::bmm")) == "attention"
+    assert profile.category(chain("autograd::engine::evaluate_function: MmBackward0", "aten::mm")) == "matrix products"
+    assert profile.category(chain("norm", "aten::mean")) == "norms"
+    assert profile.category(chain("Optimizer.step#AdamW.step", "aten::_fused_adamw_")) == "optimizer"
+    assert profile.category(chain("Optimizer.zero_grad#AdamW.zero_grad")) == "optimizer"
+    for clip_op in ("aten::_foreach_norm", "aten::stack", "aten::linalg_vector_norm", "aten::_foreach_mul_"):
+        assert profile.category(chain(clip_op)) == "optimizer", clip_op
+    assert profile.category(chain("data", "aten::randint")) == "data"
+    assert profile.category(chain("aten::add")) == "everything else"
+
+
+@pytest.mark.slow  # three train.py processes
+def test_resume_finds_2_plus_2_iterations_the_same_as_4_with_dropout(env, tmp_path):
+    command = "--config {config} --set data_dir={data} --set device=cpu --set dropout=0.2 --out {out}"
+    result = resume.main(cli(command, **env, out=tmp_path / "resume.json"))
+    assert result["same"] and result["max_relative_loss_gap"] == 0 and result["max_weight_gap"] == 0
+    logged = [(kind, it) for kind, it, _, _ in result["losses"]]
+    assert logged == [("eval", 0), ("eval", 2), ("eval", 4), *[("train", i) for i in range(4)]]
+    assert "the same run" in (tmp_path / "resume.md").read_text()
+
+
+def test_resume_comparison_sees_a_different_loss_or_weight(tmp_path):
+    """compare() on two hand-made run folders: one logged loss off by 1e-3 relative, one weight off by 0.5."""
+    for name, loss, shift in (("a", 2.0, 0.0), ("b", 2.002, 0.5)):
+        folder = tmp_path / name
+        folder.mkdir()
+        records = [{"kind": "train", "iter": 0, "loss": 3.0}, {"kind": "train", "iter": 1, "loss": loss}]
+        records.append({"kind": "eval", "iter": 2, "train_loss": 1.0, "val_loss": 1.5})
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        model = tiny_model()
+        with torch.no_grad():
+            model.lm_head.weight.add_(shift)
+        save_model(folder / "ckpt.pt", model, {"kind": "char", "itos": list("abc")})
+    result = resume.compare(tmp_path / "a", tmp_path / "b", rtol=1e-4)
+    assert result["max_relative_loss_gap"] == pytest.approx(1e-3) and result["max_weight_gap"] == pytest.approx(0.5)
+    assert not result["same"] and resume.compare(tmp_path / "a", tmp_path / "a", rtol=0)["same"]
 
 
 def test_decoding_paths_agree(env, tmp_path):
     out = tmp_path / "decode.json"
-    result = decoding.main(
-        [
-            "--sizes",
-            env["config"],
-            "--batches",
-            "1,2",
-            "--prompt_len",
-            "4",
-            "--new_tokens",
-            "16",
-            "--repeats",
-            "1",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ]
-    )
+    command = "--sizes {config} --batches 1,2 --prompt_len 4 --new_tokens 16 --repeats 1 --device cpu --out {out}"
+    result = decoding.main(cli(command, **env, out=out))
     assert [r["batch"] for r in result["runs"]] == [1, 2]
     for r in result["runs"]:  # block 16, prompt 4: the first 12 tokens are compared cached vs uncached
         assert set(r["tokens_per_s"]) == set(decoding.PATHS) and all(v > 0 for v in r["tokens_per_s"].values())
@@ -252,8 +244,6 @@ def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
     from torch.nn import functional as F
     from torch.overrides import TorchFunctionMode
 
-    from model import GPT, GPTConfig
-
     class Weights(TorchFunctionMode):
         def __init__(self) -> None:
             super().__init__()
@@ -264,41 +254,25 @@ def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
                 self.seen.append((id(args[1]), id(args[2] if len(args) > 2 else (kwargs or {}).get("bias"))))
             return func(*args, **(kwargs or {}))
 
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16)).eval()
+    model = tiny_model()
     with Weights() as forward:
         model.generate(torch.zeros(1, 3, dtype=torch.long), 1, temperature=0)  # one forward pass
     with Weights() as alone:
         decoding.linears_alone(model, 1, "cpu")(2)  # two steps
-    assert len(forward.seen) == 2 * 4 + 1  # per block c_attn, c_proj, c_fc, c_proj; then the head
+    assert len(forward.seen) == TINY.n_layer * 4 + 1  # per block c_attn, c_proj, c_fc, c_proj; then the head
     assert alone.seen == forward.seen * 2
 
 
 @pytest.mark.parametrize(
     "norms", [pytest.param("builtin,custom,triton", marks=[needs_triton, pytest.mark.slow]), "builtin,custom"]
 )
-def test_decoding_one_checkpoint_with_each_layernorm(checkpoint_dir, norms):
-    result = decoding.main(
-        [
-            "--out_dir",
-            str(checkpoint_dir),
-            "--norms",
-            norms,
-            "--paths",
-            "cached",
-            "--batches",
-            "1",
-            "--new_tokens",
-            "8",
-            "--repeats",
-            "1",
-            "--device",
-            "cpu",
-        ]
-    )
+def test_decoding_one_checkpoint_with_each_layernorm(trained, norms):
+    command = "--out_dir {out} --norms {norms} --paths cached --batches 1 --new_tokens 8 --repeats 1 --device cpu"
+    result = decoding.main(cli(command, out=trained[0], norms=norms))
     assert [r["same_tokens_as_first"] for r in result["runs"]] == [True] * len(norms.split(","))
 
 
-def test_decoding_refuses_triton_where_it_cannot_run_in_one_line(checkpoint_dir, monkeypatch, capsys):
+def test_decoding_refuses_triton_where_it_cannot_run_in_one_line(trained, monkeypatch, capsys):
     """On the CPU without Triton's interpreter (kernels defined for a GPU), or without triton at all: SystemExit
     with one line (Python prints it on stderr and exits 1), before any decoding."""
     try:
@@ -309,7 +283,7 @@ def test_decoding_refuses_triton_where_it_cannot_run_in_one_line(checkpoint_dir,
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
     with pytest.raises(SystemExit) as e:
-        decoding.main(["--out_dir", str(checkpoint_dir), "--norms", "triton", "--device", "cpu"])
+        decoding.main(["--out_dir", str(trained[0]), "--norms", "triton", "--device", "cpu"])
     assert str(e.value.code).startswith("error: norm 'triton' ") and "\n" not in str(e.value.code)
     assert capsys.readouterr().out == ""
 

@@ -14,17 +14,15 @@ import torch
 import train
 from checkpoint import save_training_checkpoint
 from device import Dist
-from helpers import ROOT, make_dataset, subprocess_env
+from helpers import ROOT, make_dataset, subprocess_env, tiny_model
 from layernorm import NORMS, DyT
-from model import GPT, GPTConfig
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_inside_norms_smoke(tmp_path, monkeypatch, capsys, norm_position):
     data = make_dataset(tmp_path / "data")
-    extra = {"norm_position": norm_position} if norm_position != "pre" else {}
-    model = GPT(GPTConfig(block_size=16, vocab_size=30, n_layer=3, n_head=2, n_embd=32, **extra))
+    model = tiny_model(n_layer=3, norm_position=norm_position)
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     save_training_checkpoint(
         tmp_path / "run" / "ckpt.pt",

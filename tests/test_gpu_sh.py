@@ -1,41 +1,76 @@
-"""bench/gpu.sh: its dry run on the CPU runs the steps asked for and leaves the files a GPU run leaves; a missing
-prerequisite stops it at once, saying what to give it."""
+"""bench/gpu.sh: its steps' shares add up to its budget; its dry run on the CPU runs the steps asked for and leaves
+the files a GPU run leaves, after every step, so a run cut short leaves what it did; a missing prerequisite stops
+it at once, saying what to give it. Every run is given this suite's own python as PY."""
 
 import json
 import os
 import re
+import signal
 import subprocess
+import sys
 import tarfile
 import time
 
 import pytest
-from test_bench import make_fake_nanogpt
 
 from bench.common import PACKED
 from helpers import ROOT, needs_triton
 
 SCRIPT = ROOT / "bench" / "gpu.sh"
-STEPS = re.findall(r"\bstep (\w+) \d+ ", SCRIPT.read_text())  # `step NAME SHARE COMMAND`, in the script's order
+TEXT = SCRIPT.read_text()
+STEPS = re.findall(r"^(?:\[\[ .* \]\] && )?step (\w+) ", TEXT, re.M)  # `step NAME COMMAND`, in the script's order
+
+
+def gpu_sh(*args: str, **env: str) -> list[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the dry run sets it itself
+    return ["bash", str(SCRIPT), *args], {**full_env, "PY": sys.executable, **env}
 
 
 def run_gpu_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the dry run sets it itself
-    return subprocess.run(
-        ["bash", str(SCRIPT), *args], cwd=ROOT, env={**full_env, **env}, capture_output=True, text=True, timeout=600
+    cmd, full_env = gpu_sh(*args, **env)
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+def fake_nanogpt(folder):
+    """What the script checks of a nanoGPT checkout before it plans nanoGPT's step."""
+    folder.mkdir()
+    (folder / "train.py").write_text("")
+    return folder
+
+
+@pytest.mark.slow  # bash and a torch import, twice
+@pytest.mark.parametrize("nanogpt", [False, True])
+def test_the_shares_add_up_to_the_budget_of_7_minutes(shakespeare_path, tmp_path, nanogpt):
+    assert re.search(r"BUDGET=\$\{GPU_SH_BUDGET_S:-\$\(\(DRY \? 1260 : 420\)\)\}", TEXT)  # 7 minutes on a GPU
+    extra = ["--nanogpt", str(fake_nanogpt(tmp_path / "nanogpt"))] if nanogpt else []
+    proc = run_gpu_sh(
+        "--dry-run",
+        "--input",
+        str(shakespeare_path),
+        *extra,
+        str(tmp_path / "out"),
+        GPU_SH_STEPS="none",
+        GPU_SH_BUDGET_S="420",
     )
+    assert proc.returncode == 0, proc.stderr
+    plan = re.search(r"each step's share in s: (.*); sum (\d+) s\.", proc.stdout)
+    shares = {name: int(s) for name, s in (item.rsplit(" ", 1) for item in plan[1].split(", "))}
+    assert sum(shares.values()) == int(plan[2]) == 420
+    assert list(shares) == ["report", *STEPS]  # every step has a share, in the order they run, and nothing else does
+    assert (shares["nanogpt"] > 0, shares["grid_12x768"] > 0) == (nanogpt, not nanogpt)
 
 
 # The dry run's plumbing, at the cost of a few steps: the data, the first step (the tests that cover the paths no GPU
-# had run), one benchmark's JSON; every other step planned and reported as not selected. (--norm=triton training on
-# the CPU is test_train.py's; `bash bench/gpu.sh --dry-run` runs every step, a few minutes.)
+# had run), one benchmark's JSON; every other step planned and reported as not selected. (`bash bench/gpu.sh
+# --dry-run` runs every step: under two minutes on two cores.)
 SELECTED = ["data", "tests", "decode"]
 
 
 @pytest.mark.slow  # three steps of the dry run, each a process
 @needs_triton  # the dry run runs the kernels through Triton's interpreter
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
-    nanogpt = make_fake_nanogpt(tmp_path / "nanogpt")
     out = tmp_path / "out"
+    nanogpt = fake_nanogpt(tmp_path / "nanogpt")
     proc = run_gpu_sh(
         "--dry-run",
         "--input",
@@ -51,14 +86,42 @@ def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakes
     rcs = {s["step"]: s["rc"] for s in results["steps"]}
     assert list(rcs) == STEPS, rcs  # every step planned, in the script's order (nanoGPT's too, since it was given)
     assert all(rcs[s] == ("0" if s in SELECTED else "skipped (not selected)") for s in STEPS), rcs
-    assert STEPS[:5] == ["data", "tests", "triton_eager", "triton_graphs_float16", "triton_compile"]  # first
+    assert STEPS[:6] == ["data", "tests", "triton_eager", "triton_graphs_float16", "triton_compile", "resume_graphs"]
     assert results["machine"]["torch"] and results["decode"]  # a step's JSON reaches results.json
     summary = (out / "summary.md").read_text()
-    assert all(f"| {s} | 0 |" in summary for s in SELECTED) and "## decode" in summary
+    assert all(f"| {s} | 0 |" in summary for s in SELECTED) and "## decode" in summary and "sum 1260 s" in summary
     with tarfile.open(out / "gpu_results.tar.gz") as tar:
         assert {f"gpu_results/{s}.log" for s in SELECTED} <= set(tar.getnames())
-        logs = {s: tar.extractfile(f"gpu_results/{s}.log").read().decode() for s in SELECTED}
-    assert "tests/test_gpu_paths.py::" in logs["tests"]  # the first step
+        tests_log = tar.extractfile("gpu_results/tests.log").read().decode()
+    assert tests_log.index("tests/test_gpu_paths.py::") < tests_log.index("tests/test_batch_invariant_triton.py::")
+
+
+@pytest.mark.slow  # the dry run's first steps, then a kill
+def test_a_run_cut_short_leaves_the_steps_it_finished(tmp_path, shakespeare_path):
+    """As a caller's time limit does: the whole process group is stopped during a step; the three files hold the
+    steps finished before it."""
+    out = tmp_path / "out"
+    cmd, env = gpu_sh("--dry-run", "--input", str(shakespeare_path), str(out), GPU_SH_STEPS="data,resume_graphs")
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**env, "TMPDIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while "| data | 0 |" not in ((out / "summary.md").read_text() if (out / "summary.md").exists() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert sorted(p.name for p in out.iterdir()) == sorted(PACKED)
+    steps = {s["step"]: s["rc"] for s in json.loads((out / "results.json").read_text())["steps"]}
+    assert steps["data"] == "0" and "resume_graphs" not in steps
+    with tarfile.open(out / "gpu_results.tar.gz") as tar:
+        assert "gpu_results/data.log" in tar.getnames()
 
 
 @pytest.mark.slow  # bash and a torch import

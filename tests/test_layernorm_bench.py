@@ -15,22 +15,8 @@ from helpers import ROOT, needs_triton
 
 def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
     out = tmp_path / "k.json"
-    result = kernels.main(
-        [
-            "--device",
-            "cpu",
-            "--rows",
-            "16",
-            "--sizes",
-            "24,40",
-            "--impls",
-            "custom,builtin,naive",
-            "--reps",
-            "1",
-            "--out",
-            str(out),
-        ]
-    )
+    argv = "--device cpu --rows 16 --sizes 24,40 --impls custom,builtin,naive --reps 1 --out".split()
+    result = kernels.main([*argv, str(out)])
     saved = json.loads(out.read_text())
     assert [(r["impl"], r["C"]) for r in saved["results"]] == [
         (i, c) for c in (24, 40) for i in ("custom", "builtin", "naive")

@@ -1,0 +1,235 @@
+"""Where a training step goes: a few steps per norm under torch.profiler, in this process, as train.py takes them.
+
+    python -m bench.profile --norms builtin,triton --config configs/shakespeare_char.json --out profile.json
+    OMP_NUM_THREADS=1 python -m bench.profile --norms builtin --out bench/results/profile_cpu.json   # a CPU step
+
+Each step is a batch of the prepared data and step.train_step (the micro-steps' forward and backward, the clip, the
+optimizer model.configure_optimizers builds), then the loss read back as at a log line. Reported per step: kernels,
+how busy the GPU is, the CPU's self time per op and per category, and the rate of the step's matrix products in the
+step and each alone. With --out: the tables beside it (.md) and the figure (.png): each norm's CPU time by category
+beside the three rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, record_function
+from torch.profiler import profile as torch_profile
+
+from bench.common import fmt, markdown_table, median, timed, train_config, write_results
+from data.common import DataError, PreparedData
+from device import DeviceError, autocast, resolve_device, resolve_dtype
+from layernorm import Norm
+from model import GPT, GPTConfig
+from options import TrainConfig
+from step import train_step
+
+STEPS = 10  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
+# Each profiled op goes to the first category that its own name or one of its callers' names (outermost first)
+# matches. Callers: this profile's ranges (data, norm), torch's autograd nodes and optimizer ranges. The clip's ops
+# are known by name (clip_grad_norm_: _foreach_norm, stack, linalg_vector_norm, reciprocal, clamp, _foreach_mul_);
+# its few scalar adds and casts stay in everything else.
+CATEGORIES = {
+    "matrix products": re.compile(r"^aten::(linear|mm|addmm|bmm|baddbmm|matmul)$|: (Mm|Addmm|Bmm|Baddbmm)Backward"),
+    "attention": re.compile(r"scaled_dot_product|ScaledDotProduct|^aten::_softmax|SoftmaxBackward"),
+    "norms": re.compile(r"^norm$|Norm\w*Backward|_LayerNorm\w*Backward|LayerNorm"),
+    "activation": re.compile(r"^aten::gelu|GeluBackward"),
+    "optimizer": re.compile(r"^Optimizer\.|^aten::(_foreach_\w+|stack|linalg_vector_norm|reciprocal|clamp)$"),
+    "data": re.compile(r"^data$"),
+}
+COLUMNS = [*CATEGORIES, "everything else"]
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def category(event: Any) -> str:
+    chain = []
+    while event is not None:
+        chain.append(event.name)
+        event = event.cpu_parent
+    for name in reversed(chain):  # the outermost caller first: an mm inside attention counts as attention
+        for cat, pattern in CATEGORIES.items():
+            if pattern.search(name):
+                return cat
+    return "everything else"
+
+
+def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
+    """GFLOP/s of the step's own matrix products (each op and input shape), each timed alone, FLOP-weighted."""
+    total_flops = total_s = 0.0
+    for (name, dims), (count, flops) in shapes.items():
+        args = [torch.randn(d, device=device) for d in dims]
+        op = getattr(torch, name.removeprefix("aten::"))
+        op(*args)
+        seconds = median([timed(lambda op=op, args=args: op(*args), device, calls=20) for _ in range(5)])
+        total_flops += flops
+        total_s += seconds * count
+    return total_flops / total_s / 1e9 if total_s else None
+
+
+def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None) -> dict[str, Any]:
+    """STEPS training steps of one norm under torch.profiler, after 3 unprofiled ones."""
+    try:
+        data = PreparedData(data_dir, cfg.dataset, cfg.block_size)
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from None
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig.from_options(cfg, norm=norm, vocab_size=data.vocab_size)).to(device)
+    device_type = torch.device(device).type
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    dtype = resolve_dtype(cfg.dtype, device_type)
+    mixed = autocast(device, dtype)
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for module in model.modules():  # each norm's forward as a range of its own (its backward is an autograd node)
+        if isinstance(module, Norm):
+            module.register_forward_pre_hook(lambda m, _: setattr(m, "_range", record_function("norm").__enter__()))
+            module.register_forward_hook(lambda m, _, __: m._range.__exit__(None, None, None))
+
+    def step() -> None:
+        with record_function("data"):
+            shape = (cfg.gradient_accumulation_steps, cfg.batch_size)
+            xs, ys = data.get("train", torch.randint(data.num_starts("train"), shape, generator=gen), device)
+        loss = train_step(model, optimizer, xs, ys, grad_clip=cfg.grad_clip, autocast=mixed, scaler=scaler)
+        loss.item()  # the read-back train.py makes at a log line
+
+    for _ in range(3):
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    t0 = time.perf_counter()
+    with torch_profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+        for _ in range(STEPS):
+            step()
+    wall_us = (time.perf_counter() - t0) * 1e6
+    data.close()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    averages = prof.key_averages()
+    ops = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:8]
+    by_category = dict.fromkeys(COLUMNS, 0.0)
+    shapes: dict[tuple, list[float]] = {}
+    for e in events:
+        if e.device_type.name != "CPU":
+            continue
+        by_category[category(e)] += e.self_cpu_time_total / STEPS
+        if e.name in MATMUL_OPS and e.flops:
+            dims = tuple(tuple(d) for d in e.input_shapes if d)[:3]  # the tensors (addmm's scalars left out)
+            entry = shapes.setdefault((e.name, dims), [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.flops
+    matmul_flops = sum(f for _, f in shapes.values()) / STEPS
+    return {
+        "ms_per_step": wall_us / 1000 / STEPS,
+        "kernels_per_step": len(kernels) / STEPS if kernels else None,
+        "gpu_busy": sum(e.device_time for e in kernels) / wall_us if kernels else None,
+        "cpu_us_per_step": {e.key: e.self_cpu_time_total / STEPS for e in ops},
+        "calls_per_step": {e.key: e.count / STEPS for e in ops},
+        "copy_calls_per_step": sum(e.count for e in averages if e.key == "aten::copy_") / STEPS,
+        "category_us_per_step": by_category,
+        "matmul_gflop_per_step": matmul_flops / 1e9,
+        "matmul_gflops_in_step": matmul_flops / by_category["matrix products"] / 1e3,
+        "matmul_gflops_alone": matmul_rate(shapes, device),
+        "step_gflops": matmul_flops / (wall_us / STEPS) / 1e3,
+    }
+
+
+def tables(rows: dict[str, dict[str, Any]], device: str) -> str:
+    steps = markdown_table(
+        ["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"],
+        [
+            [
+                n,
+                fmt(r["ms_per_step"]),
+                fmt(r["kernels_per_step"], ".0f"),
+                fmt(r["gpu_busy"] and 100 * r["gpu_busy"], ".0f") + "%",
+                "; ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_step"].items()),
+            ]
+            for n, r in rows.items()
+        ],
+    )
+    breakdown = markdown_table(
+        ["norm", *[f"{c} ms" for c in COLUMNS], "CPU ms", "matmul GFLOP/step", "GFLOP/s: step, its products, alone"],
+        [
+            [
+                n,
+                *[fmt(r["category_us_per_step"][c] / 1000) for c in COLUMNS],
+                fmt(sum(r["category_us_per_step"].values()) / 1000),
+                fmt(r["matmul_gflop_per_step"], ".3f"),
+                ", ".join(fmt(r[k], ".0f") for k in ("step_gflops", "matmul_gflops_in_step", "matmul_gflops_alone")),
+            ]
+            for n, r in rows.items()
+        ],
+    )
+    return (
+        f"### torch.profiler, {STEPS} training steps per norm on {device}\n\n{steps}\n\n"
+        f"### Where a step's CPU time goes (self time per category, per step)\n\n{breakdown}"
+    )
+
+
+def plot(png: Path, rows: dict[str, dict[str, Any]], title: str) -> None:
+    """One bar per norm: the step's CPU ms by category; beside it the GFLOP/s of the whole step, of its matrix
+    products inside it, and of the same products alone (the machine's rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 1.8 + 0.7 * len(rows)), gridspec_kw={"width_ratios": [2.2, 1]})
+    for y, r in enumerate(rows.values()):
+        x = 0.0
+        for i, cat in enumerate(COLUMNS):
+            ms = r["category_us_per_step"][cat] / 1000
+            left.barh(y, ms, left=x, color=f"C{i}", label=cat if y == 0 else None)
+            x += ms
+        left.text(x, y, f" {x:.1f} ms", va="center")
+    left.set(yticks=range(len(rows)), yticklabels=list(rows), xlabel="CPU ms per training step (self time)")
+    left.invert_yaxis()
+    left.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    width = 0.8 / len(rows)
+    for j, (name, r) in enumerate(rows.items()):
+        rates = [r[k] or 0 for k in ("step_gflops", "matmul_gflops_in_step", "matmul_gflops_alone")]
+        right.bar([i + j * width for i in range(3)], rates, width, label=name)
+    labels = ("whole\nstep", "its matrix\nproducts", "the same\nproducts alone")
+    right.set(xticks=[i + width * (len(rows) - 1) / 2 for i in range(3)], xticklabels=labels, ylabel="GFLOP/s")
+    right.tick_params(axis="x", labelsize=8)
+    right.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option")
+    p.add_argument("--norms", default="builtin", help="comma list of norms (default builtin)")
+    p.add_argument("--data_dir", help="the prepared data (default: the config's dataset)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    p.add_argument("--out", type=Path, help="results as JSON here, the tables as .md and the figure as .png beside it")
+    args = p.parse_args(argv)
+    cfg = train_config(args.config, args.set)
+    try:
+        device = resolve_device(args.device)
+    except DeviceError as e:
+        raise SystemExit(f"error: {e}") from None
+    rows = {}
+    for norm in args.norms.split(","):
+        rows[norm] = profile_norm(norm, cfg, device, args.data_dir)
+        print(f"profile {norm}: {rows[norm]['ms_per_step']:.2f} ms/step", flush=True)
+    result = {"device": device, "config": args.config, "set": args.set, "steps": STEPS, "norms": rows}
+    text = tables(rows, device)
+    print("\n" + text)
+    if args.out:
+        write_results(args.out, ["bench.profile", *(sys.argv[1:] if argv is None else argv)], result, text)
+        plot(args.out.with_suffix(".png"), rows, f"Where a training step goes: {args.config} on {device}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Does a resumed run continue the run it was cut from? 2 + 2 iterations of train.py, the second two resumed from
+the first two's checkpoint, against 4 straight, every other option the same.
+
+    python -m bench.resume --config configs/shakespeare_char.json --set cuda_graphs=True --set dropout=0.2
+
+Compared: the training loss logged at every iteration (log_interval=1), the val loss at 2 and 4 (both runs evaluate
+at 2, where the first part stops, so both draw alike), and the final weights. The losses must agree to --rtol
+(0 asks for bit-identical runs, which the CPU gives; a GPU's atomic additions may differ in the last bits); the
+weights' largest gap is reported. Exits 1 if they do not agree, or a run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import fmt, markdown_table, run_child, write_results
+from runlog import read_metrics
+
+ITERS = 4
+CUT = 2
+
+
+def logged(out_dir: Path) -> dict[tuple[str, int], float]:
+    """{(kind, iter): loss}: every training loss and val loss in out_dir's metrics.jsonl."""
+    records = [r for r in read_metrics(out_dir / "metrics.jsonl") if r["kind"] in ("train", "eval")]
+    return {(r["kind"], r["iter"]): r["loss"] if r["kind"] == "train" else r["val_loss"] for r in records}
+
+
+def weight_gap(a: Path, b: Path) -> float:
+    """The largest absolute difference between two checkpoints' weights."""
+    from checkpoint import load_checkpoint
+
+    wa, wb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
+
+
+def compare(straight: Path, resumed: Path, rtol: float) -> dict[str, Any]:
+    """The two runs' logged losses side by side, their largest relative gap, the final weights' largest gap."""
+    a, b = logged(straight), logged(resumed)
+    rows = [[kind, it, a[kind, it], b.get((kind, it))] for kind, it in sorted(a)]
+    gaps = [abs(x - y) / abs(x) if y is not None else float("inf") for _, _, x, y in rows]
+    gap = max(gaps, default=float("inf"))
+    weights = weight_gap(straight / "ckpt.pt", resumed / "ckpt.pt")
+    return {"losses": rows, "max_relative_loss_gap": gap, "max_weight_gap": weights, "rtol": rtol, "same": gap <= rtol}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option for both runs")
+    p.add_argument("--rtol", type=float, default=0.0, help="the losses' largest relative gap allowed (default 0)")
+    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
+    args = p.parse_args(argv)
+    flags = [args.config, *(f"--{item}" for item in args.set), f"--eval_interval={CUT}", "--log_interval=1"]
+    flags.append("--sample_at_end=False")
+    with tempfile.TemporaryDirectory(prefix="bench_resume_") as work:
+        straight, resumed = Path(work, "straight"), Path(work, "resumed")
+        for cmd in (  # the resumed run as a user resumes one: its options are the checkpoint's
+            [*flags, f"--out_dir={straight}", f"--max_iters={ITERS}"],
+            [*flags, f"--out_dir={resumed}", f"--max_iters={CUT}"],
+            ["--init_from=resume", f"--out_dir={resumed}", f"--max_iters={ITERS}"],
+        ):
+            child = run_child([sys.executable, "train.py", *cmd])
+            print(f"train.py {' '.join(cmd)}: exit {child.returncode}", flush=True)
+            if not child.ok:
+                raise SystemExit(f"error: train.py {' '.join(cmd)} failed: {' | '.join(child.lines[-5:])}")
+        result = {"flags": flags, **compare(straight, resumed, args.rtol)}
+    text = "\n".join(
+        [
+            f"### {CUT} + {ITERS - CUT} iterations resumed against {ITERS} straight: {' '.join(flags[1:])}",
+            "",
+            f"Largest relative loss gap {result['max_relative_loss_gap']:.1e} (allowed {args.rtol:g}); final weights' "
+            f"largest gap {result['max_weight_gap']:.1e}: {'the same run' if result['same'] else 'NOT the same run'}.",
+            "",
+            markdown_table(
+                ["logged", "iter", "straight", "resumed"],
+                [[k, i, fmt(x, ".7f"), fmt(y, ".7f")] for k, i, x, y in result["losses"]],
+            ),
+        ]
+    )
+    print(text)
+    if args.out:
+        write_results(args.out, ["bench.resume", *(sys.argv[1:] if argv is None else argv)], result, text)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main()["same"] else 1)
