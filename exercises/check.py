@@ -371,7 +371,7 @@ def check_ex6(module: ModuleType) -> None:
         x64 = x.double()
         right = x64.var(-1, correction=0)
         naive = (x.square().mean(-1) - x.mean(-1).square()).double()
-        at = f"at offset {offset:.0e}"
+        at = "at offset 1e4" if offset else "at offset 0"
         if offset == 0.0:
             compare(f"variance {at}", got, right, [(SAMPLE_VARIANCE, x64.var(-1, correction=1))], tol=1e-4)
         elif isinstance(got, torch.Tensor) and got.shape == right.shape and max_error(got, right) > 1e-4:
