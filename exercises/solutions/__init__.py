@@ -1,0 +1,1 @@
+"""Reference solutions to the exercises, same file names: read them after you have tried."""
