@@ -178,6 +178,7 @@ class Norm(nn.Module):
             raise ValueError(f"eps must be > 0, got {eps}")
         self.dim = dim
         self.eps = float(eps)
+        self.feeds_linear = False  # make_norm's feeds_linear: a Linear alone reads the output (the model says so)
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
@@ -226,7 +227,7 @@ class TritonLayerNorm(LayerNorm):
         self._check_input(x)
         if not (x.is_cuda or (x.is_cpu and self._cpu_ok)):
             check_triton_device(x.device)  # raises, saying why and what to do
-        return self._layer_norm_triton(x, self.weight, self.bias, self.eps)
+        return self._layer_norm_triton(x, self.weight, self.bias, self.eps, feeds_linear=self.feeds_linear)
 
 
 class RMSNorm(Norm):
@@ -329,9 +330,19 @@ class DyT(Norm):
 _CLASSES = dict(zip(NORMS, (LayerNorm, BuiltinLayerNorm, TritonLayerNorm, RMSNorm, BatchNorm, DyT), strict=True))
 
 
-def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> nn.Module:
+def make_norm(
+    name: str,
+    dim: int,
+    *,
+    bias: bool = True,
+    eps: float = 1e-5,
+    alpha: float | None = None,
+    feeds_linear: bool = False,
+) -> nn.Module:
     """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter.
-    `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one."""
+    `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one. feeds_linear=True says that
+    only a Linear reads the output (a pre-norm block's norms, the final one): under autocast the Triton norm then
+    writes it in autocast's dtype, the cast that Linear makes; elsewhere in its input's dtype, as the others do."""
     if alpha is not None and name != "dyt":
         raise ValueError(f"alpha={alpha} is DyT's starting alpha, and norm {name!r} has none")
     if name == NO_NORM:
@@ -340,7 +351,9 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alph
         raise ValueError(
             f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
         )
-    return _CLASSES[name](dim, bias=bias, eps=eps, **({} if alpha is None else {"alpha": alpha}))
+    norm = _CLASSES[name](dim, bias=bias, eps=eps, **({} if alpha is None else {"alpha": alpha}))
+    norm.feeds_linear = feeds_linear
+    return norm
 
 
 # ----------------------------------------------------------------------------------------------------------------
