@@ -198,6 +198,35 @@ def test_attention_compiles_one_kernel_for_a_full_pass_and_a_cached_step():
     assert full_pass == cached_step
 
 
+OFFSETS = """\
+import re
+import batch_invariant_triton as bit
+calls_by_case = {
+    "linear": ("linear_kernel", lambda: bit.linear(torch.randn(5, 40), torch.randn(24, 40), torch.randn(24))),
+    "linear, x transposed": ("linear_kernel", lambda: bit.linear(torch.randn(40, 5).T, torch.randn(24, 40))),
+    "attention": ("attention_kernel", lambda: bit.attention(*torch.randn(3, 2, 3, 5, 12), [1, 2, 3, 4, 5], 0.3)),
+}
+products = {}
+for case, (name, call) in calls_by_case.items():
+    kernel, calls = launches(bit, name)
+    call()
+    setattr(bit, name, kernel)
+    (_, args, kwargs), = calls
+    products[case] = re.findall(r"arith\\.muli [^:]*: (\\S+)", compile_for(kernel, args, kwargs, 90).asm["ttir"])
+print(json.dumps(products))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter compiles
+def test_the_mode_kernels_compute_offsets_in_64_bits():
+    """Every product in the matrix product's and the attention's TTIR (an index times a stride) is 64-bit: in 32 bits
+    rows * stride_ym wraps once M * N reaches 2**31 (the LM head at vocabulary 50,304 over 42,692 rows), and the
+    attention's b * sqb once B * T * 3C does. Compiled by Triton for an H100 (no GPU needed)."""
+    for case, types in without_interpreter(OFFSETS).items():
+        assert types, case  # (the kernel has index * stride products, read here)
+        assert all(t == "i64" or t.endswith("xi64>") for t in types), (case, types)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # --cuda_graphs: what the capture is handed.
 
