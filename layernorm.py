@@ -207,11 +207,18 @@ class LayerNorm(Norm):
 
 
 class BuiltinLayerNorm(LayerNorm):
-    """PyTorch's own fused kernel, torch.nn.functional.layer_norm, with the same parameters."""
+    """PyTorch's own fused kernel, torch.nn.functional.layer_norm, with the same parameters. An x of another dtype
+    than the parameters (bfloat16 activations, float32 parameters) is normalized in the wider of the two and the
+    output rounded back to x's: torch's CPU backward of that mixed call returns dweight and dbias some 10% off
+    (docs/01-layernorm.md)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        if x.dtype == self.weight.dtype:
+            return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        wide = torch.promote_types(x.dtype, self.weight.dtype)
+        bias = None if self.bias is None else self.bias.to(wide)
+        return F.layer_norm(x.to(wide), (self.dim,), self.weight.to(wide), bias, self.eps).to(x.dtype)
 
 
 class TritonLayerNorm(LayerNorm):
