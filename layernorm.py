@@ -153,6 +153,11 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             f"layer_norm needs a last dimension of size >= 1 to normalize over, got shape {tuple(x.shape)}"
         )
     for name, p in (("weight", weight), ("bias", bias)):
+        if not isinstance(p, torch.Tensor) and not (name == "bias" and p is None):
+            raise TypeError(
+                f"{name} must be a tensor of shape {tuple(x.shape[-1:])}, the size of x's last dimension"
+                f"{' (or None)' if name == 'bias' else ''}, got {'None' if p is None else type(p).__name__}"
+            )
         if p is not None and tuple(p.shape) != tuple(x.shape[-1:]):
             raise ValueError(
                 f"{name} has shape {tuple(p.shape)} but x has shape {tuple(x.shape)}: "

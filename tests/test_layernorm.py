@@ -561,6 +561,22 @@ def test_weight_and_bias_shape_errors_name_both_shapes():
         layer_norm(x, torch.ones(8), torch.zeros(8, 1))
 
 
+def test_a_weight_or_bias_that_is_not_a_tensor_is_refused_in_one_line():
+    x = torch.randn(2, 3, 8)
+    cases = [
+        (
+            (None, torch.zeros(8)),
+            r"^weight must be a tensor of shape \(8,\), the size of x's last dimension, got None$",
+        ),
+        ((1.0, None), r"^weight must be a tensor of shape \(8,\), .*, got float$"),
+        ((torch.ones(8), [0.0] * 8), r"^bias must be a tensor of shape \(8,\), .* \(or None\), got list$"),
+    ]
+    for (weight, bias), message in cases:
+        with pytest.raises(TypeError, match=message):
+            layer_norm(x, weight, bias)
+    assert layer_norm(x, torch.ones(8), None).shape == x.shape  # no bias is valid
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])
 def test_integer_and_bool_inputs_are_type_errors(dtype):
     with pytest.raises(TypeError, match="floating-point"):
