@@ -70,11 +70,12 @@ def linear_kernel(
     PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # 64-bit indices, so that index * stride cannot wrap past 2**31 elements (the LM head's M * N can reach it)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # no split-K: one program adds all of K, in this one order
-        ks = k0 + tl.arange(0, BLOCK_K)
+        ks = k0 + tl.arange(0, BLOCK_K).to(tl.int64)
         x = tl.load(
             X + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
             mask=(rows[:, None] < M) & (ks[None, :] < K),
@@ -179,8 +180,8 @@ def attention_kernel(
     BLOCK_KEYS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    i = tl.program_id(0)
-    b, h = tl.program_id(1) // H, tl.program_id(1) % H
+    i = tl.program_id(0).to(tl.int64)  # 64-bit indices: b * sqb cannot wrap once B * T * 3C passes 2**31
+    b, h = tl.program_id(1).to(tl.int64) // H, tl.program_id(1).to(tl.int64) % H
     d = tl.arange(0, BLOCK_D)
     q = tl.load(Q + b * sqb + h * sqh + i * sqt + d, mask=d < D, other=0.0).to(tl.float32) * scale
     K += b * skb + h * skh

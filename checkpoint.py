@@ -301,7 +301,7 @@ def restore_training_state(
         # (the same unless given explicitly, or saved by an older version); the learning rate is set every iteration.
         kept = ("betas", "weight_decay", "fused", "foreach")
         wanted = [{key: g.get(key) for key in kept} for g in optimizer.param_groups]
-        optimizer.load_state_dict(ckpt["optimizer"])
+        optimizer.load_state_dict(_with_kernel_of(optimizer, ckpt["optimizer"]))
         for group, settings in zip(optimizer.param_groups, wanted, strict=True):
             group.update(settings)
         if scaler.is_enabled() and ckpt.get("scaler"):
@@ -317,6 +317,17 @@ def restore_training_state(
         raise CheckpointError(
             f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
         ) from None
+
+
+def _with_kernel_of(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """The saved optimizer state with the optimizer's own `fused` and `foreach` in its param groups. torch moves each
+    step counter onto its parameter's device, in float32, only where the saved group says fused: a checkpoint of
+    the per-parameter loop would hand a fused kernel on a GPU its CPU counters."""
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        return saved  # load_state_dict refuses it, saying why
+    pairs = zip(saved["param_groups"], optimizer.param_groups, strict=True)
+    groups = [{**old, "fused": now.get("fused"), "foreach": now.get("foreach")} for old, now in pairs]
+    return {**saved, "param_groups": groups}
 
 
 def _set_rng(rng: dict[str, Any]) -> None:

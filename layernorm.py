@@ -153,6 +153,11 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             f"layer_norm needs a last dimension of size >= 1 to normalize over, got shape {tuple(x.shape)}"
         )
     for name, p in (("weight", weight), ("bias", bias)):
+        if not isinstance(p, torch.Tensor) and not (name == "bias" and p is None):
+            raise TypeError(
+                f"{name} must be a tensor of shape {tuple(x.shape[-1:])}, the size of x's last dimension"
+                f"{' (or None)' if name == 'bias' else ''}, got {'None' if p is None else type(p).__name__}"
+            )
         if p is not None and tuple(p.shape) != tuple(x.shape[-1:]):
             raise ValueError(
                 f"{name} has shape {tuple(p.shape)} but x has shape {tuple(x.shape)}: "
@@ -178,6 +183,7 @@ class Norm(nn.Module):
             raise ValueError(f"eps must be > 0, got {eps}")
         self.dim = dim
         self.eps = float(eps)
+        self.feeds_linear = False  # make_norm's feeds_linear: a Linear alone reads the output (the model says so)
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
@@ -206,11 +212,18 @@ class LayerNorm(Norm):
 
 
 class BuiltinLayerNorm(LayerNorm):
-    """PyTorch's own fused kernel, torch.nn.functional.layer_norm, with the same parameters."""
+    """PyTorch's own fused kernel, torch.nn.functional.layer_norm, with the same parameters. An x of another dtype
+    than the parameters (bfloat16 activations, float32 parameters) is normalized in the wider of the two and the
+    output rounded back to x's: torch's CPU backward of that mixed call returns dweight and dbias some 10% off
+    (docs/01-layernorm.md)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        if x.dtype == self.weight.dtype:
+            return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        wide = torch.promote_types(x.dtype, self.weight.dtype)
+        bias = None if self.bias is None else self.bias.to(wide)
+        return F.layer_norm(x.to(wide), (self.dim,), self.weight.to(wide), bias, self.eps).to(x.dtype)
 
 
 class TritonLayerNorm(LayerNorm):
@@ -226,7 +239,7 @@ class TritonLayerNorm(LayerNorm):
         self._check_input(x)
         if not (x.is_cuda or (x.is_cpu and self._cpu_ok)):
             check_triton_device(x.device)  # raises, saying why and what to do
-        return self._layer_norm_triton(x, self.weight, self.bias, self.eps)
+        return self._layer_norm_triton(x, self.weight, self.bias, self.eps, feeds_linear=self.feeds_linear)
 
 
 class RMSNorm(Norm):
@@ -336,9 +349,19 @@ _CLASSES = {
 }
 
 
-def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> nn.Module:
+def make_norm(
+    name: str,
+    dim: int,
+    *,
+    bias: bool = True,
+    eps: float = 1e-5,
+    alpha: float | None = None,
+    feeds_linear: bool = False,
+) -> nn.Module:
     """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter.
-    `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one."""
+    `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one. feeds_linear=True says that
+    only a Linear reads the output (a pre-norm block's norms, the final one): under autocast the Triton norm then
+    writes it in autocast's dtype, the cast that Linear makes; elsewhere in its input's dtype, as the others do."""
     if alpha is not None and name != "dyt":
         raise ValueError(f"alpha={alpha} is DyT's starting alpha, and norm {name!r} has none")
     if name == NO_NORM:
@@ -347,9 +370,9 @@ def make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alph
         raise ValueError(
             f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
         )
-    if name == "dyt":
-        return DyT(dim, bias=bias, eps=eps, alpha=alpha)
-    return _CLASSES[name](dim, bias=bias, eps=eps)
+    norm = DyT(dim, bias=bias, eps=eps, alpha=alpha) if name == "dyt" else _CLASSES[name](dim, bias=bias, eps=eps)
+    norm.feeds_linear = feeds_linear
+    return norm
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -410,21 +410,22 @@ def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool,
 # ----------------------------------------------------------------------------------------------------------------
 # Autograd. In eager mode a plain autograd.Function (the least Python per call). Under torch.compile the same
 # launchers are torch.library ops (triton_op, or custom_op with fake implementations for their shapes), so a
-# compiled model traces through them instead of breaking the graph. Under autocast the output is written in the
-# autocast dtype: the values the next Linear would have cast the float32 output to, without the cast.
+# compiled model traces through them instead of breaking the graph. The output comes in x's dtype; under autocast,
+# where the caller says only a Linear reads it (feeds_linear), in the autocast dtype: the values that Linear would
+# have cast the float32 output to, without the cast. (A post-norm block's output is the residual stream: x's dtype.)
 
 
-def _out_dtype(x: torch.Tensor) -> torch.dtype:
+def _out_dtype(x: torch.Tensor, feeds_linear: bool) -> torch.dtype:
     device_type = "cuda" if x.is_cuda else "cpu"
-    if x.dtype != torch.float64 and torch.is_autocast_enabled(device_type):
+    if feeds_linear and x.dtype != torch.float64 and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return x.dtype
 
 
 class _LayerNormTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        y, stats = _forward(x, weight, bias, eps, _out_dtype(x))
+    def forward(ctx, x, weight, bias, eps, out_dtype):
+        y, stats = _forward(x, weight, bias, eps, out_dtype)
         ctx.save_for_backward(x, weight, stats)
         ctx.has_bias = bias is not None
         return y
@@ -434,7 +435,7 @@ class _LayerNormTriton(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, stats = ctx.saved_tensors
         dx, dw, db = _backward(dy, x, weight, stats, ctx.has_bias)
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
 _define_op = torch.library.triton_op if TRITON_OP else torch.library.custom_op
@@ -495,19 +496,25 @@ _triton_fwd.register_autograd(_backward_rule, setup_context=_setup_context)
 
 
 def layer_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    feeds_linear: bool = False,
 ) -> torch.Tensor:
     """LayerNorm over the last dimension of x (any shape [..., C]) with the fused Triton kernels.
 
     Same function and gradients as `layernorm.layer_norm` (population variance); float64 is computed in float64,
-    every other dtype in float32; under autocast y comes in the autocast dtype. The arguments are taken as
-    checked: `layernorm.TritonLayerNorm` checks them, once per call.
+    every other dtype in float32; y comes in x's dtype, or under autocast with feeds_linear=True (only a Linear
+    reads y) in the autocast dtype. The arguments are taken as checked: `layernorm.TritonLayerNorm` checks them,
+    once per call.
     """
+    out_dtype = _out_dtype(x, feeds_linear)
     if torch.compiler.is_compiling():
-        return _triton_fwd(x, weight, bias, float(eps), _out_dtype(x))[0]
+        return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]
     if not _wants_grad(x, weight, bias):  # (decoding, evaluation): the forward alone, nothing for autograd to record
-        return _forward(x, weight, bias, float(eps), _out_dtype(x))[0]
-    return _LayerNormTriton.apply(x, weight, bias, float(eps))
+        return _forward(x, weight, bias, float(eps), out_dtype)[0]
+    return _LayerNormTriton.apply(x, weight, bias, float(eps), out_dtype)
 
 
 def _wants_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -82,9 +82,10 @@ class GPTConfig:
         return cls(**{**{f.name: given[f.name] for f in fields(cls) if f.name in given}, **changes})
 
 
-def new_norm(config: GPTConfig) -> nn.Module:
-    """One norm layer over n_embd features: layernorm.make_norm(config.norm, ...), with norm_alpha when set."""
-    return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha)
+def new_norm(config: GPTConfig, feeds_linear: bool = False) -> nn.Module:
+    """One norm layer over n_embd features: layernorm.make_norm(config.norm, ...), with norm_alpha when set;
+    feeds_linear=True where only a Linear reads its output (pre-norm: ln_1, ln_2 and ln_f)."""
+    return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha, feeds_linear=feeds_linear)
 
 
 class KVCache:
@@ -156,9 +157,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = new_norm(config)
+        pre = config.norm_position == "pre"  # pre-norm: each norm's output goes to its sublayer's first Linear only
+        self.ln_1 = new_norm(config, feeds_linear=pre)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = new_norm(config)
+        self.ln_2 = new_norm(config, feeds_linear=pre)
         self.mlp = MLP(config)
         self.post = config.norm_position == "post"
 
@@ -183,7 +185,7 @@ class GPT(nn.Module):
                 # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm, and a
                 # second one straight after it would only add a redundant scale and shift. Identity keeps the name, so
                 # code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
-                ln_f=new_norm(config) if config.norm_position == "pre" else nn.Identity(),
+                ln_f=new_norm(config, feeds_linear=True) if config.norm_position == "pre" else nn.Identity(),
             )
         )
         self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(config.n_embd))) if config.embed_scale else None

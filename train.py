@@ -207,7 +207,9 @@ def wrap(
     if cfg.cuda_graphs:  # static shapes: every micro-batch is [batch_size, block_size]
         with autocast(device, dtype, cache_enabled=False):  # (the casts are captured into the graph)
             sample = data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), device)
+            rng = torch.cuda.get_rng_state(device)  # the capture's eager warm-up passes draw dropout masks from it:
             graphed = torch.cuda.make_graphed_callables(LossOnly(train_model), sample)
+            torch.cuda.set_rng_state(rng, device)  # the loop starts where setup() (or a resume) left the stream
         train_model = lambda idx, targets: (None, graphed(idx, targets))  # (logits, loss), as the loop unpacks
         for p in raw_model.parameters():  # .grad buffers of our own, added into: a replay rewrites the graph's
             p.grad = torch.zeros_like(p)  # gradient outputs, which must never become .grad (pytorch#181723)

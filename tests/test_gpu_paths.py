@@ -4,6 +4,7 @@ GPU targets by Triton's own compiler (shared memory), the attention kernel's arg
 binder, and what the --cuda_graphs capture is handed. Where a check needs Triton to compile rather than interpret,
 it runs in a fresh Python without TRITON_INTERPRET, as on a GPU machine (nothing is launched)."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -197,11 +198,91 @@ def test_attention_compiles_one_kernel_for_a_full_pass_and_a_cached_step():
     assert full_pass == cached_step
 
 
+OFFSETS = """\
+import re
+import batch_invariant_triton as bit
+calls_by_case = {
+    "linear": ("linear_kernel", lambda: bit.linear(torch.randn(5, 40), torch.randn(24, 40), torch.randn(24))),
+    "linear, x transposed": ("linear_kernel", lambda: bit.linear(torch.randn(40, 5).T, torch.randn(24, 40))),
+    "attention": ("attention_kernel", lambda: bit.attention(*torch.randn(3, 2, 3, 5, 12), [1, 2, 3, 4, 5], 0.3)),
+}
+products = {}
+for case, (name, call) in calls_by_case.items():
+    kernel, calls = launches(bit, name)
+    call()
+    setattr(bit, name, kernel)
+    (_, args, kwargs), = calls
+    products[case] = re.findall(r"arith\\.muli [^:]*: (\\S+)", compile_for(kernel, args, kwargs, 90).asm["ttir"])
+print(json.dumps(products))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter compiles
+def test_the_mode_kernels_compute_offsets_in_64_bits():
+    """Every product in the matrix product's and the attention's TTIR (an index times a stride) is 64-bit: in 32 bits
+    rows * stride_ym wraps once M * N reaches 2**31 (the LM head at vocabulary 50,304 over 42,692 rows), and the
+    attention's b * sqb once B * T * 3C does. Compiled by Triton for an H100 (no GPU needed)."""
+    for case, types in without_interpreter(OFFSETS).items():
+        assert types, case  # (the kernel has index * stride products, read here)
+        assert all(t == "i64" or t.endswith("xi64>") for t in types), (case, types)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # --cuda_graphs: what the capture is handed.
 
 
-def test_the_graphed_micro_step_returns_only_the_loss(tmp_path, monkeypatch):
+@pytest.fixture
+def cuda_rng_is_the_cpus(monkeypatch):
+    """torch.cuda's generator state calls answered by the CPU's generator, which dropout draws from on the CPU."""
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
+
+
+def graphed_setup(tmp_path, *extra):
+    """A --cuda_graphs run of the tiny model as setup() leaves it, on the CPU: (cfg, run)."""
+    args = tiny_args(make_dataset(tmp_path / "data"), tmp_path / "out", "--max_iters=1", *extra)
+    cfg = options.build_config(options.parse_args(args))
+    cfg = dataclasses.replace(cfg, cuda_graphs=True)
+    checkpoint.make_out_dir(cfg.out_dir)
+    return cfg, train.setup(cfg, {}, None, "cpu", "float32", Dist())
+
+
+def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(tmp_path, monkeypatch, cuda_rng_is_the_cpus):
+    """torch.cuda.make_graphed_callables runs its warm-up forward and backward passes eagerly, and with dropout they
+    draw masks from the generator that setup() seeded or a resume restored: a resumed run would train on shifted
+    masks. wrap() puts the generator back. Run through torch's own make_graphed_callables on the CPU, only its CUDA
+    calls (streams, synchronize, the graph objects) made no-ops, so its warm-up loop and the eager capture draw."""
+
+    class Graph:
+        def replay(self):
+            pass
+
+    for name, stub in [
+        ("synchronize", lambda *a, **k: None),
+        ("Stream", lambda *a, **k: None),
+        ("stream", lambda s: contextlib.nullcontext()),
+        ("CUDAGraph", Graph),
+        ("graph", lambda graph, pool=None: contextlib.nullcontext()),
+    ]:
+        monkeypatch.setattr(torch.cuda, name, stub)
+    monkeypatch.setattr(torch.cuda.graphs, "graph_pool_handle", lambda: None)
+    make_graphed_callables = torch.cuda.make_graphed_callables
+    after_capture = []
+
+    def capture(module, sample):
+        graphed = make_graphed_callables(module, sample)
+        after_capture.append(torch.get_rng_state())
+        return graphed
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
+    cfg, run = graphed_setup(tmp_path, "--dropout=0.2")
+    before = torch.get_rng_state()
+    train.wrap(run.model, cfg, run.data, "cpu", "float32", Dist())
+    assert not torch.equal(after_capture[0], before)  # the warm-ups drew dropout masks
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_graphed_micro_step_returns_only_the_loss(tmp_path, monkeypatch, cuda_rng_is_the_cpus):
     """torch.cuda.make_graphed_callables gives each output that requires grad a gradient buffer that every replay's
     backward fills: the logits ([B, T, vocab]) would get a zero-filled one copied each micro-step. The callable it is
     handed returns the loss alone (flattened as the capture flattens outputs: torch's pytree)."""
@@ -212,11 +293,7 @@ def test_the_graphed_micro_step_returns_only_the_loss(tmp_path, monkeypatch):
         return module
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
-    args = tiny_args(make_dataset(tmp_path / "data"), tmp_path / "out", "--max_iters=1")
-    cfg = options.build_config(options.parse_args(args))
-    cfg = dataclasses.replace(cfg, cuda_graphs=True)
-    checkpoint.make_out_dir(cfg.out_dir)
-    run = train.setup(cfg, {}, None, "cpu", "float32", Dist())
+    cfg, run = graphed_setup(tmp_path)
     train.wrap(run.model, cfg, run.data, "cpu", "float32", Dist())
     ((module, sample),) = captured
     outputs = torch.utils._pytree.tree_flatten(module(*sample))[0]

@@ -170,6 +170,44 @@ def test_half_precision_within_twice_pytorch_error(impl, dtype, C):
         assert err(g, g_ref) <= tol, (name, err(g, g_ref), err(g_pt, g_ref))
 
 
+# Half activations with float32 parameters: what a LayerNorm lifted into a model whose activations are bfloat16 or
+# float16 is given. y and dx come in x's dtype, within one unit in its last place of float64 (one rounding; the
+# interpreter's truncation to bfloat16); dweight and dbias in float32, summed over thousands of rows (a few hundred
+# through the interpreter), within float32 arithmetic's 1e-5 of their natural size.
+ONE_ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
+
+
+def reference_of(name, x, w, b, dy, eps=1e-5):
+    """y and (dx, dweight, dbias) in float64 through the formula of norm `name` (a LayerNorm, or RMSNorm)."""
+    x, w, b = (t.detach().double().requires_grad_() for t in (x, w, b))
+    if name == "rmsnorm":
+        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w + b
+    else:
+        y = layer_norm_naive(x, w, b, eps)
+    return y.detach(), torch.autograd.grad(y, (x, w, b), dy.double())
+
+
+@pytest.mark.parametrize("name", norm_params([*LAYERNORMS, "rmsnorm"], slow_triton=True))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_input_with_float32_parameters_matches_float64(name, dtype):
+    rows = 256 if name == "triton" and _device() == "cpu" else 4096
+    x, w, b, dy = make_inputs((rows,), 192, dtype=torch.float64)
+    x, dy = x.to(dtype), dy.to(dtype)
+    norm = make_norm(name, 192).to(x.device)
+    with torch.no_grad():
+        norm.weight.copy_(w), norm.bias.copy_(b)
+    x = x.requires_grad_()
+    y = norm(x)
+    dx, dw, db = torch.autograd.grad(y, (x, norm.weight, norm.bias), dy)
+    y_ref, (dx_ref, dw_ref, db_ref) = reference_of(name, x, w, b, dy)
+    assert y.dtype == dx.dtype == dtype and dw.dtype == db.dtype == torch.float32
+    assert close(y, y_ref, ONE_ULP[dtype]), rel_err(y, y_ref)
+    assert close(dx, dx_ref, ONE_ULP[dtype], dx_scale(x, w, dy)), rel_err(dx, dx_ref)
+    natural = dy.double().abs().sum(0).max().item()  # sum over rows of |dy| (|xhat| ~ 1)
+    assert close(dw, dw_ref, 1e-5, natural), rel_err(dw, dw_ref)
+    assert close(db, db_ref, 1e-5, natural), rel_err(db, db_ref)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The hand-written backward.
 
@@ -521,6 +559,22 @@ def test_weight_and_bias_shape_errors_name_both_shapes():
         layer_norm(x, torch.ones(7), torch.zeros(8))
     with pytest.raises(ValueError, match=r"bias has shape \(8, 1\).*\(2, 3, 8\)"):
         layer_norm(x, torch.ones(8), torch.zeros(8, 1))
+
+
+def test_a_weight_or_bias_that_is_not_a_tensor_is_refused_in_one_line():
+    x = torch.randn(2, 3, 8)
+    cases = [
+        (
+            (None, torch.zeros(8)),
+            r"^weight must be a tensor of shape \(8,\), the size of x's last dimension, got None$",
+        ),
+        ((1.0, None), r"^weight must be a tensor of shape \(8,\), .*, got float$"),
+        ((torch.ones(8), [0.0] * 8), r"^bias must be a tensor of shape \(8,\), .* \(or None\), got list$"),
+    ]
+    for (weight, bias), message in cases:
+        with pytest.raises(TypeError, match=message):
+            layer_norm(x, weight, bias)
+    assert layer_norm(x, torch.ones(8), None).shape == x.shape  # no bias is valid
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])

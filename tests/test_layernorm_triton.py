@@ -111,12 +111,16 @@ BF16_TOL = 2**-7 if lt.INTERPRET else 2**-8
 
 @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, BF16_TOL), (torch.float16, 2**-11)])
 def test_autocast_writes_the_output_in_the_autocast_dtype(dtype, tol):
-    """Under autocast y comes in the autocast dtype (what the next Linear casts to), rounded once from float32
-    arithmetic: within that rounding of the float64 reference. Gradients keep the parameters' float32."""
+    """Under autocast, where only a Linear reads y (feeds_linear), y comes in the autocast dtype (what that Linear
+    casts to), rounded once from float32 arithmetic: within that rounding of the float64 reference. Gradients keep
+    the parameters' float32. Anywhere else (a post-norm residual stream) y keeps x's dtype."""
     x, w, b, dy = inputs(6, 48)
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
     with torch.autocast(DEV, dtype=dtype):
-        y = layer_norm_triton(xr, wr, br)
+        y = layer_norm_triton(xr, wr, br, feeds_linear=True)
+        assert layer_norm_triton(xr, wr, br).dtype == torch.float32
+        assert make_norm("triton", 48, feeds_linear=True).to(DEV)(x).dtype == dtype
+        assert make_norm("triton", 48).to(DEV)(x).dtype == torch.float32
     assert y.dtype == dtype
     grads = torch.autograd.grad(y, (xr, wr, br), dy.to(dtype))
     y_ref, *grads_ref = reference(x, w, b, dy.to(dtype))
@@ -125,7 +129,7 @@ def test_autocast_writes_the_output_in_the_autocast_dtype(dtype, tol):
         assert g.dtype == torch.float32
         assert_rel(g, g_ref)
     with torch.autocast(DEV, dtype=dtype):
-        assert layer_norm_triton(x.double(), w, b).dtype == torch.float64  # autocast leaves float64 alone
+        assert layer_norm_triton(x.double(), w, b, feeds_linear=True).dtype == torch.float64  # float64 left alone
 
 
 def test_row_stride_is_used_without_a_copy():

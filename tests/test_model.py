@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import model as model_module
-from helpers import TINY, randomize_norms, skip_unless_runs, tiny_model
+from helpers import TINY, TRITON_SKIP, randomize_norms, skip_unless_runs, tiny_model
 from layernorm import LAYERNORMS, NORMS, make_norm
 from model import GPT, GPTConfig
 
@@ -126,14 +126,15 @@ def test_every_norm_builds_and_runs(norm: str) -> None:
 
 
 def test_model_delegates_every_norm_to_make_norm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever make_norm returns is what the model uses, in all three places, and nothing else normalizes."""
+    """Whatever make_norm returns is what the model uses, in all three places, and nothing else normalizes. The
+    model says where only a Linear reads a norm's output: everywhere in pre-norm, nowhere in post-norm."""
     built: list[nn.Module] = []
+    feeds_linear: list[bool] = []
 
-    def fake_make_norm(
-        name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None
-    ) -> nn.Module:
+    def fake_make_norm(name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, **kw: bool) -> nn.Module:
         assert name == "some-future-norm" and dim == TINY.n_embd
         built.append(nn.Identity())
+        feeds_linear.append(kw["feeds_linear"])
         return built[-1]
 
     monkeypatch.setattr(model_module, "make_norm", fake_make_norm)
@@ -143,6 +144,41 @@ def test_model_delegates_every_norm_to_make_norm(monkeypatch: pytest.MonkeyPatch
     assert {id(x) for x in used} == {id(x) for x in built}
     assert not [x for x in m.modules() if "norm" in type(x).__name__.lower()]
     assert m(torch.zeros(1, 3, dtype=torch.long))[0].shape == (1, 3, TINY.vocab_size)
+    assert feeds_linear == [True] * len(built)
+    feeds_linear.clear()
+    GPT(replace(TINY, norm="some-future-norm", norm_position="post"))
+    assert feeds_linear == [False] * 2 * TINY.n_layer
+
+
+def output_dtypes(m: GPT, idx: torch.Tensor) -> dict[str, torch.dtype]:
+    """The dtype each module of m returns (by name) on idx under bfloat16 autocast on the CPU."""
+    dtypes: dict[str, torch.dtype] = {}
+    for name, module in m.named_modules():
+        if name:  # (the GPT itself returns a tuple)
+            module.register_forward_hook(lambda mod, args, out, name=name: dtypes.__setitem__(name, out.dtype))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        m(idx)
+    return dtypes
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_every_layernorm_gives_each_place_the_same_dtype_under_autocast(position: str) -> None:
+    """Under bfloat16 autocast every module of the model returns the same dtype whichever LayerNorm it has: the
+    residual stream stays float32, a post-norm block's norms (which write it) included. Only where the model says
+    a Linear alone reads a norm (pre-norm ln_1, ln_2, ln_f) does the Triton norm write bfloat16, the cast that
+    Linear makes; the other two leave the cast to it."""
+    idx = torch.randint(TINY.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    norms = [n for n in LAYERNORMS if n != "triton" or TRITON_SKIP is None]
+    seen = {norm: output_dtypes(tiny(norm, norm_position=position), idx) for norm in norms}
+    places = seen["custom"]
+    assert [places[f"transformer.h.{i}"] for i in range(TINY.n_layer)] == [torch.float32] * TINY.n_layer
+    fed = {p for p in places if position == "pre" and p.endswith(("ln_1", "ln_2", "ln_f"))}
+    assert len(fed) == (2 * TINY.n_layer + 1 if position == "pre" else 0)
+    for norm, dtypes in seen.items():
+        assert dtypes.keys() == places.keys(), norm
+        for place, dtype in dtypes.items():
+            expected = torch.bfloat16 if norm == "triton" and place in fed else places[place]
+            assert dtype == expected, (norm, place, dtype)
 
 
 @pytest.mark.parametrize("norm", [n for n in LAYERNORMS if n != "custom"])

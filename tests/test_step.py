@@ -84,3 +84,38 @@ def test_fused_adamw_resumes_the_loops_checkpoint():
     assert all(group["fused"] for group in fused.param_groups)  # not the saved groups' fused=False
     train(resumed, fused, 2, seed=2)
     assert_same_parameters(resumed, model)
+
+
+def test_the_loops_step_counters_become_the_fused_optimizers_own():
+    """torch moves each step counter onto its parameter's device, in float32, only where the saved param group says
+    fused: resumed with fused AdamW, a checkpoint of the loop gets the counters a fused optimizer makes itself, not
+    the loop's (on a GPU: on the CPU; here, where the loop ran under a float64 default dtype: float64)."""
+    model = new_model()
+    loop = loop_optimizer(model)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the loop's counters come in the default dtype
+    try:
+        train(model, loop, 3)
+    finally:
+        torch.set_default_dtype(default)
+    saved = copy.deepcopy(loop.state_dict())
+    assert {s["step"].dtype for s in saved["state"].values()} == {torch.float64}
+
+    fresh = new_model()
+    fresh_fused = fresh.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
+    train(fresh, fresh_fused, 1)
+    made = {(s["step"].dtype, s["step"].device) for s in fresh_fused.state.values()}
+    resumed = new_model()
+    resumed.load_state_dict(model.state_dict())
+    fused = resumed.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
+    data_gen = torch.Generator()
+    ckpt = {"optimizer": saved, "rng": rng_state(data_gen), "iter_num": 3, "best_val_loss": 1.0}
+    restore_training_state(ckpt, fused, torch.amp.GradScaler("cpu", enabled=False), data_gen, Path("ckpt.pt"))
+    assert (
+        {(s["step"].dtype, s["step"].device) for s in fused.state.values()}
+        == made
+        == {(torch.float32, torch.device("cpu"))}
+    )
+    assert {s["step"].item() for s in fused.state.values()} == {3.0}
+    train(resumed, fused, 1)
+    assert {s["step"].item() for s in fused.state.values()} == {4.0}

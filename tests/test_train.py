@@ -220,6 +220,9 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
         return lambda *a: calls.append(len(a)) or module(*a)
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
+    # wrap() keeps the CUDA generator's state across the capture: answered here by the CPU's generator
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
     cfg = options.build_config(
         options.parse_args(tiny_args(data_dir, tmp_path / "out", "--max_iters=3", "--gradient_accumulation_steps=2"))
     )
