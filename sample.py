@@ -84,10 +84,11 @@ def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
 
 def load_tokenizer(args: argparse.Namespace, checkpoint: dict) -> CharTokenizer | TiktokenTokenizer:
     """The checkpoint's tokenizer; for a nanoGPT checkpoint, its meta.pkl's characters or GPT-2's BPE."""
+    path = checkpoint_path(args.out_dir, args.ckpt)
     if checkpoint["format"] == nanogpt.FORMAT:
-        meta = nanogpt.tokenizer_meta(checkpoint_path(args.out_dir, args.ckpt), checkpoint, args.meta)
+        meta = nanogpt.tokenizer_meta(path, checkpoint, args.meta)
     elif args.meta is not None:
-        fail(f"--meta is for a nanoGPT checkpoint; {checkpoint_path(args.out_dir, args.ckpt)} carries its own tokenizer: drop --meta")
+        fail(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
     elif "tokenizer" in checkpoint:
         meta = checkpoint["tokenizer"]
     else:
