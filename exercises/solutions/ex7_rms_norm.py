@@ -1,4 +1,4 @@
-"""Exercise 4, solved: RMSNorm's forward and backward."""
+"""Exercise 7, solved: RMSNorm's forward and backward."""
 
 import torch
 

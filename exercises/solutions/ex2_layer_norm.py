@@ -1,4 +1,4 @@
-"""Exercise 1, solved: LayerNorm over the last dimension."""
+"""Exercise 2, solved: LayerNorm over the last dimension."""
 
 import torch
 

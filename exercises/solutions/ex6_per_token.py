@@ -1,4 +1,4 @@
-"""Exercise 5, solved: is a norm per token?"""
+"""Exercise 6, solved: is a norm per token?"""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Exercise 6 (docs/01-layernorm.md, "The numerics"): a float32 variance that stays accurate far from 0.
+"""Exercise 3 (docs/01-layernorm.md, "The numerics"): a float32 variance that stays accurate far from 0.
 
 Problem: variance(x) returns the population variance of each row of a float32 x of shape [..., C] (shape [...]),
 computed in float32. The one-pass formula E[x^2] - E[x]^2 is exact in arithmetic and useless in float32 when the
@@ -19,7 +19,7 @@ Hints:
 - Divide by C, not C - 1.
 - No x.double(): the point is to stay in float32, as a GPU kernel does.
 
-Try it: python -m exercises 6
+Try it: python -m exercises 3
 """
 
 import torch

@@ -1,4 +1,4 @@
-"""Exercise 2, solved: the textbook's LayerNorm1d with the population variance."""
+"""Exercise 1, solved: the textbook's LayerNorm1d with the population variance."""
 
 import torch
 

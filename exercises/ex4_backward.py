@@ -1,6 +1,6 @@
-"""Exercise 3 (docs/01-layernorm.md, "The backward derived"): LayerNorm's backward by hand.
+"""Exercise 4 (docs/01-layernorm.md, "The backward derived"): LayerNorm's backward by hand.
 
-Problem: write LayerNormFunction, a torch.autograd.Function whose forward(ctx, x, gamma, beta, eps) is exercise 1's
+Problem: write LayerNormFunction, a torch.autograd.Function whose forward(ctx, x, gamma, beta, eps) is exercise 2's
 layer_norm (x of shape [..., C]) and whose backward(ctx, dy) returns (dx, dgamma, dbeta, None) without autograd:
 
     dbeta  = dy summed over every row                 shape [C]
@@ -24,7 +24,7 @@ Hints:
 - The parameters' gradients are sums over rows, not means: every row's loss adds to them.
 - backward returns one gradient per input of forward; eps gets None.
 
-Try it: python -m exercises 3
+Try it: python -m exercises 4
 """
 
 import torch

@@ -1,4 +1,4 @@
-"""Exercise 6, solved: a shifted one-pass variance in float32."""
+"""Exercise 3, solved: a shifted one-pass variance in float32."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Exercise 1 (docs/01-layernorm.md): LayerNorm from scratch, over any leading dimensions.
+"""Exercise 2 (docs/01-layernorm.md, "The formula"): LayerNorm from scratch, over any leading dimensions.
 
 Problem: normalize each row of x (its last dimension, C features) to zero mean and unit variance, then scale by
 gamma and shift by beta, for x of any shape [..., C]:
@@ -21,7 +21,7 @@ Hints:
   x - mean yourself.
 - eps goes inside the square root: sqrt(var + eps).
 
-Try it: python -m exercises 1
+Try it: python -m exercises 2
 """
 
 import torch

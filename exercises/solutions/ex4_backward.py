@@ -1,4 +1,4 @@
-"""Exercise 3, solved: LayerNorm's backward by hand."""
+"""Exercise 4, solved: LayerNorm's backward by hand."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Exercise 4 (docs/04-why-layernorm.md): RMSNorm, forward and backward by hand.
+"""Exercise 7 (docs/04-why-layernorm.md): RMSNorm, forward and backward by hand.
 
 Problem: RMSNorm rescales each row to unit root-mean-square and does not centre it (no mean, no beta):
 
@@ -23,7 +23,7 @@ Hints:
 - With g = dy * gamma: dx = rrms * (g - xn * mean(g * xn)); dgamma sums dy * xn over every row.
 - LayerNorm's dx has one term more, -mean(g), from its mean subtraction; RMSNorm has none.
 
-Try it: python -m exercises 4
+Try it: python -m exercises 7
 """
 
 import torch

@@ -1,4 +1,4 @@
-"""Exercise 5 (docs/03-batch-independence.md): is a norm per token?
+"""Exercise 6 (docs/03-batch-independence.md): is a norm per token?
 
 Problem: a norm is per token when a token's output does not depend on the other tokens of the batch: norm(x)[i]
 equals norm(x[i:i+1]) for every row i, the demo's column (3). Write is_per_token(norm, dim): run the norm on a
@@ -17,8 +17,9 @@ Hints:
   bits here.
 - Use several different tokens (N = 4 or more): a batch of copies of one token has nothing to differ by.
 - Return a Python bool: bool(...) of a comparison.
+- Judge the norm as it is given: calling norm.eval() would make BatchNorm use its running averages.
 
-Try it: python -m exercises 5
+Try it: python -m exercises 6
 """
 
 import torch

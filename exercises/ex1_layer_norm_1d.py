@@ -1,4 +1,4 @@
-"""Exercise 2 (docs/01-layernorm.md): the textbook's LayerNorm1d, made to match nn.LayerNorm.
+"""Exercise 1 (docs/01-layernorm.md, "The textbook version"): the lecture's LayerNorm1d, made to match nn.LayerNorm.
 
 Problem: the lecture's LayerNorm1d (docs/01's first listing) uses x.var(1), the sample variance, so it does not
 compute what torch.nn.LayerNorm computes. Write LayerNorm1d(dim, eps=1e-5) for x of shape [N, C]: attributes eps,
@@ -16,10 +16,11 @@ True
 True
 
 Hints:
-- Start from docs/01's class: one word in one line is what makes it differ from nn.LayerNorm.
+- Start from docs/01's class: one argument added to one line makes it match nn.LayerNorm (x.var divides by
+  C - 1 unless told otherwise).
 - The mean and variance are over dim 1, the features; dim 0 is the batch, where BatchNorm1d reduces.
 
-Try it: python -m exercises 2
+Try it: python -m exercises 1
 """
 
 import torch
