@@ -21,71 +21,24 @@ import nanogpt
 import sample
 from bench import decoding
 from checkpoint import CheckpointError, load_checkpoint, load_resume_checkpoint
-from helpers import PAYLOADS, assert_one_line_error, norm_params, skip_unless_runs, subprocess_env
+from helpers import (
+    CHARS,
+    PAYLOADS,
+    assert_one_line_error,
+    nanogpt_model,
+    norm_params,
+    save_nanogpt_checkpoint,
+    skip_unless_runs,
+    subprocess_env,
+    write_meta,
+)
 from layernorm import LAYERNORMS
-from model import GPT, GPTConfig
+from model import GPT
 from tokenizer import GPT2_ENCODING, TiktokenTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-CHARS = sorted(set("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
-BLOCK = 32
+BLOCK = 32  # nanogpt_model's
 CPU = ["--device", "cpu"]
-
-
-def nanogpt_model(vocab_size: int, bias: bool, n_embd: int = 32) -> GPT:
-    """A random GPT in nanoGPT's shape (its GPT and this one share names and layout); norms and embeddings moved
-    off their init, so that every weight matters and the greedy choices are clear-cut."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=n_embd, bias=bias))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".ln_" in name or "ln_f" in name or name.endswith(".bias"):
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("wte.weight"):
-                p.mul_(5)
-    return model.eval()
-
-
-def save_nanogpt_checkpoint(out_dir: Path, model: GPT) -> Path:
-    """ckpt.pt as nanoGPT's train.py saves it from a compiled model (torch.compile's "_orig_mod." on every key),
-    with the "attn.bias" causal masks it registers where PyTorch has no flash attention."""
-    c = model.config
-    state = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
-    mask = torch.tril(torch.ones(c.block_size, c.block_size)).view(1, 1, c.block_size, c.block_size)
-    state.update({f"_orig_mod.transformer.h.{i}.attn.bias": mask for i in range(c.n_layer)})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.zeros(1, 4, dtype=torch.long))[0].sum().backward()
-    optimizer.step()  # a real optimizer state: tensors and step counts
-    model.zero_grad(set_to_none=True)
-    checkpoint = {
-        "model": state,
-        "optimizer": optimizer.state_dict(),
-        "model_args": dict(
-            n_layer=c.n_layer,
-            n_head=c.n_head,
-            n_embd=c.n_embd,
-            block_size=c.block_size,
-            bias=c.bias,
-            vocab_size=c.vocab_size,
-            dropout=0.0,
-        ),
-        "iter_num": 40,
-        "best_val_loss": torch.tensor(2.5),  # nanoGPT's estimate_loss returns tensors
-        "config": {"out_dir": out_dir.name, "dataset": "shakespeare_char", "compile": True, "learning_rate": 1e-3},
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint, out_dir / "ckpt.pt")
-    return out_dir / "ckpt.pt"
-
-
-def write_meta(path: Path, chars: list[str] = CHARS, protocol: int | None = None) -> Path:
-    """meta.pkl as nanoGPT's data/shakespeare_char/prepare.py writes it."""
-    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {ch: i for i, ch in enumerate(chars)}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        pickle.dump(meta, f, protocol)
-    return path
 
 
 @torch.no_grad()
