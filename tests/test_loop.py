@@ -171,12 +171,9 @@ def loop_and_reference(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
     data = make_dataset(tmp / "data")
     argv = tiny_args(data, tmp / "out", *LOOP_FLAGS, f"--grad_clip={request.param}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as conftest's one_thread, which is set up per test, after this module's fixture
     seen = run_recorded(argv)
     cfg = build_config(parse_args(argv))
     ref = reference_loop(seen, Windows(data, cfg.block_size), cfg)
-    torch.set_num_threads(threads)
     return seen, ref, read_metrics(tmp / "out" / "metrics.jsonl"), cfg
 
 
