@@ -157,18 +157,18 @@ def subprocess_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra}
 
 
-def run_cli(
-    args: list[str], timeout: float = 120, drop: tuple[str, ...] = (), **env: str
+# Downloads forced to fail at once, even on a machine with internet access.
+NO_DOWNLOADS = {name: "http://127.0.0.1:9" for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")}
+NO_DOWNLOADS.update(NO_PROXY="", no_proxy="")
+
+
+def python(
+    *args: str | Path, cwd: Path = ROOT, timeout: float = 120, drop: tuple[str, ...] = (), **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """`python train.py ARGS` from the repository root."""
-    return subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        env=subprocess_env(drop, **env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`python ARGS` run by this suite's interpreter from `cwd`, its output captured."""
+    argv = [sys.executable, *map(str, args)]
+    env_ = subprocess_env(drop, **env)
+    return subprocess.run(argv, cwd=cwd, env=env_, capture_output=True, text=True, encoding="utf-8", timeout=timeout)
 
 
 class Run(NamedTuple):

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +25,9 @@ from helpers import (
     assert_one_line_error,
     nanogpt_model,
     norm_params,
+    python,
     save_nanogpt_checkpoint,
     skip_unless_runs,
-    subprocess_env,
     write_meta,
 )
 from layernorm import LAYERNORMS
@@ -176,17 +174,6 @@ def test_bench_decoding_on_a_nanogpt_checkpoint(nanogpt_run: tuple[Path, GPT], f
 # --- bad input: one line, and no pickled code runs -----------------------------------------------------------------
 
 
-def run_sample(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), *CPU, "--max_new_tokens", "2", *args],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.slow  # a sample.py process
 @pytest.mark.parametrize("payload", list(PAYLOADS))
 def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
@@ -199,7 +186,9 @@ def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
     pickle.loads((tmp_path / "meta.pkl").read_bytes())  # the payload is live: read as nanoGPT's sample.py reads it,
     assert marker.exists()  # it runs
     marker.unlink()
-    proc = run_sample("--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl"))
+    proc = python(
+        "sample.py", *CPU, "--max_new_tokens", "2", "--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl")
+    )
     assert not marker.exists()
     assert_one_line_error(proc, 1, f"error: {tmp_path / 'meta.pkl'} holds more than the dicts", "nothing in it ran")
     assert proc.stdout == ""
@@ -233,7 +222,7 @@ def test_a_truncated_nanogpt_checkpoint_is_one_line(nanogpt_run: tuple[Path, GPT
     out_dir, _ = nanogpt_run
     data = (out_dir / "ckpt.pt").read_bytes()
     (tmp_path / "ckpt.pt").write_bytes(data[: len(data) // 2])
-    proc = run_sample("--ckpt", str(tmp_path / "ckpt.pt"))
+    proc = python("sample.py", *CPU, "--max_new_tokens", "2", "--ckpt", str(tmp_path / "ckpt.pt"))
     assert_one_line_error(proc, 1, f"error: {tmp_path / 'ckpt.pt'} is truncated or corrupt")
 
 
@@ -241,7 +230,7 @@ def test_a_truncated_nanogpt_checkpoint_is_one_line(nanogpt_run: tuple[Path, GPT
 def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_run: tuple[Path, GPT], tmp_path: Path):
     out_dir, _ = nanogpt_run
     (tmp_path / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())
-    proc = run_sample("--ckpt", str(tmp_path / "ckpt.pt"))
+    proc = python("sample.py", *CPU, "--max_new_tokens", "2", "--ckpt", str(tmp_path / "ckpt.pt"))
     assert_one_line_error(
         proc,
         1,

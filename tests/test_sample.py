@@ -3,7 +3,6 @@ streams, the norm swap, the prompt sources, determinism, and one-line errors; an
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,12 +13,13 @@ import torch
 import sample
 from checkpoint import load_checkpoint
 from helpers import (
+    NO_DOWNLOADS,
     assert_one_line_error,
+    python,
     randomize_norms,
     save_model,
     save_with_payload,
     sharpen_logits,
-    subprocess_env,
     tiny_model,
 )
 from layernorm import TritonUnavailableError, make_norm
@@ -308,14 +308,7 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
 ) -> None:
     marker = tmp_path / "marker"
     save_with_payload(tmp_path / "ckpt.pt", load_checkpoint(out_dir / "ckpt.pt"), marker)  # a valid one, plus code
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(tmp_path), *CPU],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python("sample.py", "--out_dir", tmp_path, *CPU)
     assert not marker.exists()
     assert_one_line_error(
         proc,
@@ -330,24 +323,8 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
 @pytest.mark.slow
 def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir: Path, tmp_path: Path) -> None:
     # An empty cache, and downloads forced to fail even on a machine with internet access.
-    proxy = "http://127.0.0.1:9"
-    env = subprocess_env(
-        TIKTOKEN_CACHE_DIR=str(tmp_path / "empty"),
-        HTTPS_PROXY=proxy,
-        https_proxy=proxy,
-        HTTP_PROXY=proxy,
-        http_proxy=proxy,
-        NO_PROXY="",
-        no_proxy="",
-    )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(bpe_dir), *CPU],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    empty = str(tmp_path / "empty")
+    proc = python("sample.py", "--out_dir", bpe_dir, *CPU, TIKTOKEN_CACHE_DIR=empty, **NO_DOWNLOADS)
     err = assert_one_line_error(
         proc,
         1,

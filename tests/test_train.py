@@ -32,8 +32,8 @@ from helpers import (
     assert_one_line_error,
     make_dataset,
     needs_triton,
+    python,
     records,
-    run_cli,
     save_with_payload,
     tiny_args,
     train_cli,
@@ -88,7 +88,7 @@ def test_wrong_type_on_command_line(arg: str, needles: list[str]) -> None:
 @pytest.mark.slow
 def test_wrong_type_exits_2_with_one_line() -> None:
     """As a process: the exit status a shell sees, and one line on stderr, no traceback."""
-    assert_one_line_error(run_cli(["--compile=maybe"]), 2, "compile", "maybe", "bool")
+    assert_one_line_error(python("train.py", *["--compile=maybe"]), 2, "compile", "maybe", "bool")
 
 
 @pytest.mark.parametrize(
