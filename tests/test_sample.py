@@ -15,6 +15,7 @@ from checkpoint import load_checkpoint
 from helpers import (
     NO_DOWNLOADS,
     assert_one_line_error,
+    norm_params,
     python,
     randomize_norms,
     save_model,
@@ -22,7 +23,6 @@ from helpers import (
     sharpen_logits,
     tiny_model,
 )
-from layernorm import TritonUnavailableError, make_norm
 from model import GPT
 from tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
@@ -79,18 +79,10 @@ def test_default_prompt_is_a_newline(out_dir: Path) -> None:
     assert text.startswith("\n") and len(text) == 6
 
 
-def test_another_layernorm_gives_the_same_greedy_text(out_dir: Path) -> None:
-    builtin = greedy(out_dir)  # 60 new tokens: past block_size, through a cache refill
-    assert greedy(out_dir, "--norm", "custom") == builtin
-    assert greedy(out_dir, "--norm", "builtin") == builtin
-
-
-def test_triton_norm_gives_the_same_greedy_text(out_dir: Path) -> None:
-    try:
-        make_norm("triton", 8)(torch.randn(2, 8))
-    except TritonUnavailableError as e:
-        pytest.skip(f"triton can't run here: {str(e).splitlines()[0]}")
-    assert greedy(out_dir, "--norm", "triton", n=8) == greedy(out_dir, n=8)
+@pytest.mark.parametrize("norm", norm_params(["builtin", "custom", "triton"]))
+def test_every_layernorm_gives_the_same_greedy_text(out_dir: Path, norm: str) -> None:
+    n = 8 if norm == "triton" else 60  # 60 new tokens: past block_size, through a cache refill (Triton: interpreted)
+    assert greedy(out_dir, "--norm", norm, n=n) == greedy(out_dir, n=n)
 
 
 def test_without_the_kv_cache_the_greedy_text_is_the_same(out_dir: Path) -> None:
