@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 
 from data.common import UINT16_IDS, split_text
-from helpers import NO_DOWNLOADS, python
+from helpers import NO_DOWNLOADS, ROOT, python
 from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
-ROOT = Path(__file__).resolve().parents[1]
 CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
 BPE = ROOT / "data" / "shakespeare" / "prepare.py"
 BAD_URL = "file:///nonexistent-dir-for-tests/input.txt"  # a download that fails at once, offline or not

@@ -34,7 +34,6 @@ from layernorm import LAYERNORMS
 from model import GPT
 from tokenizer import GPT2_ENCODING, TiktokenTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 32  # nanogpt_model's
 CPU = ["--device", "cpu"]
 

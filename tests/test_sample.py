@@ -26,7 +26,6 @@ from helpers import (
 from model import GPT
 from tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
-ROOT = Path(__file__).resolve().parents[1]
 ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
 BLOCK = 32
 CPU = ["--device", "cpu"]
