@@ -64,30 +64,25 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("tiny_data"))
 
 
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[Path, dict]:
-    """One finished 12-iteration run of the tiny model on tiny_data, evaluated at 0, 5, 10, 12: (out_dir, summary).
-    Tests only read it: one that resumes it copies it first."""
-    import torch
-
-    import train
-    from helpers import tiny_args
-
-    out = tmp_path_factory.mktemp("trained") / "out"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    summary = train.main(tiny_args(tiny_data, out, "--max_iters=12", "--eval_interval=5"))
-    torch.set_num_threads(threads)
-    return out, summary
-
-
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def one_thread() -> Iterator[None]:
-    """Tests use tiny tensors: one torch thread is as fast, and far faster when other work shares the cores
-    (idle OpenMP threads spin-wait). Child processes the tests start keep torch's default."""
+    """Tests use tiny tensors: one torch thread is as fast, and far faster when other work shares the cores (idle
+    OpenMP threads spin-wait). For the whole session, so that module- and session-scoped fixtures run with it too;
+    the processes the tests start get OMP_NUM_THREADS=1 (helpers.subprocess_env)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[Path, dict]:
+    """One finished 12-iteration run of the tiny model on tiny_data, evaluated at 0, 5, 10, 12: (out_dir, summary).
+    Tests only read it: one that resumes it copies it first."""
+    import train
+    from helpers import tiny_args
+
+    out = tmp_path_factory.mktemp("trained") / "out"
+    return out, train.main(tiny_args(tiny_data, out, "--max_iters=12", "--eval_interval=5"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shlex
 import subprocess
 import sys
@@ -34,8 +35,9 @@ VOCAB = len(set(TEXT))  # 30
 # The tests' model: every test that needs a GPT starts from this one (replace() what a test is about).
 TINY = GPTConfig(block_size=16, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size")
+TINY_FLAGS = [f"--{name}={getattr(TINY, name)}" for name in MODEL_FLAGS]  # TINY as train.py's options
 TINY_TRAIN = [
-    *(f"--{name}={getattr(TINY, name)}" for name in MODEL_FLAGS),
+    *TINY_FLAGS,
     "--batch_size=4",
     "--eval_iters=2",
     "--log_interval=1",
@@ -155,18 +157,18 @@ def subprocess_env(drop: tuple[str, ...] = (), **extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **extra}
 
 
-def run_cli(
-    args: list[str], timeout: float = 120, drop: tuple[str, ...] = (), **env: str
+# Downloads forced to fail at once, even on a machine with internet access.
+NO_DOWNLOADS = {name: "http://127.0.0.1:9" for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")}
+NO_DOWNLOADS.update(NO_PROXY="", no_proxy="")
+
+
+def python(
+    *args: str | Path, cwd: Path = ROOT, timeout: float = 120, drop: tuple[str, ...] = (), **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """`python train.py ARGS` from the repository root."""
-    return subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        env=subprocess_env(drop, **env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`python ARGS` run by this suite's interpreter from `cwd`, its output captured."""
+    argv = [sys.executable, *map(str, args)]
+    env_ = subprocess_env(drop, **env)
+    return subprocess.run(argv, cwd=cwd, env=env_, capture_output=True, text=True, encoding="utf-8", timeout=timeout)
 
 
 class Run(NamedTuple):
@@ -266,3 +268,53 @@ def save_model(path: Path, model: GPT, tokenizer: dict) -> None:
         "rng": {},
     }
     save_checkpoint(path, checkpoint)
+
+
+# ---- nanoGPT's files, as its train.py and prepare.py write them ----
+
+CHARS = sorted(set("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))  # Tiny Shakespeare's
+
+
+def nanogpt_model(vocab_size: int, bias: bool, n_embd: int = 32) -> GPT:
+    """A random GPT in nanoGPT's shape (its GPT and this one share names and layout), TINY at block 32; norms and
+    embeddings moved off their init, so that every weight matters and the greedy choices are clear-cut."""
+    model = tiny_model(block_size=32, vocab_size=vocab_size, n_embd=n_embd, bias=bias)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".ln_" in name or "ln_f" in name or name.endswith(".bias"):
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return sharpen_logits(model)
+
+
+def save_nanogpt_checkpoint(out_dir: Path, model: GPT) -> Path:
+    """ckpt.pt as nanoGPT's train.py saves it from a compiled model (torch.compile's "_orig_mod." on every key),
+    with the "attn.bias" causal masks it registers where PyTorch has no flash attention."""
+    c = model.config
+    state = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
+    mask = torch.tril(torch.ones(c.block_size, c.block_size)).view(1, 1, c.block_size, c.block_size)
+    state.update({f"_orig_mod.transformer.h.{i}.attn.bias": mask for i in range(c.n_layer)})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.zeros(1, 4, dtype=torch.long))[0].sum().backward()
+    optimizer.step()  # a real optimizer state: tensors and step counts
+    model.zero_grad(set_to_none=True)
+    model_args = {k: getattr(c, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")}
+    checkpoint = {
+        "model": state,
+        "optimizer": optimizer.state_dict(),
+        "model_args": {**model_args, "dropout": 0.0},
+        "iter_num": 40,
+        "best_val_loss": torch.tensor(2.5),  # nanoGPT's estimate_loss returns tensors
+        "config": {"out_dir": out_dir.name, "dataset": "shakespeare_char", "compile": True, "learning_rate": 1e-3},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, out_dir / "ckpt.pt")
+    return out_dir / "ckpt.pt"
+
+
+def write_meta(path: Path, chars: list[str] = CHARS, protocol: int | None = None) -> Path:
+    """meta.pkl as nanoGPT's data/shakespeare_char/prepare.py writes it."""
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {ch: i for i, ch in enumerate(chars)}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(meta, protocol))
+    return path

@@ -14,11 +14,10 @@ import pytest
 import torch
 
 import batch_independence
-from helpers import TINY, TRITON_SKIP, Run, save_model
+from helpers import ROOT, TINY, TRITON_SKIP, Run, save_model
 from layernorm import TritonUnavailableError
 from model import GPT
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--device", "cpu", "--prompt_len", "6", "--new_tokens", "6"]  # on the CPU; a few steps are enough
 TRITON_ON_CPU = TRITON_SKIP is None and os.environ.get("TRITON_INTERPRET") == "1"  # the kernels take CPU tensors
 

@@ -7,17 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 import batch_invariant as bi
-from helpers import needs_triton, tiny_model
+from helpers import ROOT, needs_triton, tiny_model
 from model import GPT
 
-ROOT = Path(__file__).resolve().parents[1]
 PER_TOKEN_NORMS = ("custom", "builtin", "triton", "rmsnorm", "dyt")
 # TINY, and the size of configs/shakespeare_char.json, whose larger products are where stock kernels round a row
 # differently by its company (the mode's reason to exist)

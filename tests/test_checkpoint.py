@@ -10,13 +10,12 @@ import torch
 
 import checkpoint
 from checkpoint import FORMAT, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
-from helpers import save_with_payload
-from model import GPT, GPTConfig
+from helpers import TINY, save_with_payload, tiny_model
+from model import GPTConfig
 
 
 def _checkpoint(norm: str = "builtin") -> dict:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16, norm=norm))
+    model = tiny_model(norm)
     return {"format": FORMAT, "model": model.state_dict(), "model_args": asdict(model.config), "iter_num": 3}
 
 
@@ -116,7 +115,7 @@ def test_another_projects_file_is_refused(tmp_path):
         (lambda c: c.pop("model"), "KeyError: 'model'"),
         (lambda c: c.update(model_args="n_layer=1"), "TypeError"),
         (lambda c: c.update(model=[1, 2]), "AttributeError"),
-        (lambda c: c["model_args"].update(n_head=3), "ValueError: n_embd (16) must be divisible by n_head (3)"),
+        (lambda c: c["model_args"].update(n_head=3), "ValueError: n_embd (32) must be divisible by n_head (3)"),
     ],
     ids=["no-model_args", "no-model", "model_args-not-a-dict", "model-not-a-dict", "model_args-impossible"],
 )
@@ -138,7 +137,7 @@ def test_layernorm_checkpoint_runs_with_another_layernorm_but_not_rmsnorm():
 
 def test_weights_that_do_not_fit_are_reported():
     ckpt = _checkpoint()
-    ckpt["model_args"]["n_embd"] = 32
+    ckpt["model_args"]["n_embd"] = 2 * TINY.n_embd
     with pytest.raises(CheckpointError, match="do not fit"):
         model_from_checkpoint(ckpt)
 

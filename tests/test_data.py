@@ -7,7 +7,6 @@ anywhere), always with --out_dir in a temporary folder: the tests never write in
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,29 +15,12 @@ import numpy as np
 import pytest
 
 from data.common import UINT16_IDS, split_text
+from helpers import NO_DOWNLOADS, ROOT, python
 from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
-ROOT = Path(__file__).resolve().parents[1]
 CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
 BPE = ROOT / "data" / "shakespeare" / "prepare.py"
 BAD_URL = "file:///nonexistent-dir-for-tests/input.txt"  # a download that fails at once, offline or not
-
-
-def prepare(
-    script: Path,
-    *args: str | Path,
-    cwd: Path,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(script), *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
-    )
 
 
 def load_bin(path: Path) -> np.ndarray:
@@ -68,7 +50,7 @@ def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
 @pytest.mark.slow
 def test_char_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = prepare(CHAR, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
+    proc = python(CHAR, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "1,003,854" in proc.stdout and "111,540" in proc.stdout
 
@@ -88,7 +70,7 @@ def test_char_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -
 @pytest.mark.slow
 def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = prepare(BPE, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
+    proc = python(BPE, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
@@ -114,7 +96,7 @@ def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) ->
 def test_input_txt_in_out_dir_is_used(tmp_path: Path) -> None:
     text = "To be, or not to be: that is the question.\r\nWhether 'tis nobler — in the mind — to suffer.\n"
     write_bytes(tmp_path, "input.txt", text.encode("utf-8"))
-    proc = prepare(CHAR, "--out_dir", tmp_path, "--url", BAD_URL, cwd=tmp_path)
+    proc = python(CHAR, "--out_dir", tmp_path, "--url", BAD_URL, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     meta = json.loads((tmp_path / "meta.json").read_text(encoding="utf-8"))
     tok = tokenizer_from_meta(meta["tokenizer"])
@@ -127,7 +109,7 @@ def test_input_txt_in_out_dir_is_used(tmp_path: Path) -> None:
 def test_download_is_saved_as_input_txt(tmp_path: Path) -> None:
     source = write_bytes(tmp_path, "remote.txt", ("First Citizen:\nBefore we proceed any further.\n" * 5).encode())
     out = tmp_path / "out"
-    proc = prepare(CHAR, "--out_dir", out, "--url", source.as_uri(), cwd=tmp_path)
+    proc = python(CHAR, "--out_dir", out, "--url", source.as_uri(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (out / "input.txt").read_bytes() == source.read_bytes()
     assert (out / "meta.json").exists()
@@ -136,13 +118,13 @@ def test_download_is_saved_as_input_txt(tmp_path: Path) -> None:
 @pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
 def test_missing_input_and_failed_download_says_how_to_supply_it(script: Path, tmp_path: Path) -> None:
     out = tmp_path / "empty"
-    proc = prepare(script, "--out_dir", out, "--url", BAD_URL, cwd=tmp_path)
+    proc = python(script, "--out_dir", out, "--url", BAD_URL, cwd=tmp_path)
     assert_clean_error(proc, "no input text", BAD_URL, "--input path/to/tinyshakespeare.txt", "input.txt")
     assert not (out / "train.bin").exists()
 
 
 def test_missing_input_file(tmp_path: Path) -> None:
-    proc = prepare(CHAR, "--input", tmp_path / "nope.txt", "--out_dir", tmp_path, cwd=tmp_path)
+    proc = python(CHAR, "--input", tmp_path / "nope.txt", "--out_dir", tmp_path, cwd=tmp_path)
     assert_clean_error(proc, "nope.txt", "does not exist")
 
 
@@ -151,20 +133,20 @@ def test_missing_input_file(tmp_path: Path) -> None:
 
 def test_empty_file(tmp_path: Path) -> None:
     path = write_bytes(tmp_path, "empty.txt", b"")
-    proc = prepare(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
     assert_clean_error(proc, "empty.txt", "is empty")
 
 
 def test_binary_file_with_nul_bytes(tmp_path: Path) -> None:
     path = write_bytes(tmp_path, "model.bin", b"PK\x03\x04" + b"plain-looking text" * 10 + b"\x00\x01\x02")
-    proc = prepare(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
     assert_clean_error(proc, "model.bin", "binary", "byte offset 184")
 
 
 @pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
 def test_file_that_is_not_utf8(script: Path, tmp_path: Path) -> None:
     path = write_bytes(tmp_path, "latin1.txt", "Ceci est du français, mais en Latin-1.".encode("latin-1"))
-    proc = prepare(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    proc = python(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
     assert_clean_error(proc, "latin1.txt", "not UTF-8", "byte 0xe7 at byte offset 16")
 
 
@@ -182,7 +164,7 @@ def test_text_too_short_for_two_splits(
     if script == BPE:
         request.getfixturevalue("gpt2_bpe")  # skips where tiktoken cannot load GPT-2's ranks
     path = write_bytes(tmp_path, "short.txt", text.encode())
-    proc = prepare(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    proc = python(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
     assert_clean_error(proc, "short.txt", "too short", fragment, "at least 2", "block_size")
 
 
@@ -192,32 +174,25 @@ def test_char_vocabulary_too_large_for_uint16(tmp_path: Path) -> None:
     chars = [chr(i) for i in range(1, 0x12000) if not 0xD800 <= i <= 0xDFFF][:70_000]
     assert len(set(chars)) == 70_000 > UINT16_IDS
     path = write_bytes(tmp_path, "babel.txt", "".join(chars).encode("utf-8"))
-    proc = prepare(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
+    proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
     assert_clean_error(proc, "babel.txt", "70,000 distinct characters", "65,536", "np.uint16")
     # The same text is fine for BPE, whose ids never depend on the text.
-    proc = prepare(BPE, "--input", path, "--out_dir", tmp_path / "bpe", cwd=tmp_path)
+    proc = python(BPE, "--input", path, "--out_dir", tmp_path / "bpe", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_bpe_without_tiktoken_cache_mentions_tiktoken_cache_dir(tmp_path: Path) -> None:
     path = write_bytes(tmp_path, "text.txt", b"Some text that is long enough to split into two parts.\n" * 3)
     # An empty cache, and downloads forced to fail even on a machine with internet access.
-    env = {
-        **os.environ,
-        "TIKTOKEN_CACHE_DIR": str(tmp_path / "no-cache"),
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "HTTP_PROXY": "http://127.0.0.1:9",
-        "https_proxy": "http://127.0.0.1:9",
-        "http_proxy": "http://127.0.0.1:9",
-        "NO_PROXY": "",
-        "no_proxy": "",
-    }
-    proc = prepare(BPE, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path, env=env)
+    no_cache = str(tmp_path / "no-cache")
+    proc = python(
+        BPE, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path, TIKTOKEN_CACHE_DIR=no_cache, **NO_DOWNLOADS
+    )
     assert_clean_error(proc, "r50k_base", "TIKTOKEN_CACHE_DIR")
 
 
 def test_help_lists_options(tmp_path: Path) -> None:
-    proc = prepare(CHAR, "--help", cwd=tmp_path)
+    proc = python(CHAR, "--help", cwd=tmp_path)
     assert proc.returncode == 0
     assert "--input" in proc.stdout and "--out_dir" in proc.stdout and "--url" in proc.stdout
 

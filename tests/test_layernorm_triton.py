@@ -5,14 +5,13 @@ shapes stay small."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import layernorm
-from helpers import TRITON_SKIP
+from helpers import ROOT, TRITON_SKIP
 from layernorm import TritonUnavailableError, check_triton_device, make_norm
 
 if TRITON_SKIP is not None:
@@ -23,7 +22,6 @@ import layernorm_triton as lt  # noqa: E402
 
 layer_norm_triton = lt.layer_norm_triton
 
-ROOT = Path(__file__).resolve().parents[1]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 

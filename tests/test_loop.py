@@ -1,6 +1,6 @@
-"""train.py's loop against references written here: the learning-rate schedule against nanoGPT's formula, and
-the loop's arithmetic (gradient accumulation over micro-steps, gradient clipping, the logged loss, the evaluation's
-average) against a few lines of reference loop on a tiny model, iteration by iteration."""
+"""train.py's loop: the learning-rate schedule at its landmarks, and the loop's arithmetic (gradient accumulation
+over micro-steps, gradient clipping, the logged loss, the evaluation's average) against a few lines of reference
+loop on a tiny model, iteration by iteration."""
 
 from __future__ import annotations
 
@@ -17,20 +17,9 @@ from helpers import make_dataset, tiny_args
 from model import GPT
 from options import TrainConfig, build_config, parse_args
 from runlog import read_metrics
+from step import get_lr
 
 # ---- the schedule ----
-
-
-def nanogpt_lr(it: int, learning_rate: float, warmup_iters: int, lr_decay_iters: int, min_lr: float) -> float:
-    """nanoGPT's get_lr (train.py at commit 3adf61e), retyped; with decay_lr=False nanoGPT uses learning_rate."""
-    if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
-        return min_lr
-    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
-    return min_lr + coeff * (learning_rate - min_lr)
-
 
 SCHEDULES = {
     "defaults": {},
@@ -39,42 +28,30 @@ SCHEDULES = {
 }
 
 
-def chosen_iters(cfg: TrainConfig) -> list[int]:
-    """The first iterations, both edges of the warmup, the cosine at each quarter, both edges of the floor."""
-    w = cfg.warmup_iters
-    d = cfg.lr_decay_iters
-    quarters = [w + (d - w) * q // 4 for q in (1, 2, 3)]
-    return sorted({0, 1, 2, max(w - 1, 0), w, w + 1, *quarters, d - 1, d, d + 1, 10 * d})
-
-
-@pytest.mark.parametrize("name", SCHEDULES)
-def test_get_lr_is_nanogpts_schedule(name):
-    cfg = build_config(SCHEDULES[name])
-    for it in chosen_iters(cfg):
-        expected = nanogpt_lr(it, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
-        assert train.get_lr(it, cfg) == pytest.approx(expected, rel=1e-12, abs=0), (name, it)
-    constant = build_config({**SCHEDULES[name], "decay_lr": False})
-    assert {train.get_lr(it, constant) for it in chosen_iters(cfg)} == {constant.learning_rate}
-
-
 @pytest.mark.parametrize("name", SCHEDULES)
 def test_get_lr_landmarks(name):
-    """What the formula means, point by point: warmup from the first iteration (never 0), the peak where the
-    warmup ends, the mean of peak and floor halfway through the cosine, min_lr from lr_decay_iters on."""
+    """nanoGPT's schedule, point by point: warmup from the first iteration (never 0), the peak where the warmup
+    ends, the mean of peak and floor halfway through the cosine and (2 + sqrt 2) / 4 of the way down from the floor
+    a quarter through it (a straight line would give 3/4), min_lr from lr_decay_iters on; with decay_lr=False,
+    learning_rate throughout."""
     cfg = build_config(SCHEDULES[name])
     peak = cfg.learning_rate
     floor = cfg.min_lr
     w = cfg.warmup_iters
     d = cfg.lr_decay_iters
-    lr = [train.get_lr(it, cfg) for it in range(d + 3)]
+    lr = [get_lr(it, cfg) for it in range(d + 3)]
     if w:
         assert lr[0] == pytest.approx(peak / (w + 1)) and lr[w - 1] == pytest.approx(peak * w / (w + 1))
         assert all(a < b for a, b in zip(lr[:w], lr[1 : w + 1], strict=True))  # rising through the warmup
     assert lr[w] == pytest.approx(peak)
     if (d - w) % 2 == 0:
         assert lr[(w + d) // 2] == pytest.approx((peak + floor) / 2)
+    if (d - w) % 4 == 0:
+        assert lr[w + (d - w) // 4] == pytest.approx(floor + (peak - floor) * (2 + math.sqrt(2)) / 4)
     assert all(a > b for a, b in zip(lr[w:d], lr[w + 1 : d + 1], strict=True))  # falling through the cosine
     assert lr[d:] == pytest.approx([floor] * 3)
+    constant = build_config({**SCHEDULES[name], "decay_lr": False})
+    assert {get_lr(it, constant) for it in range(d + 3)} == {peak}
 
 
 # ---- the loop ----
@@ -168,7 +145,7 @@ def reference_loop(seen: dict, windows: Windows, cfg: TrainConfig) -> dict:
         ref["evals"].append(reference_eval(model, windows, cfg))
         if it == cfg.max_iters:
             break
-        lr = nanogpt_lr(it, cfg.learning_rate, cfg.warmup_iters, cfg.lr_decay_iters, cfg.min_lr)
+        lr = get_lr(it, cfg)  # the schedule itself: test_get_lr_landmarks
         for group in optimizer.param_groups:
             group["lr"] = lr
         starts = torch.randint(windows.num_starts("train"), (steps, cfg.batch_size), generator=data_gen)
@@ -194,12 +171,9 @@ def loop_and_reference(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
     data = make_dataset(tmp / "data")
     argv = tiny_args(data, tmp / "out", *LOOP_FLAGS, f"--grad_clip={request.param}")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as conftest's one_thread, which is set up per test, after this module's fixture
     seen = run_recorded(argv)
     cfg = build_config(parse_args(argv))
     ref = reference_loop(seen, Windows(data, cfg.block_size), cfg)
-    torch.set_num_threads(threads)
     return seen, ref, read_metrics(tmp / "out" / "metrics.jsonl"), cfg
 
 

@@ -19,11 +19,10 @@ from bench import common, decoding
 from checkpoint import load_checkpoint
 from data.common import run_prepare
 from device import peak_memory
-from helpers import TRITON_SKIP, make_dataset, tiny_args
+from helpers import ROOT, TRITON_SKIP, make_dataset, tiny_args
 from layernorm import TritonUnavailableError, check_triton_device
 from tokenizer import CharTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 CERT_ERROR = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate"
 
 

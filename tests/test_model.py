@@ -17,12 +17,8 @@ from layernorm import LAYERNORMS, NORMS, make_norm
 from model import GPT, GPTConfig
 
 
-def tiny(norm: str = "custom", seed: int = 0, **overrides: object) -> GPT:
-    return tiny_model(norm, seed, **overrides)
-
-
 def test_logits_shape_and_loss() -> None:
-    m = tiny()
+    m = tiny_model("custom")
     idx = torch.randint(TINY.vocab_size, (3, 7))
     targets = torch.randint(TINY.vocab_size, (3, 7))
     targets[0, :2] = -1  # ignored positions
@@ -39,8 +35,8 @@ def test_logits_shape_and_loss() -> None:
 def test_init_is_gpt2s() -> None:
     """GPT-2's init, as nanoGPT's: Linear weights and embeddings N(0, 0.02), the projections into the residual
     stream N(0, 0.02 / sqrt(2 n_layer)), biases 0, the norms weight 1 and bias 0."""
-    config = GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128)
-    m = GPT(config)
+    m = tiny_model(n_layer=4, n_embd=128, block_size=64, vocab_size=65)  # wider than TINY: enough weights for a std
+    config = m.config
     for name, p in m.named_parameters():
         if name.endswith("c_proj.weight"):
             assert p.std().item() == pytest.approx(0.02 / math.sqrt(2 * config.n_layer), rel=0.05), name
@@ -51,7 +47,7 @@ def test_init_is_gpt2s() -> None:
 
 
 def test_input_longer_than_block_size_is_an_error() -> None:
-    m = tiny()
+    m = tiny_model("custom")
     with pytest.raises(ValueError, match="block_size"):
         m(torch.zeros(1, TINY.block_size + 1, dtype=torch.long))
 
@@ -60,7 +56,7 @@ def test_input_longer_than_block_size_is_an_error() -> None:
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
 def test_causal_masking(norm: str, norm_position: str) -> None:
     """Changing the token at position t changes no logits before t, and does change those from t on."""
-    m = tiny(norm, norm_position=norm_position)
+    m = tiny_model(norm, norm_position=norm_position)
     randomize_norms(m)
     T = TINY.block_size
     idx = torch.randint(TINY.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
@@ -75,7 +71,7 @@ def test_causal_masking(norm: str, norm_position: str) -> None:
 
 def test_loss_goes_down_memorizing_a_sequence() -> None:
     torch.manual_seed(0)
-    m = tiny().train()
+    m = tiny_model("custom").train()
     seq = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5, 3] * 2)[: TINY.block_size + 1]
     x, y = seq[:-1][None], seq[1:][None]
     opt = m.configure_optimizers(weight_decay=0.1, learning_rate=1e-2, betas=(0.9, 0.95), device_type="cpu")
@@ -90,7 +86,7 @@ def test_loss_goes_down_memorizing_a_sequence() -> None:
 
 
 def test_weight_tying() -> None:
-    m = tiny()
+    m = tiny_model("custom")
     assert m.lm_head.weight is m.transformer.wte.weight
     # counted once
     n_unique = sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
@@ -104,7 +100,7 @@ def test_weight_tying() -> None:
 
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm", "batchnorm"])
 def test_no_weight_decay_on_norms_biases_embeddings(norm: str) -> None:
-    m = tiny(norm)
+    m = tiny_model(norm)
     opt = m.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")
     decay_of = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     params = dict(m.named_parameters())  # tied weights once
@@ -119,7 +115,7 @@ def test_no_weight_decay_on_norms_biases_embeddings(norm: str) -> None:
 @pytest.mark.parametrize("norm", NORMS)
 def test_every_norm_builds_and_runs(norm: str) -> None:
     skip_unless_runs(norm)
-    m = tiny(norm, n_layer=1, block_size=8)
+    m = tiny_model(norm, n_layer=1, block_size=8)
     logits, loss = m(torch.randint(TINY.vocab_size, (2, 8)), torch.randint(TINY.vocab_size, (2, 8)))
     assert logits.shape == (2, 8, TINY.vocab_size) and torch.isfinite(loss)
     assert type(m.transformer.ln_f) is type(make_norm(norm, TINY.n_embd))
@@ -169,7 +165,7 @@ def test_every_layernorm_gives_each_place_the_same_dtype_under_autocast(position
     Linear makes; the other two leave the cast to it."""
     idx = torch.randint(TINY.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     norms = [n for n in LAYERNORMS if n != "triton" or TRITON_SKIP is None]
-    seen = {norm: output_dtypes(tiny(norm, norm_position=position), idx) for norm in norms}
+    seen = {norm: output_dtypes(tiny_model(norm, norm_position=position), idx) for norm in norms}
     places = seen["custom"]
     assert [places[f"transformer.h.{i}"] for i in range(TINY.n_layer)] == [torch.float32] * TINY.n_layer
     fed = {p for p in places if position == "pre" and p.endswith(("ln_1", "ln_2", "ln_f"))}
@@ -184,7 +180,7 @@ def test_every_layernorm_gives_each_place_the_same_dtype_under_autocast(position
 @pytest.mark.parametrize("norm", [n for n in LAYERNORMS if n != "custom"])
 def test_state_dict_of_custom_loads_into_the_other_layernorms(norm: str) -> None:
     skip_unless_runs(norm)
-    src = tiny("custom")
+    src = tiny_model("custom")
     randomize_norms(src)
     idx = torch.randint(TINY.vocab_size, (2, TINY.block_size), generator=torch.Generator().manual_seed(3))
     dst = GPT(replace(TINY, norm=norm)).eval()
@@ -204,7 +200,7 @@ def test_pre_is_the_default_and_todays_model_exactly() -> None:
     as today's pre-norm formula, x + attn(ln_1(x)), x + mlp(ln_2(x)), ln_f, written out here."""
     assert GPTConfig.norm_position == "pre"
     idx = torch.randint(TINY.vocab_size, (2, TINY.block_size), generator=torch.Generator().manual_seed(0))
-    default, pre = tiny(), tiny(norm_position="pre")
+    default, pre = tiny_model("custom"), tiny_model("custom", norm_position="pre")
     assert list(pre.state_dict()) == list(default.state_dict())
     assert "transformer.ln_f.weight" in pre.state_dict()
     assert all(torch.equal(a, default.state_dict()[k]) for k, a in pre.state_dict().items())
@@ -224,7 +220,7 @@ def test_pre_is_the_default_and_todays_model_exactly() -> None:
 def test_an_old_checkpoint_without_norm_position_loads_as_pre() -> None:
     from checkpoint import FORMAT, model_from_checkpoint
 
-    src = tiny()
+    src = tiny_model("custom")
     randomize_norms(src)
     args = {k: v for k, v in vars(src.config).items() if k != "norm_position"}  # as saved before the option
     loaded = model_from_checkpoint({"format": FORMAT, "model": src.state_dict(), "model_args": args})
@@ -236,10 +232,10 @@ def test_an_old_checkpoint_without_norm_position_loads_as_pre() -> None:
 
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
 def test_post_norm_shapes_and_where_its_norms_sit(norm: str) -> None:
-    m = tiny(norm, norm_position="post")
+    m = tiny_model(norm, norm_position="post")
     assert isinstance(m.transformer.ln_f, nn.Identity)  # no final norm: the last block ends in one
     assert not [k for k in m.state_dict() if k.startswith("transformer.ln_f")]
-    pre_keys = set(tiny(norm).state_dict())
+    pre_keys = set(tiny_model(norm).state_dict())
     assert set(m.state_dict()) == {k for k in pre_keys if not k.startswith("transformer.ln_f")}
     idx, targets = torch.randint(TINY.vocab_size, (3, 7)), torch.randint(TINY.vocab_size, (3, 7))
     logits, loss = m(idx, targets)
@@ -249,14 +245,14 @@ def test_post_norm_shapes_and_where_its_norms_sit(norm: str) -> None:
         h = m.hidden_states(idx)
     assert h.shape == (3, 7, TINY.n_embd)
     torch.testing.assert_close(h.pow(2).mean(-1).sqrt(), torch.ones(3, 7), rtol=0, atol=1e-3)
-    pre = tiny(norm)
+    pre = tiny_model(norm)
     with torch.no_grad():
         assert not torch.allclose(m(idx)[0], pre(idx)[0])  # a different function from the same kind of weights
 
 
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
 def test_post_norm_kv_cache_decoding_agrees_with_uncached(norm: str) -> None:
-    m = tiny(norm, norm_position="post")
+    m = tiny_model(norm, norm_position="post")
     randomize_norms(m)
     prompt = torch.randint(TINY.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
     n_new = TINY.block_size - prompt.size(1)  # up to block_size the two paths compute the same thing
@@ -268,7 +264,7 @@ def test_post_norm_kv_cache_decoding_agrees_with_uncached(norm: str) -> None:
 
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
 def test_post_norm_is_batch_independent(norm: str) -> None:
-    m = tiny(norm, norm_position="post")
+    m = tiny_model(norm, norm_position="post")
     randomize_norms(m)
     batch = torch.randint(TINY.vocab_size, (4, TINY.block_size), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -294,7 +290,7 @@ def test_embed_scale_off_is_todays_model_and_on_scales_the_embeddings() -> None:
     """Off (the default): no new parameter, and the logits bit for bit today's formula. On: one learned scalar from
     sqrt(n_embd) times the embeddings, the rest of the model (same seed) unchanged, against float64; it learns."""
     idx = torch.randint(TINY.vocab_size, (2, TINY.block_size), generator=torch.Generator().manual_seed(0))
-    off, on = tiny("rmsnorm"), tiny("rmsnorm", embed_scale=True)
+    off, on = tiny_model("rmsnorm"), tiny_model("rmsnorm", embed_scale=True)
     assert off.embed_scale is None and set(on.state_dict()) - set(off.state_dict()) == {"embed_scale"}
     assert on.embed_scale.item() == pytest.approx(math.sqrt(TINY.n_embd))
     assert all(torch.equal(p, on.state_dict()[k]) for k, p in off.state_dict().items())
@@ -320,10 +316,10 @@ def test_embed_scale_off_is_todays_model_and_on_scales_the_embeddings() -> None:
 
 
 def test_norm_alpha_reaches_every_dyt_and_is_refused_elsewhere() -> None:
-    m = tiny("dyt", norm_alpha=0.5)
+    m = tiny_model("dyt", norm_alpha=0.5)
     alphas = [mod.alpha.item() for mod in m.modules() if hasattr(mod, "alpha")]
     assert alphas == [0.5] * (2 * TINY.n_layer + 1)
-    assert tiny("dyt").transformer.ln_f.alpha.item() == make_norm("dyt", TINY.n_embd).alpha.item()  # its recipe
+    assert tiny_model("dyt").transformer.ln_f.alpha.item() == make_norm("dyt", TINY.n_embd).alpha.item()  # its recipe
     for norm, alpha in (("custom", 0.5), ("dyt", 0.0)):
         with pytest.raises(ValueError, match="alpha"):
             GPTConfig(norm=norm, norm_alpha=alpha)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,71 +19,23 @@ import nanogpt
 import sample
 from bench import decoding
 from checkpoint import CheckpointError, load_checkpoint, load_resume_checkpoint
-from helpers import PAYLOADS, assert_one_line_error, norm_params, skip_unless_runs, subprocess_env
+from helpers import (
+    CHARS,
+    PAYLOADS,
+    assert_one_line_error,
+    nanogpt_model,
+    norm_params,
+    python,
+    save_nanogpt_checkpoint,
+    skip_unless_runs,
+    write_meta,
+)
 from layernorm import LAYERNORMS
-from model import GPT, GPTConfig
+from model import GPT
 from tokenizer import GPT2_ENCODING, TiktokenTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-CHARS = sorted(set("\n !',-.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
-BLOCK = 32
+BLOCK = 32  # nanogpt_model's
 CPU = ["--device", "cpu"]
-
-
-def nanogpt_model(vocab_size: int, bias: bool, n_embd: int = 32) -> GPT:
-    """A random GPT in nanoGPT's shape (its GPT and this one share names and layout); norms and embeddings moved
-    off their init, so that every weight matters and the greedy choices are clear-cut."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=n_embd, bias=bias))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".ln_" in name or "ln_f" in name or name.endswith(".bias"):
-                p.add_(0.3 * torch.randn(p.shape, generator=g))
-            elif name.endswith("wte.weight"):
-                p.mul_(5)
-    return model.eval()
-
-
-def save_nanogpt_checkpoint(out_dir: Path, model: GPT) -> Path:
-    """ckpt.pt as nanoGPT's train.py saves it from a compiled model (torch.compile's "_orig_mod." on every key),
-    with the "attn.bias" causal masks it registers where PyTorch has no flash attention."""
-    c = model.config
-    state = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
-    mask = torch.tril(torch.ones(c.block_size, c.block_size)).view(1, 1, c.block_size, c.block_size)
-    state.update({f"_orig_mod.transformer.h.{i}.attn.bias": mask for i in range(c.n_layer)})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.zeros(1, 4, dtype=torch.long))[0].sum().backward()
-    optimizer.step()  # a real optimizer state: tensors and step counts
-    model.zero_grad(set_to_none=True)
-    checkpoint = {
-        "model": state,
-        "optimizer": optimizer.state_dict(),
-        "model_args": dict(
-            n_layer=c.n_layer,
-            n_head=c.n_head,
-            n_embd=c.n_embd,
-            block_size=c.block_size,
-            bias=c.bias,
-            vocab_size=c.vocab_size,
-            dropout=0.0,
-        ),
-        "iter_num": 40,
-        "best_val_loss": torch.tensor(2.5),  # nanoGPT's estimate_loss returns tensors
-        "config": {"out_dir": out_dir.name, "dataset": "shakespeare_char", "compile": True, "learning_rate": 1e-3},
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint, out_dir / "ckpt.pt")
-    return out_dir / "ckpt.pt"
-
-
-def write_meta(path: Path, chars: list[str] = CHARS, protocol: int | None = None) -> Path:
-    """meta.pkl as nanoGPT's data/shakespeare_char/prepare.py writes it."""
-    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": {ch: i for i, ch in enumerate(chars)}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        pickle.dump(meta, f, protocol)
-    return path
 
 
 @torch.no_grad()
@@ -223,17 +173,6 @@ def test_bench_decoding_on_a_nanogpt_checkpoint(nanogpt_run: tuple[Path, GPT], f
 # --- bad input: one line, and no pickled code runs -----------------------------------------------------------------
 
 
-def run_sample(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), *CPU, "--max_new_tokens", "2", *args],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.slow  # a sample.py process
 @pytest.mark.parametrize("payload", list(PAYLOADS))
 def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
@@ -246,7 +185,9 @@ def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
     pickle.loads((tmp_path / "meta.pkl").read_bytes())  # the payload is live: read as nanoGPT's sample.py reads it,
     assert marker.exists()  # it runs
     marker.unlink()
-    proc = run_sample("--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl"))
+    proc = python(
+        "sample.py", *CPU, "--max_new_tokens", "2", "--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl")
+    )
     assert not marker.exists()
     assert_one_line_error(proc, 1, f"error: {tmp_path / 'meta.pkl'} holds more than the dicts", "nothing in it ran")
     assert proc.stdout == ""
@@ -280,7 +221,7 @@ def test_a_truncated_nanogpt_checkpoint_is_one_line(nanogpt_run: tuple[Path, GPT
     out_dir, _ = nanogpt_run
     data = (out_dir / "ckpt.pt").read_bytes()
     (tmp_path / "ckpt.pt").write_bytes(data[: len(data) // 2])
-    proc = run_sample("--ckpt", str(tmp_path / "ckpt.pt"))
+    proc = python("sample.py", *CPU, "--max_new_tokens", "2", "--ckpt", str(tmp_path / "ckpt.pt"))
     assert_one_line_error(proc, 1, f"error: {tmp_path / 'ckpt.pt'} is truncated or corrupt")
 
 
@@ -288,7 +229,7 @@ def test_a_truncated_nanogpt_checkpoint_is_one_line(nanogpt_run: tuple[Path, GPT
 def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_run: tuple[Path, GPT], tmp_path: Path):
     out_dir, _ = nanogpt_run
     (tmp_path / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())
-    proc = run_sample("--ckpt", str(tmp_path / "ckpt.pt"))
+    proc = python("sample.py", *CPU, "--max_new_tokens", "2", "--ckpt", str(tmp_path / "ckpt.pt"))
     assert_one_line_error(
         proc,
         1,

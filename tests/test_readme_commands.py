@@ -20,21 +20,26 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from test_nanogpt import CHARS, nanogpt_model, save_nanogpt_checkpoint, write_meta
 
-from helpers import ROOT, TRITON_SKIP, subprocess_env
+from helpers import (
+    CHARS,
+    ROOT,
+    TINY_FLAGS,
+    TRITON_SKIP,
+    nanogpt_model,
+    save_nanogpt_checkpoint,
+    subprocess_env,
+    write_meta,
+)
 
 # The README first, then the chapters in reading order: the order their commands run in.
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXT = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
 README = TEXT[ROOT / "README.md"]
 QUICKSTART_CKPT = Path("out-shakespeare-char-cpu") / "ckpt.pt"
-# A small model and a short run: what every train.py command of the README gets appended.
+# The tests' tiny model and a short run: what every train.py command of the README gets appended.
 TINY_TRAIN = [
-    "--n_layer=1",
-    "--n_head=2",
-    "--n_embd=16",
-    "--block_size=16",
+    *TINY_FLAGS,
     "--batch_size=2",
     "--max_iters=2",
     "--eval_iters=1",
@@ -45,7 +50,7 @@ TINY_TRAIN = [
     "--device=cpu",
     "--dropout=0.0",
 ]
-TINY = {
+SIZE_FLAGS = {
     "train.py": TINY_TRAIN,
     "sample.py": ["--max_new_tokens=5", "--device=cpu"],
     "batch_independence.py": ["--prompt_len=2", "--new_tokens=2", "--device=cpu"],
@@ -101,7 +106,7 @@ def python_argv(command: str) -> list[str] | None:
     words = split_env(command)[1]
     if words[0] not in ("python", "python3"):
         return None
-    return words[1:] + TINY.get(script_of(command), [])
+    return words[1:] + SIZE_FLAGS.get(script_of(command), [])
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +193,7 @@ def run_alone(command: str, cwd: Path) -> Result:
     words = split_env(command)[1]
     if words[0] == "torchrun":
         words[:1] = [sys.executable, "-m", "torch.distributed.run"]
-    words += TINY.get(script_of(command), [])
+    words += SIZE_FLAGS.get(script_of(command), [])
     proc = subprocess.run(words, cwd=cwd, env=environment(command), capture_output=True, text=True, timeout=300)
     return Result(command, proc.returncode, proc.stderr, sha256(cwd / QUICKSTART_CKPT))
 

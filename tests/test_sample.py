@@ -3,7 +3,6 @@ streams, the norm swap, the prompt sources, determinism, and one-line errors; an
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,19 +13,19 @@ import torch
 import sample
 from checkpoint import load_checkpoint
 from helpers import (
+    NO_DOWNLOADS,
     assert_one_line_error,
+    norm_params,
+    python,
     randomize_norms,
     save_model,
     save_with_payload,
     sharpen_logits,
-    subprocess_env,
     tiny_model,
 )
-from layernorm import TritonUnavailableError, make_norm
 from model import GPT
 from tokenizer import TiktokenTokenizer, tokenizer_from_meta
 
-ROOT = Path(__file__).resolve().parents[1]
 ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
 BLOCK = 32
 CPU = ["--device", "cpu"]
@@ -79,18 +78,10 @@ def test_default_prompt_is_a_newline(out_dir: Path) -> None:
     assert text.startswith("\n") and len(text) == 6
 
 
-def test_another_layernorm_gives_the_same_greedy_text(out_dir: Path) -> None:
-    builtin = greedy(out_dir)  # 60 new tokens: past block_size, through a cache refill
-    assert greedy(out_dir, "--norm", "custom") == builtin
-    assert greedy(out_dir, "--norm", "builtin") == builtin
-
-
-def test_triton_norm_gives_the_same_greedy_text(out_dir: Path) -> None:
-    try:
-        make_norm("triton", 8)(torch.randn(2, 8))
-    except TritonUnavailableError as e:
-        pytest.skip(f"triton can't run here: {str(e).splitlines()[0]}")
-    assert greedy(out_dir, "--norm", "triton", n=8) == greedy(out_dir, n=8)
+@pytest.mark.parametrize("norm", norm_params(["builtin", "custom", "triton"]))
+def test_every_layernorm_gives_the_same_greedy_text(out_dir: Path, norm: str) -> None:
+    n = 8 if norm == "triton" else 60  # 60 new tokens: past block_size, through a cache refill (Triton: interpreted)
+    assert greedy(out_dir, "--norm", norm, n=n) == greedy(out_dir, n=n)
 
 
 def test_without_the_kv_cache_the_greedy_text_is_the_same(out_dir: Path) -> None:
@@ -308,14 +299,7 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
 ) -> None:
     marker = tmp_path / "marker"
     save_with_payload(tmp_path / "ckpt.pt", load_checkpoint(out_dir / "ckpt.pt"), marker)  # a valid one, plus code
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(tmp_path), *CPU],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python("sample.py", "--out_dir", tmp_path, *CPU)
     assert not marker.exists()
     assert_one_line_error(
         proc,
@@ -330,24 +314,8 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
 @pytest.mark.slow
 def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir: Path, tmp_path: Path) -> None:
     # An empty cache, and downloads forced to fail even on a machine with internet access.
-    proxy = "http://127.0.0.1:9"
-    env = subprocess_env(
-        TIKTOKEN_CACHE_DIR=str(tmp_path / "empty"),
-        HTTPS_PROXY=proxy,
-        https_proxy=proxy,
-        HTTP_PROXY=proxy,
-        http_proxy=proxy,
-        NO_PROXY="",
-        no_proxy="",
-    )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), "--out_dir", str(bpe_dir), *CPU],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    empty = str(tmp_path / "empty")
+    proc = python("sample.py", "--out_dir", bpe_dir, *CPU, TIKTOKEN_CACHE_DIR=empty, **NO_DOWNLOADS)
     err = assert_one_line_error(
         proc,
         1,

@@ -32,21 +32,13 @@ from helpers import (
     assert_one_line_error,
     make_dataset,
     needs_triton,
+    python,
     records,
-    run_cli,
     save_with_payload,
     tiny_args,
     train_cli,
     train_losses,
 )
-
-# ---- fixtures ----
-
-
-@pytest.fixture
-def data_dir(tiny_data: Path) -> Path:
-    return tiny_data  # read only: every run here writes to its own out_dir
-
 
 # ---- options ----
 
@@ -96,7 +88,7 @@ def test_wrong_type_on_command_line(arg: str, needles: list[str]) -> None:
 @pytest.mark.slow
 def test_wrong_type_exits_2_with_one_line() -> None:
     """As a process: the exit status a shell sees, and one line on stderr, no traceback."""
-    assert_one_line_error(run_cli(["--compile=maybe"]), 2, "compile", "maybe", "bool")
+    assert_one_line_error(python("train.py", *["--compile=maybe"]), 2, "compile", "maybe", "bool")
 
 
 @pytest.mark.parametrize(
@@ -208,7 +200,7 @@ def test_launch_options_it_cannot_serve_are_one_line_errors(
 
 
 def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
-    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The capture is a CUDA call; here it is replaced by a recorder that returns a wrapper, so the plumbing
     around it (what is captured, with which static inputs, and that eval and sampling use the plain model) is
@@ -224,7 +216,7 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
     cfg = options.build_config(
-        options.parse_args(tiny_args(data_dir, tmp_path / "out", "--max_iters=3", "--gradient_accumulation_steps=2"))
+        options.parse_args(tiny_args(tiny_data, tmp_path / "out", "--max_iters=3", "--gradient_accumulation_steps=2"))
     )
     cfg = dataclasses.replace(cfg, cuda_graphs=True)  # (on the command line it is refused on a CPU)
     checkpoint.make_out_dir(cfg.out_dir)
@@ -236,29 +228,29 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
     assert all(p.grad is not None and not p.grad.any() for p in module.parameters())
 
 
-def test_compile_mode_reaches_torch_compile(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_mode_reaches_torch_compile(tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     modes = []
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
-    train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=1", "--compile=True", "--compile_mode=max-autotune"))
+    train.main(tiny_args(tiny_data, tmp_path / "out", "--max_iters=1", "--compile=True", "--compile_mode=max-autotune"))
     assert modes == ["max-autotune"]
 
 
 def test_out_dir_that_is_a_file_is_a_one_line_error(
-    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "taken").write_text("not a folder")
-    proc = train_cli(capsys, tiny_args(data_dir, tmp_path / "taken", "--max_iters=1"))
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "taken", "--max_iters=1"))
     assert_one_line_error(proc, 1, f"error: out_dir '{tmp_path / 'taken'}' is a file, not a folder")
     assert (tmp_path / "taken").read_text() == "not a folder"
 
 
 def test_out_dir_that_cannot_be_created_is_a_one_line_error(
-    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    proc = train_cli(capsys, tiny_args(data_dir, Path("/proc/x"), "--max_iters=1"))
+    proc = train_cli(capsys, tiny_args(tiny_data, Path("/proc/x"), "--max_iters=1"))
     assert_one_line_error(proc, 1, "error: out_dir '/proc/x' cannot be created (No such file or directory)")
     (tmp_path / "file").write_text("")
-    proc = train_cli(capsys, tiny_args(data_dir, tmp_path / "file" / "out", "--max_iters=1"))
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "file" / "out", "--max_iters=1"))
     assert_one_line_error(proc, 1, "cannot be created (Not a directory)")
 
 
@@ -297,10 +289,10 @@ def test_data_shorter_than_a_block_is_refused(tmp_path: Path) -> None:
 # ---- training ----
 
 
-def test_loss_goes_down(tmp_path: Path, data_dir: Path) -> None:
+def test_loss_goes_down(tmp_path: Path, tiny_data: Path) -> None:
     summary = train.main(
         tiny_args(
-            data_dir,
+            tiny_data,
             tmp_path / "out",
             "--max_iters=40",
             "--eval_interval=40",
@@ -362,9 +354,9 @@ def test_resume_continues_the_run(trained: tuple[Path, dict], tmp_path: Path) ->
     assert load_checkpoint(resumed / "ckpt.pt")["iter_num"] == 15
 
 
-def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_loss(tmp_path: Path, data_dir: Path):
+def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_loss(tmp_path: Path, tiny_data: Path):
     out = tmp_path / "run"
-    train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--always_save_checkpoint=False"))
+    train.main(tiny_args(tiny_data, out, "--max_iters=6", "--eval_interval=3", "--always_save_checkpoint=False"))
     best, saved = math.inf, None
     for r in records(out, "eval"):  # saved: the last iteration after 0 whose val loss was a new best
         if r["val_loss"] < best:
@@ -379,9 +371,9 @@ def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_l
 
 
 @pytest.mark.parametrize("norm", ["builtin", "custom", "rmsnorm", "batchnorm", "none"])
-def test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run(tmp_path: Path, data_dir: Path, norm: str) -> None:
+def test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run(tmp_path: Path, tiny_data: Path, norm: str) -> None:
     # dropout > 0 so that the torch RNG state matters too, not only the data stream
-    args = [*tiny_args(data_dir, tmp_path / "x"), f"--norm={norm}", "--dropout=0.1", "--eval_interval=4"]
+    args = [*tiny_args(tiny_data, tmp_path / "x"), f"--norm={norm}", "--dropout=0.1", "--eval_interval=4"]
     whole = train.main(args + [f"--out_dir={tmp_path / 'whole'}", "--max_iters=10"])
     train.main(args + [f"--out_dir={tmp_path / 'cut'}", "--max_iters=6"])
     # No other option: the norm, the dropout and the rest come from the checkpoint.
@@ -394,8 +386,8 @@ def test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run(tmp_path: Pa
     assert summary["final_val_loss"] == whole["final_val_loss"] and math.isfinite(whole["final_val_loss"])
 
 
-def test_post_norm_trains_and_resumes_as_post(tmp_path: Path, data_dir: Path) -> None:
-    args = [*tiny_args(data_dir, tmp_path / "x"), "--norm_position=post", "--eval_interval=4"]
+def test_post_norm_trains_and_resumes_as_post(tmp_path: Path, tiny_data: Path) -> None:
+    args = [*tiny_args(tiny_data, tmp_path / "x"), "--norm_position=post", "--eval_interval=4"]
     whole = train.main(args + [f"--out_dir={tmp_path / 'whole'}", "--max_iters=10"])
     train.main(args + [f"--out_dir={tmp_path / 'cut'}", "--max_iters=6"])
     ckpt = load_checkpoint(tmp_path / "cut" / "ckpt.pt")
@@ -407,8 +399,8 @@ def test_post_norm_trains_and_resumes_as_post(tmp_path: Path, data_dir: Path) ->
     assert summary["final_val_loss"] == whole["final_val_loss"] and math.isfinite(whole["final_val_loss"])
 
 
-def test_an_old_checkpoint_without_norm_position_resumes_as_pre(tmp_path: Path, data_dir: Path) -> None:
-    train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=4"))
+def test_an_old_checkpoint_without_norm_position_resumes_as_pre(tmp_path: Path, tiny_data: Path) -> None:
+    train.main(tiny_args(tiny_data, tmp_path / "run", "--max_iters=4"))
     ckpt = load_checkpoint(tmp_path / "run" / "ckpt.pt")
     del ckpt["model_args"]["norm_position"], ckpt["config"]["norm_position"]  # as written before the option
     torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
@@ -419,9 +411,9 @@ def test_an_old_checkpoint_without_norm_position_resumes_as_pre(tmp_path: Path, 
     assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["model_args"]["norm_position"] == "pre"
 
 
-def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, data_dir: Path) -> None:
-    often = train.main(tiny_args(data_dir, tmp_path / "often", "--max_iters=6", "--eval_interval=1"))
-    rarely = train.main(tiny_args(data_dir, tmp_path / "rarely", "--max_iters=6", "--eval_interval=100"))
+def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, tiny_data: Path) -> None:
+    often = train.main(tiny_args(tiny_data, tmp_path / "often", "--max_iters=6", "--eval_interval=1"))
+    rarely = train.main(tiny_args(tiny_data, tmp_path / "rarely", "--max_iters=6", "--eval_interval=100"))
     assert train_losses(tmp_path / "often") == train_losses(tmp_path / "rarely")
     assert often["final_val_loss"] == rarely["final_val_loss"]
     # The same batches at every evaluation: re-evaluating the same weights gives the same numbers.
@@ -444,8 +436,8 @@ def test_prepare_script_then_train(tmp_path: Path, shakespeare_path: Path) -> No
     assert summary["iters"] == 3 and math.isfinite(summary["final_val_loss"])
 
 
-def test_sample_at_end_prints_text(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    train.main(tiny_args(data_dir, tmp_path / "out", "--max_iters=2", "--sample_at_end=True", "--sample_tokens=30"))
+def test_sample_at_end_prints_text(tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train.main(tiny_args(tiny_data, tmp_path / "out", "--max_iters=2", "--sample_at_end=True", "--sample_tokens=30"))
     out = capsys.readouterr().out
     sample = out.split("--- sample (30 tokens")[1].split("\n", 1)[1]
     assert len(sample) >= 30 and set(sample) <= set(TEXT)
@@ -522,10 +514,10 @@ def test_checkpoint_with_another_vocabulary(trained: tuple[Path, dict], tmp_path
     assert f"vocab_size: {VOCAB} -> 18" in str(e.value) and "tokenizer" in str(e.value)
 
 
-def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, data_dir: Path) -> None:
+def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
     summary = train.main(
         tiny_args(
-            data_dir,
+            tiny_data,
             tmp_path / "out",
             "--max_iters=1000000",
             "--eval_interval=1000000",

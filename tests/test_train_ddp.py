@@ -23,29 +23,22 @@ from helpers import ROOT, make_dataset, records, subprocess_env, tiny_args, trai
 from options import ConfigError
 
 
+def torchrun(args: list[str]) -> subprocess.Popen[str]:
+    """`torchrun --standalone --nproc_per_node=2 train.py ARGS` with this suite's interpreter, started."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args]
+    pipe = subprocess.PIPE
+    return subprocess.Popen(argv, cwd=ROOT, env=subprocess_env(), stdout=pipe, stderr=pipe, text=True)
+
+
 @pytest.mark.slow
 def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "data")
     args = ["--gradient_accumulation_steps=4", "--max_iters=4", "--eval_interval=2", "--dropout=0.0"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "train.py",
-            *tiny_args(data, tmp_path / "ddp", *args),
-        ],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "processes=2" in proc.stdout
-    assert proc.stdout.count("iter 3: loss") == 1  # only rank 0 prints
+    proc = torchrun(tiny_args(data, tmp_path / "ddp", *args))
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    assert "processes=2" in stdout
+    assert stdout.count("iter 3: loss") == 1  # only rank 0 prints
     single = train.main(tiny_args(data, tmp_path / "one", *args))
 
     ddp_losses, one_losses = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "one")
@@ -78,10 +71,6 @@ def test_accumulation_steps_must_divide_among_processes(monkeypatch: pytest.Monk
     assert "gradient_accumulation_steps=3" in str(e.value) and "processes (2)" in str(e.value)
 
 
-def torchrun(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args]
-
-
 @pytest.mark.slow
 def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_uninterrupted_losses(
     tmp_path: Path,
@@ -92,14 +81,7 @@ def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_
     data = make_dataset(tmp_path / "data")
     args = ["--gradient_accumulation_steps=2", "--dropout=0.2", "--eval_interval=1000000"]
     out = tmp_path / "cut"
-    proc = subprocess.Popen(
-        torchrun(tiny_args(data, out, *args, "--max_iters=1000000", "--log_interval=1000000")),
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = torchrun(tiny_args(data, out, *args, "--max_iters=1000000", "--log_interval=1000000"))
     wait_for(lambda: bool(records_if_any(out, "eval")), proc, timeout=180)
     time.sleep(0.5)  # into training
     rank1 = next(pid for pid in children(proc.pid) if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())
@@ -115,15 +97,9 @@ def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_
 
     end = it + 3
     for out_dir, extra in ((out, ["--init_from=resume"]), (tmp_path / "whole", [])):
-        done = subprocess.run(
-            torchrun(tiny_args(data, out_dir, *args, f"--max_iters={end}", "--log_interval=1", *extra)),
-            cwd=ROOT,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        done = torchrun(tiny_args(data, out_dir, *args, f"--max_iters={end}", "--log_interval=1", *extra))
+        stdout, stderr = done.communicate(timeout=240)
+        assert done.returncode == 0, stdout[-2000:] + stderr[-3000:]
     whole, cut = train_losses(tmp_path / "whole"), train_losses(out)
     assert sorted(whole) == list(range(end)) and sorted(cut) == [0, *range(it, end)]
     assert [cut[i] for i in range(it, end)] == [whole[i] for i in range(it, end)]

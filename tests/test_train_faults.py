@@ -27,23 +27,18 @@ from helpers import (
     start,
     tiny_args,
     train_cli,
+    train_losses,
     wait_for,
 )
-from helpers import train_losses as losses
-
-
-@pytest.fixture
-def data_dir(tiny_data: Path) -> Path:
-    return tiny_data  # read only
 
 
 # dropout > 0: the dropout masks draw from the torch RNG, whose state must come back from the checkpoint too.
 # (Every norm's exact resume: test_train.py::test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run.)
 @pytest.mark.slow
 def test_kill_9_then_resume_continues_the_same_run(
-    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = tiny_args(data_dir, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", "--dropout=0.1")
+    args = tiny_args(tiny_data, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", "--dropout=0.1")
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: (tmp_path / "run" / "ckpt.pt").exists(), proc)
     wait_for(lambda: n_train_records(tmp_path / "run") >= 15, proc)  # well past the checkpoint, mid-run
@@ -58,7 +53,7 @@ def test_kill_9_then_resume_continues_the_same_run(
     assert f"resuming {tmp_path / 'run' / 'ckpt.pt'} at iteration {k}" in resumed.stdout
     train.main(
         tiny_args(
-            data_dir,
+            tiny_data,
             tmp_path / "whole",
             "--eval_interval=10",
             "--lr_decay_iters=200",
@@ -66,11 +61,11 @@ def test_kill_9_then_resume_continues_the_same_run(
             f"--max_iters={n}",
         )
     )
-    whole = losses(tmp_path / "whole")
+    whole = train_losses(tmp_path / "whole")
     assert sorted(whole) == list(range(n))
     # metrics.jsonl of the killed-and-resumed run reads as one run: the killed tail was replaced.
     assert [r["iter"] for r in records(tmp_path / "run", "train")] == list(range(n))
-    assert losses(tmp_path / "run") == whole
+    assert train_losses(tmp_path / "run") == whole
 
 
 def run_printed_command(capsys: pytest.CaptureFixture[str], command: str, *extra: str) -> str:
@@ -95,13 +90,13 @@ def run_printed_command(capsys: pytest.CaptureFixture[str], command: str, *extra
     ids=["ctrl-c", "ctrl-c-best-only", "sigterm"],
 )
 def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
-    tmp_path: Path, data_dir: Path, sig: signal.Signals, always_save: bool, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_data: Path, sig: signal.Signals, always_save: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
     run with exactly the losses of an uninterrupted one."""
     out = tmp_path / "run"
     args = tiny_args(
-        data_dir,
+        tiny_data,
         out,
         "--eval_interval=1000",
         "--lr_decay_iters=200",
@@ -127,7 +122,7 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed
     train.main(
         tiny_args(
-            data_dir,
+            tiny_data,
             tmp_path / "whole",
             "--eval_interval=1000",
             "--lr_decay_iters=200",
@@ -135,16 +130,16 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
             f"--max_iters={n}",
         )
     )
-    assert sorted(losses(tmp_path / "whole")) == list(range(n))
-    assert losses(out) == losses(tmp_path / "whole")
+    assert sorted(train_losses(tmp_path / "whole")) == list(range(n))
+    assert train_losses(out) == train_losses(tmp_path / "whole")
 
 
 @pytest.mark.parametrize("factor", ["nan", "inf"])
 def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_checkpoint(
-    tmp_path: Path, data_dir: Path, factor: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_data: Path, factor: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "run"
-    args = tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=5", "--log_interval=5")
+    args = tiny_args(tiny_data, out, "--max_iters=30", "--eval_interval=5", "--log_interval=5")
     with monkeypatch.context() as patch:
         diverge_at(patch, 13, float(factor))
         proc = train_cli(capsys, args)
@@ -158,14 +153,14 @@ def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_ch
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert math.isfinite(ckpt["best_val_loss"])
     # the run can go on from it
-    resumed = train_cli(capsys, tiny_args(data_dir, out, "--max_iters=12", "--eval_interval=5", "--init_from=resume"))
+    resumed = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=12", "--eval_interval=5", "--init_from=resume"))
     assert resumed.returncode == 0, resumed.stderr
 
 
 def test_a_nan_before_the_first_checkpoint_says_none_was_written(
-    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     diverge_at(monkeypatch, 2, math.nan)
-    proc = train_cli(capsys, tiny_args(data_dir, tmp_path / "run", "--max_iters=30", "--eval_interval=10"))
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "run", "--max_iters=30", "--eval_interval=10"))
     assert_one_line_error(proc, 1, "loss is nan at iteration 2", "no checkpoint had been written by this run")
     assert not (tmp_path / "run" / "ckpt.pt").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_one_line_error, make_dataset, run_cli, tiny_args, train_cli, train_losses
+from helpers import assert_one_line_error, make_dataset, python, tiny_args, train_cli, train_losses
 
 
 def wandb_log_records(path: Path) -> Iterator[bytes]:
@@ -78,8 +78,9 @@ def test_offline_run_records_loss_and_config(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     data = make_dataset(tmp_path / "data")
     out = tmp_path / "out"
-    proc = run_cli(
-        tiny_args(
+    proc = python(
+        "train.py",
+        *tiny_args(
             data,
             out,
             "--max_iters=4",
@@ -116,6 +117,8 @@ def test_without_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: 
         (shim / name).mkdir(parents=True)
         (shim / name / "__init__.py").write_text(f'raise ImportError("No module named {name!r} (test shim)")\n')
     # not asking for it needs no wandb (nor tiktoken nor triton, for a character-level builtin-norm run)
-    plain = run_cli(tiny_args(data, tmp_path / "b", "--max_iters=2", "--sample_at_end=True"), PYTHONPATH=str(shim))
+    plain = python(
+        "train.py", *tiny_args(data, tmp_path / "b", "--max_iters=2", "--sample_at_end=True"), PYTHONPATH=str(shim)
+    )
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert "--- sample" in plain.stdout
