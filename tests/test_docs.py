@@ -13,10 +13,17 @@ import pytest
 from helpers import ROOT
 
 RESULTS = ROOT / "docs" / "05-results.md"
-CHAPTERS_WITH_SOURCES = ["01-layernorm.md", "03-batch-independence.md", "04-why-layernorm.md", "05-results.md"]
-CHAPTERS_WITH_SOURCES += ["06-running.md"]
+# docs/02 has a test of its own, for its quoted kernel
+CHAPTERS_WITH_SOURCES = [
+    "01-layernorm.md",
+    "03-batch-independence.md",
+    "04-why-layernorm.md",
+    "05-results.md",
+    "06-running.md",
+]
 NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?")
-LINK = re.compile(r"\[[^\]]+\]\((https://[^)\s]+)\)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")  # every Markdown link target
+# an arXiv abstract page, a GitHub repository or a path in one, or a page of a named site
 WELL_FORMED = re.compile(
     r"https://(arxiv\.org/abs/\d{4}\.\d{4,5}|github\.com/[\w.-]+/[\w.-]+(/[\w./-]+)?|[\w.-]+\.\w+/[\w/.-]*)"
 )
