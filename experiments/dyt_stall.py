@@ -4,9 +4,10 @@
     python experiments/dyt_stall.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
 
 Three models of the CPU configuration (configs/shakespeare_char_cpu.json), from the same seed: LayerNorm
-(--norm=builtin), DyT as it was (every alpha starting at 0.5, the embeddings unscaled: OLD_DYT) and DyT with its
-recipe (--norm=dyt and its defaults). Each is measured at initialization (built here as train.py builds it) and
-after --iters iterations of train.py (the schedule of a full run, cut there), on --batches training batches:
+(--norm=builtin), DyT at the paper's default (every alpha starting at 0.5, the embeddings unscaled:
+PAPER_DEFAULT_DYT) and DyT with its recipe (--norm=dyt and its defaults). Each is measured at initialization
+(built here as train.py builds it) and after --iters iterations of train.py (the schedule of a full run, cut
+there), on --batches training batches:
   - the per-token RMS of the residual stream entering each norm and of what the norm hands on (ln_1 to the
     attention, ln_2 to the MLP, ln_f to the LM head), the median over tokens;
   - for DyT, the share of elements that tanh saturates (|alpha x| > 2, where its slope is below 0.07) and alpha;
@@ -35,8 +36,8 @@ from model import GPT, GPTConfig
 from options import TrainConfig, build_config, parse_args
 
 CONFIG = common.CPU_CONFIG
-OLD_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
-MODELS = {"LayerNorm": ["--norm=builtin"], "DyT, alpha 0.5 (before)": OLD_DYT, "DyT, recipe": ["--norm=dyt"]}
+PAPER_DEFAULT_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
+MODELS = {"LayerNorm": ["--norm=builtin"], "DyT, alpha 0.5": PAPER_DEFAULT_DYT, "DyT, recipe": ["--norm=dyt"]}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
