@@ -29,6 +29,7 @@ import nanogpt
 from device import Dist
 from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
+from options import TrainConfig
 
 FORMAT = "layernorm-gpt/1"
 # model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
@@ -254,19 +255,14 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def resume_model(
-    ckpt: dict[str, Any],
-    explicit: dict[str, Any],
-    norm: str,
-    dropout: float,
-    vocab_size: int,
-    tokenizer: dict[str, Any] | None,
-    path: Path,
-    device: str,
+    ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfig, vocab_size: int, tokenizer: Any, device: str
 ) -> GPT:
-    """The checkpoint's model in train mode, with dropout as asked now and, if asked, an interchangeable norm.
+    """The checkpoint's model in train mode, with cfg's dropout and, if asked, an interchangeable norm.
     CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
     the other options come from the checkpoint) is not the checkpoint's."""
-    saved, wanted = asdict(checkpoint_config(ckpt)), {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
+    path = checkpoint_path(cfg.out_dir)
+    saved = asdict(checkpoint_config(ckpt))
+    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
     diffs = [
         f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted({**wanted, "vocab_size": vocab_size}.items()) if saved[k] != v
     ]
@@ -278,8 +274,8 @@ def resume_model(
             f"{'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
             f"or give another --out_dir to start a new run"
         )
-    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": dropout}}
-    return model_from_checkpoint(ckpt, norm=norm, device=device).train()
+    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": cfg.dropout}}
+    return model_from_checkpoint(ckpt, norm=cfg.norm, device=device).train()
 
 
 def restore_training_state(

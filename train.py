@@ -35,16 +35,7 @@ import torch
 import checkpoint
 import runlog
 from data.common import DataError, PreparedData
-from device import (
-    DeviceError,
-    Dist,
-    StopRequest,
-    autocast,
-    dist_from_env,
-    peak_memory,
-    resolve_device,
-    resolve_dtype,
-)
+from device import DeviceError, Dist, StopRequest, autocast, dist_from_env, peak_memory, resolve_device, resolve_dtype
 from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 from options import ConfigError, TrainConfig, build_config, parse_args
@@ -61,26 +52,16 @@ class TrainError(Exception):
 
 
 class Interrupted(TrainError):
-    """SIGINT/SIGTERM: a checkpoint was saved (the message says where and how to resume)."""
+    """SIGINT/SIGTERM: a checkpoint was saved (the message says where and how to resume); exit 128 + signum."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
 
-    @classmethod
-    def at(cls, it: int, path: Path, ckpt_path: Path, stop: StopRequest) -> Interrupted:
-        """Saved at `path` after `it` iterations: the message says how to go on (ckpt_path is where resume reads)."""
-        resume = f"python train.py --init_from=resume --out_dir={ckpt_path.parent}"
-        resume = resume if path == ckpt_path else f"mv {path} {ckpt_path} && {resume}"
-        return cls(
-            f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}",
-            stop.signum or signal.SIGINT,
-        )
-
 
 @torch.no_grad()
 def estimate_loss(
-    model: GPT, data: PreparedData, cfg: TrainConfig, dist: Dist, device: str, autocast: Any
+    model: GPT, data: PreparedData, cfg: TrainConfig, dist: Dist, device: str, amp: Any
 ) -> dict[str, float]:
     """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
     own, so that evaluating never moves the training data stream."""
@@ -92,7 +73,7 @@ def estimate_loss(
         total = torch.zeros((), device=device)
         for rows in starts[dist.rank :: dist.world_size]:  # each process evaluates its share
             x, y = data.get(split, rows, device)
-            with autocast:
+            with amp:
                 _, loss = model(x, y)
             total += loss.float()
         sums.append(total)
@@ -114,20 +95,12 @@ def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, 
     except ValueError:  # a vocabulary without a newline
         start = [0]
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    idx = torch.tensor([start], device=device)
     model.eval()
     with autocast:
-        out = model.generate(
-            torch.tensor([start], device=device),
-            cfg.sample_tokens,
-            temperature=SAMPLE_TEMPERATURE,
-            top_k=SAMPLE_TOP_K,
-            generator=gen,
-        )
+        out = model.generate(idx, cfg.sample_tokens, temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, generator=gen)
     print(f"--- sample ({cfg.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
     print(tok.decode(out[0].tolist()), flush=True)
-
-
-# ---- set-up ----
 
 
 @dataclass
@@ -155,17 +128,7 @@ def setup(
         torch.manual_seed(cfg.seed)  # the initial weights: the same on every process
         model = GPT(GPTConfig.from_options(cfg, vocab_size=data.vocab_size)).to(device)
     else:
-        tokenizer = data.meta.get("tokenizer")
-        model = checkpoint.resume_model(
-            ckpt,
-            explicit,
-            cfg.norm,
-            cfg.dropout,
-            data.vocab_size,
-            tokenizer,
-            checkpoint.checkpoint_path(cfg.out_dir),
-            device,
-        )
+        model = checkpoint.resume_model(ckpt, explicit, cfg, data.vocab_size, data.meta.get("tokenizer"), device)
     # Dropout draws from torch's RNG, one stream per process; the batches from a generator of their own, the same on
     # every process, whose state is the position in the data stream. A resume restores both.
     torch.manual_seed(cfg.seed + dist.rank)
@@ -177,9 +140,8 @@ def setup(
         torch.Generator().manual_seed(cfg.seed),
     )
     if ckpt is not None:
-        state = checkpoint.restore_training_state(
-            ckpt, run.optimizer, run.scaler, run.data_gen, checkpoint.checkpoint_path(cfg.out_dir), dist
-        )
+        path = checkpoint.checkpoint_path(cfg.out_dir)
+        state = checkpoint.restore_training_state(ckpt, run.optimizer, run.scaler, run.data_gen, path, dist)
         run.iter_num, run.best_val = state
         run.last_saved = run.iter_num
     return run
@@ -257,6 +219,18 @@ def save(run: Run, it: int, path: Path, cfg: TrainConfig, dist: Dist) -> None:
         dist.print(f"saved checkpoint {path}")
 
 
+def save_interrupted(run: Run, it: int, cfg: TrainConfig, dist: Dist, stop: StopRequest) -> Interrupted:
+    """Save the run a signal stopped after `it` iterations; the error to raise says how to go on. In best-only
+    mode ckpt.pt is the best model so far: the interrupted state goes beside it."""
+    ckpt_path = checkpoint.checkpoint_path(cfg.out_dir)
+    path = ckpt_path if cfg.always_save_checkpoint else Path(cfg.out_dir) / "ckpt_interrupted.pt"
+    save(run, it, path, cfg, dist)
+    resume = f"python train.py --init_from=resume --out_dir={ckpt_path.parent}"
+    resume = resume if path == ckpt_path else f"mv {path} {ckpt_path} && {resume}"
+    message = f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}"
+    return Interrupted(message, stop.signum or signal.SIGINT)
+
+
 def evaluate(
     run: Run, model: torch.nn.Module, it: int, cfg: TrainConfig, dist: Dist, device: str, amp: Any, log: Any
 ) -> tuple[float, bool]:
@@ -317,7 +291,7 @@ def train(
         StopRequest(announce=dist.master) as stop,
         contextlib.closing(run.data),
     ):
-        window = runlog.LossWindow(dist)
+        window = runlog.LossWindow(dist, tokens_per_iter(cfg), log)
         while True:
             over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
             stop_reason = stop_reason or stop.agreed(dist, over_time)
@@ -334,14 +308,7 @@ def train(
                 break
             if stop_reason == "signal":
                 finite(window.read(), run, cfg)
-                # In best-only mode ckpt.pt is the best model so far; the interrupted state goes beside it.
-                path = (
-                    checkpoint.checkpoint_path(cfg.out_dir)
-                    if cfg.always_save_checkpoint
-                    else Path(cfg.out_dir) / "ckpt_interrupted.pt"
-                )
-                save(run, it, path, cfg, dist)
-                raise Interrupted.at(it, path, checkpoint.checkpoint_path(cfg.out_dir), stop)
+                raise save_interrupted(run, it, cfg, dist, stop)
 
             lr = get_lr(it, cfg)
             for group in run.optimizer.param_groups:
@@ -362,11 +329,9 @@ def train(
             )
             window.pending.append((it, loss, lr))
             if it % cfg.log_interval == 0:
-                window.log_line(finite(window.read(), run, cfg)[-1], tokens_per_iter(cfg), log)
+                window.log_line(finite(window.read(), run, cfg)[-1])
             it += 1
-        summary = runlog.summarize(
-            window,
-            tokens_per_iter(cfg),
+        summary = window.summary(
             iters=it,
             final_val_loss=last_val,
             best_val_loss=run.best_val if math.isfinite(run.best_val) else None,
@@ -393,11 +358,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cfg = build_config(explicit, processes=dist.world_size)
     ckpt = None
     if cfg.init_from == "resume":
+        ckpt_path = str(checkpoint.checkpoint_path(cfg.out_dir))
         ckpt = checkpoint.load_resume_checkpoint(cfg.out_dir)
         # The checkpoint's options are the defaults; what was given explicitly wins.
-        cfg = build_config(
-            explicit, ckpt["config"], source=str(checkpoint.checkpoint_path(cfg.out_dir)), processes=dist.world_size
-        )
+        cfg = build_config(explicit, ckpt["config"], source=ckpt_path, processes=dist.world_size)
     device = resolve_device(cfg.device, dist)
     dtype = resolve_dtype(cfg.dtype, torch.device(device).type)
     if cfg.norm == "triton":
