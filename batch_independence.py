@@ -152,27 +152,17 @@ def run_row(
     with autocast, batch_invariant(enabled=invariant):
         alone, alone_error = greedy(prompts[:1])  # (1) row 0 alone
         batch, batch_error = greedy(prompts)  # and in the batch
+        error = f"alone, {alone_error}" if alone_error else f"in the batch, {batch_error}" if batch_error else None
+        per_step = [] if error else (alone[1][0].float() - batch[1][0].float()).abs().amax(-1).tolist()
+        differ = [] if error else (alone[0][0] != batch[0][0]).nonzero().flatten().tolist()  # token positions
         alone_vs_batch = {
-            "max_abs_diff": None,
-            "scale": None,
-            "error": None,
-            "per_step_max_abs_diff": [],
-            "tokens_agree": None,
-            "first_divergent_step": None,  # the first token that differs
+            "max_abs_diff": max(per_step, default=None),
+            "scale": None if error else alone[1].float().abs().max().item(),
+            "error": error,
+            "per_step_max_abs_diff": per_step,
+            "tokens_agree": None if error else not differ,
+            "first_divergent_step": differ[0] - prompts.size(1) if differ else None,  # the first token that differs
         }
-        if alone_error:
-            alone_vs_batch["error"] = f"alone, {alone_error}"
-        elif batch_error:
-            alone_vs_batch["error"] = f"in the batch, {batch_error}"
-        else:
-            per_step = (alone[1][0].float() - batch[1][0].float()).abs().amax(-1).tolist()
-            differ = (alone[0][0] != batch[0][0]).nonzero().flatten().tolist()  # token positions
-            alone_vs_batch["max_abs_diff"] = max(per_step)
-            alone_vs_batch["scale"] = alone[1].float().abs().max().item()
-            alone_vs_batch["per_step_max_abs_diff"] = per_step
-            alone_vs_batch["tokens_agree"] = not differ
-            if differ:
-                alone_vs_batch["first_divergent_step"] = differ[0] - prompts.size(1)
         # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over the sequences
         cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
         if not batch_error:  # the last chosen token is never fed back
