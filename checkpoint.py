@@ -32,10 +32,10 @@ from model import GPT, GPTConfig
 from options import TrainConfig
 
 FORMAT = "layernorm-gpt/1"
-# model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
-# interchangeable norm may change on resume, these may not.
+# model_args that fix the weights' shapes or where the norms sit: a resume may change dropout and the norm, not these
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
 RESUME_KEYS = ("optimizer", "iter_num", "best_val_loss", "config", "rng")  # beyond model(_args): load_checkpoint
+OPTIMIZER_NOW = ("betas", "weight_decay", "fused", "foreach")  # on resume, as configured now: the kernel, too
 
 
 class CheckpointError(RuntimeError):
@@ -111,10 +111,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         ) from None
     is_nanogpt = nanogpt.is_checkpoint(checkpoint)
     if not is_nanogpt and (not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT):
+        found = f"a {type(checkpoint).__name__}"
         if isinstance(checkpoint, dict):
             found = f"a dict with keys {', '.join(map(str, list(checkpoint)[:8]))}"
-        else:
-            found = f"a {type(checkpoint).__name__}"
         raise CheckpointError(
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
@@ -157,11 +156,8 @@ def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
 def model_from_checkpoint(
     checkpoint: dict[str, Any], norm: str | None = None, device: str | torch.device = "cpu"
 ) -> GPT:
-    """Build the GPT a checkpoint describes, load its weights, and put it in eval mode.
-
-    `norm` swaps the normalization implementation: any of layernorm.LAYERNORMS (one function, one parameter
-    layout) for a checkpoint trained with one of them. A norm that computes another function is refused.
-    """
+    """The GPT a checkpoint describes, with its weights, in eval mode. `norm` swaps in another of
+    layernorm.LAYERNORMS (one function, one parameter layout); a norm that computes another function is refused."""
     config = checkpoint_config(checkpoint)
     if norm is not None and norm != config.norm:
         if not (norm in LAYERNORMS and config.norm in LAYERNORMS):
@@ -287,19 +283,19 @@ def restore_training_state(
     dist: Dist | None = None,
 ) -> tuple[int, float]:
     """Load the optimizer, the scaler and this process's RNG states from `ckpt`; return (iter_num, best_val_loss).
-
-    With several processes each gets back its own dropout stream; from a checkpoint of another number of
-    processes (or of a version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration.
-    """
+    Each process gets back its own dropout stream; from a checkpoint of another number of processes (or of a
+    version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration."""
     rank, world = (dist.rank, dist.world_size) if dist else (0, 1)
     try:
-        # The saved moments and step counts; betas, weight decay and the kernel (fused or not) as configured now
-        # (the same unless given explicitly, or saved by an older version); the learning rate is set every iteration.
-        kept = ("betas", "weight_decay", "fused", "foreach")
-        wanted = [{key: g.get(key) for key in kept} for g in optimizer.param_groups]
-        optimizer.load_state_dict(_with_kernel_of(optimizer, ckpt["optimizer"]))
-        for group, settings in zip(optimizer.param_groups, wanted, strict=True):
-            group.update(settings)
+        # The saved moments and step counts, under today's OPTIMIZER_NOW (the same unless given explicitly, or saved
+        # by an older version), put into the saved groups before loading: torch moves each step counter onto its
+        # parameter's device, in float32, only where the saved group says fused. (The rate is set every iteration.)
+        saved = ckpt["optimizer"]
+        if len(saved["param_groups"]) == len(optimizer.param_groups):  # else load_state_dict refuses it, saying why
+            pairs = zip(saved["param_groups"], optimizer.param_groups, strict=True)
+            now = [{**old, **{k: group.get(k) for k in OPTIMIZER_NOW}} for old, group in pairs]
+            saved = {**saved, "param_groups": now}
+        optimizer.load_state_dict(saved)
         if scaler.is_enabled() and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
@@ -313,17 +309,6 @@ def restore_training_state(
         raise CheckpointError(
             f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
         ) from None
-
-
-def _with_kernel_of(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
-    """The saved optimizer state with the optimizer's own `fused` and `foreach` in its param groups. torch moves each
-    step counter onto its parameter's device, in float32, only where the saved group says fused: a checkpoint of
-    the per-parameter loop would hand a fused kernel on a GPU its CPU counters."""
-    if len(saved["param_groups"]) != len(optimizer.param_groups):
-        return saved  # load_state_dict refuses it, saying why
-    pairs = zip(saved["param_groups"], optimizer.param_groups, strict=True)
-    groups = [{**old, "fused": now.get("fused"), "foreach": now.get("foreach")} for old, now in pairs]
-    return {**saved, "param_groups": groups}
 
 
 def _set_rng(rng: dict[str, Any]) -> None:
