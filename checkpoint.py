@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Generator
+from torch.amp import GradScaler
+from torch.optim import Optimizer
 
 import nanogpt
 from device import Dist
@@ -185,7 +188,7 @@ def model_from_checkpoint(
 # ---- resuming a training run ----
 
 
-def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
+def rng_state(data_gen: Generator) -> dict[str, Any]:
     """This process's random state: torch's (weights, dropout), the data stream's, and the GPU's (CUDA or MPS)."""
     rng = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -196,35 +199,17 @@ def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
 
 
 def save_training_checkpoint(
-    path: Path,
-    dist: Dist,
-    *,
-    model: GPT,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    iter_num: int,
-    best_val_loss: float,
-    config: dict[str, Any],
-    tokenizer: dict[str, Any] | None,
-    data_gen: torch.Generator,
+    path: Path, dist: Dist, *, model: GPT, optimizer: Optimizer, scaler: GradScaler, data_gen: Generator, **entries: Any
 ) -> None:
     """Every process calls it: their RNG states are gathered (each has its own dropout stream), and rank 0 writes
-    the whole state of the run after `iter_num` iterations: enough to go on as if it had never stopped."""
+    the whole state of the run, with the plain `entries` (iter_num, best_val_loss, config, tokenizer: see the
+    module's docstring): enough to go on as if it had never stopped."""
     rng = rng_state(data_gen)
     ranks = dist.gather(rng)
     if not dist.master:
         return
-    ckpt = {
-        "format": FORMAT,
-        "model": model.state_dict(),
-        "model_args": asdict(model.config),
-        "optimizer": optimizer.state_dict(),
-        "iter_num": iter_num,
-        "best_val_loss": best_val_loss,
-        "config": config,
-        "tokenizer": tokenizer,
-        "rng": rng,
-    }
+    state = {"model": model.state_dict(), "model_args": asdict(model.config), "optimizer": optimizer.state_dict()}
+    ckpt = {"format": FORMAT, **state, **entries, "rng": rng}
     if dist.enabled:
         ckpt["rng_ranks"] = ranks
     if scaler.is_enabled():
@@ -275,12 +260,7 @@ def resume_model(
 
 
 def restore_training_state(
-    ckpt: dict[str, Any],
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    data_gen: torch.Generator,
-    path: Path,
-    dist: Dist | None = None,
+    ckpt: dict, optimizer: Optimizer, scaler: GradScaler, data_gen: Generator, path: Path, dist: Dist | None = None
 ) -> tuple[int, float]:
     """Load the optimizer, the scaler and this process's RNG states from `ckpt`; return (iter_num, best_val_loss).
     Each process gets back its own dropout stream; from a checkpoint of another number of processes (or of a
