@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from batch_invariant import batch_invariant, refusal
-from checkpoint import CheckpointError, checkpoint_config, checkpoint_path, checkpoint_weights, load_checkpoint
+from checkpoint import CheckpointError, checkpoint_path, checkpoint_weights, load_checkpoint
 from device import DEVICE_HELP, DeviceError, autocast, resolve_device
 from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig
@@ -104,7 +104,7 @@ def base_weights(args: Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], s
         ckpt = load_checkpoint(path)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
-    config = checkpoint_config(ckpt)
+    config = GPTConfig.from_options(ckpt["model_args"])
     owner = "nanoGPT's checkpoint" if ckpt["format"] == NANOGPT_FORMAT else "checkpoint"
     source = f"{owner} {path} (trained with norm={config.norm}), loaded into every row's model with strict=False"
     return config, checkpoint_weights(ckpt), f"{source}: the norms share weight/bias"

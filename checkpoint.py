@@ -124,7 +124,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:
             checkpoint = nanogpt.to_checkpoint(checkpoint)
-        checkpoint_config(checkpoint), checkpoint_weights(checkpoint)
+        GPTConfig.from_options(checkpoint["model_args"]), checkpoint_weights(checkpoint)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(
             f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); use another checkpoint"
@@ -139,11 +139,6 @@ def _first_line(e: BaseException) -> str:
     if "WeightsUnpickler error:" in text:
         text = text.split("WeightsUnpickler error:", 1)[1].strip()
     return text.splitlines()[0] if text else ""
-
-
-def checkpoint_config(checkpoint: dict[str, Any]) -> GPTConfig:
-    """The GPTConfig a checkpoint was trained with (keys this version does not know are left out)."""
-    return GPTConfig.from_options(checkpoint["model_args"])
 
 
 def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -161,7 +156,7 @@ def model_from_checkpoint(
 ) -> GPT:
     """The GPT a checkpoint describes, with its weights, in eval mode. `norm` swaps in another of
     layernorm.LAYERNORMS (one function, one parameter layout); a norm that computes another function is refused."""
-    config = checkpoint_config(checkpoint)
+    config = GPTConfig.from_options(checkpoint["model_args"])
     if norm is not None and norm != config.norm:
         if not (norm in LAYERNORMS and config.norm in LAYERNORMS):
             raise CheckpointError(
@@ -242,7 +237,7 @@ def resume_model(
     CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
     the other options come from the checkpoint) is not the checkpoint's."""
     path = checkpoint_path(cfg.out_dir)
-    saved = asdict(checkpoint_config(ckpt))
+    saved = asdict(GPTConfig.from_options(ckpt["model_args"]))
     wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
     diffs = [
         f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted({**wanted, "vocab_size": vocab_size}.items()) if saved[k] != v

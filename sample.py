@@ -1,15 +1,14 @@
-"""Sample text from a trained checkpoint.
+"""Sample text from a trained checkpoint, this project's or nanoGPT's.
 
     python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --out_dir=out-shakespeare-char --temperature=0 --norm=custom     # greedy, another LayerNorm
     python sample.py --ckpt=path/to/ckpt.pt --start=FILE:prompt.txt
     python sample.py --out_dir=../nanoGPT/out-shakespeare-char --temperature=0 --norm=custom   # nanoGPT's checkpoint
 
-The checkpoint is read without unpickling code (checkpoint.load_checkpoint); its "tokenizer" entry turns text into
-tokens. A nanoGPT checkpoint has none: its characters come from its dataset's meta.pkl (--meta, else where
-nanogpt.meta_paths looks), else GPT-2's BPE, as nanoGPT's sample.py does. `--norm` runs the same weights with
-another LayerNorm implementation (custom, builtin, triton); a norm that computes a different function (rmsnorm,
-batchnorm) is refused. Each sample streams: the prompt, then the text of each generated token as soon as it is whole
+The checkpoint's "tokenizer" entry turns text into tokens; a nanoGPT checkpoint's characters come from its dataset's
+meta.pkl (--meta, else where nanogpt.meta_paths looks), else GPT-2's BPE, as nanoGPT's sample.py does. `--norm` runs
+the same weights with another LayerNorm (custom, builtin, triton); a norm that computes a different function
+(rmsnorm, batchnorm) is refused. Each sample streams: the prompt, the text of each token as soon as it is whole
 (GPT.stream), then a line of dashes. Greedy decoding (--temperature=0) gives nanoGPT's --top_k=1 text up to
 block_size tokens in all; past it, --no_kv_cache slides the window one token at a time as nanoGPT does (model.py).
 Errors are one line, "error: ...", exit status 1.
