@@ -14,16 +14,17 @@ difference must be 0. TF32 is off. Exit 1 when a --require row fails.
 
 import argparse
 import json
+from argparse import Namespace
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from batch_invariant import batch_invariant, refusal
-from checkpoint import CheckpointError, checkpoint_config, checkpoint_path, checkpoint_weights, load_checkpoint
-from device import DEVICE_HELP, DeviceError, resolve_device
+from checkpoint import CheckpointError, checkpoint_path, checkpoint_weights, load_checkpoint
+from device import DEVICE_HELP, DeviceError, autocast, resolve_device
 from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig
 from nanogpt import FORMAT as NANOGPT_FORMAT
@@ -60,7 +61,7 @@ WHY_EVAL = (
 )
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out_dir", help="folder holding ckpt.pt (this project's or nanoGPT's); without it, a random model")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
@@ -91,7 +92,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:
+def base_weights(args: Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:
     """The config and weights every row shares, and a line saying where they come from."""
     if args.out_dir is None and args.ckpt is None:
         size = read_config_file(args.config) if args.config else {}  # a ConfigError says what is wrong with it
@@ -103,7 +104,7 @@ def base_weights(args: argparse.Namespace) -> tuple[GPTConfig, dict[str, torch.T
         ckpt = load_checkpoint(path)
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
-    config = checkpoint_config(ckpt)
+    config = GPTConfig.from_options(ckpt["model_args"])
     owner = "nanoGPT's checkpoint" if ckpt["format"] == NANOGPT_FORMAT else "checkpoint"
     source = f"{owner} {path} (trained with norm={config.norm}), loaded into every row's model with strict=False"
     return config, checkpoint_weights(ckpt), f"{source}: the norms share weight/bias"
@@ -131,13 +132,7 @@ def compare(pair: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, 
 
 @torch.no_grad()
 def run_row(
-    name: str,
-    config: GPTConfig,
-    state: dict[str, torch.Tensor],
-    prompts: torch.Tensor,
-    x: torch.Tensor,
-    args: argparse.Namespace,
-    invariant: bool,
+    name: str, config: GPTConfig, state: dict[str, Tensor], prompts: Tensor, x: Tensor, args: Namespace, invariant: bool
 ) -> dict[str, Any]:
     """Row `name`: its GPT with the shared weights, the three checks of LEGEND, and whether the row passed."""
     model = GPT(replace(config, norm="batchnorm" if name == EVAL_ROW else name, dropout=0.0))
@@ -146,33 +141,22 @@ def run_row(
         raise SystemExit(f"error: the weights do not fit a GPT with norm={model.config.norm!r}: {stray[:5]}")
     # Dropout is 0, so the mode matters only to BatchNorm: training mode (the batchnorm row) uses batch statistics
     model.to(prompts.device).train(name == "batchnorm")
-    autocast = torch.autocast(prompts.device.type, dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
     # GPT.generate's greedy decoding with the KV cache: (tokens [B, P + n], logits [B, n, V]), or the error
     greedy = lambda idx: attempt(model.generate, idx, args.new_tokens, temperature=0, return_logits=True)
-    with autocast, batch_invariant(enabled=invariant):
+    with autocast(prompts.device.type, args.dtype), batch_invariant(enabled=invariant):
         alone, alone_error = greedy(prompts[:1])  # (1) row 0 alone
         batch, batch_error = greedy(prompts)  # and in the batch
+        error = f"alone, {alone_error}" if alone_error else f"in the batch, {batch_error}" if batch_error else None
+        per_step = [] if error else (alone[1][0].float() - batch[1][0].float()).abs().amax(-1).tolist()
+        differ = [] if error else (alone[0][0] != batch[0][0]).nonzero().flatten().tolist()  # token positions
         alone_vs_batch = {
-            "max_abs_diff": None,
-            "scale": None,
-            "error": None,
-            "per_step_max_abs_diff": [],
-            "tokens_agree": None,
-            "first_divergent_step": None,  # the first token that differs
+            "max_abs_diff": max(per_step, default=None),
+            "scale": None if error else alone[1].float().abs().max().item(),
+            "error": error,
+            "per_step_max_abs_diff": per_step,
+            "tokens_agree": None if error else not differ,
+            "first_divergent_step": differ[0] - prompts.size(1) if differ else None,  # the first token that differs
         }
-        if alone_error:
-            alone_vs_batch["error"] = f"alone, {alone_error}"
-        elif batch_error:
-            alone_vs_batch["error"] = f"in the batch, {batch_error}"
-        else:
-            per_step = (alone[1][0].float() - batch[1][0].float()).abs().amax(-1).tolist()
-            differ = (alone[0][0] != batch[0][0]).nonzero().flatten().tolist()  # token positions
-            alone_vs_batch["max_abs_diff"] = max(per_step)
-            alone_vs_batch["scale"] = alone[1].float().abs().max().item()
-            alone_vs_batch["per_step_max_abs_diff"] = per_step
-            alone_vs_batch["tokens_agree"] = not differ
-            if differ:
-                alone_vs_batch["first_divergent_step"] = differ[0] - prompts.size(1)
         # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over the sequences
         cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
         if not batch_error:  # the last chosen token is never fed back
@@ -234,11 +218,8 @@ def report(result: dict[str, Any]) -> str:
             lines += [f"  {label}: {r[c]['error']}" for c in CHECKS if r[c]["error"]]
     if any(r["name"] == "batchnorm" for world in WORLDS for r in result.get(world, [])):
         lines += ["", WHY_BATCHNORM_FAILS, WHY_EVAL]
-    lines.append("")
-    if result["failed"]:
-        lines.append(f"FAIL: required rows that failed: {', '.join(result['failed'])}")
-    else:
-        lines.append("OK: every required row passes")
+    failed = ", ".join(result["failed"])
+    lines += ["", f"FAIL: required rows that failed: {failed}" if failed else "OK: every required row passes"]
     return "\n".join(lines)
 
 

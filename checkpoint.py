@@ -24,17 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Generator
+from torch.amp import GradScaler
+from torch.optim import Optimizer
 
 import nanogpt
 from device import Dist
 from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
+from options import TrainConfig
 
 FORMAT = "layernorm-gpt/1"
-# model_args that fix the shape of the model (and so of its weights) or where its norms sit: dropout and an
-# interchangeable norm may change on resume, these may not.
+# model_args that fix the weights' shapes or where the norms sit: a resume may change dropout and the norm, not these
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
 RESUME_KEYS = ("optimizer", "iter_num", "best_val_loss", "config", "rng")  # beyond model(_args): load_checkpoint
+OPTIMIZER_NOW = ("betas", "weight_decay", "fused", "foreach")  # on resume, as configured now: the kernel, too
 
 
 class CheckpointError(RuntimeError):
@@ -110,10 +114,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         ) from None
     is_nanogpt = nanogpt.is_checkpoint(checkpoint)
     if not is_nanogpt and (not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT):
+        found = f"a {type(checkpoint).__name__}"
         if isinstance(checkpoint, dict):
             found = f"a dict with keys {', '.join(map(str, list(checkpoint)[:8]))}"
-        else:
-            found = f"a {type(checkpoint).__name__}"
         raise CheckpointError(
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
@@ -121,7 +124,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:
             checkpoint = nanogpt.to_checkpoint(checkpoint)
-        checkpoint_config(checkpoint), checkpoint_weights(checkpoint)
+        GPTConfig.from_options(checkpoint["model_args"]), checkpoint_weights(checkpoint)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(
             f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); use another checkpoint"
@@ -138,11 +141,6 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def checkpoint_config(checkpoint: dict[str, Any]) -> GPTConfig:
-    """The GPTConfig a checkpoint was trained with (keys this version does not know are left out)."""
-    return GPTConfig.from_options(checkpoint["model_args"])
-
-
 def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The model's state_dict, with the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add taken off."""
     state = {}
@@ -156,12 +154,9 @@ def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
 def model_from_checkpoint(
     checkpoint: dict[str, Any], norm: str | None = None, device: str | torch.device = "cpu"
 ) -> GPT:
-    """Build the GPT a checkpoint describes, load its weights, and put it in eval mode.
-
-    `norm` swaps the normalization implementation: any of layernorm.LAYERNORMS (one function, one parameter
-    layout) for a checkpoint trained with one of them. A norm that computes another function is refused.
-    """
-    config = checkpoint_config(checkpoint)
+    """The GPT a checkpoint describes, with its weights, in eval mode. `norm` swaps in another of
+    layernorm.LAYERNORMS (one function, one parameter layout); a norm that computes another function is refused."""
+    config = GPTConfig.from_options(checkpoint["model_args"])
     if norm is not None and norm != config.norm:
         if not (norm in LAYERNORMS and config.norm in LAYERNORMS):
             raise CheckpointError(
@@ -188,7 +183,7 @@ def model_from_checkpoint(
 # ---- resuming a training run ----
 
 
-def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
+def rng_state(data_gen: Generator) -> dict[str, Any]:
     """This process's random state: torch's (weights, dropout), the data stream's, and the GPU's (CUDA or MPS)."""
     rng = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -199,35 +194,17 @@ def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
 
 
 def save_training_checkpoint(
-    path: Path,
-    dist: Dist,
-    *,
-    model: GPT,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    iter_num: int,
-    best_val_loss: float,
-    config: dict[str, Any],
-    tokenizer: dict[str, Any] | None,
-    data_gen: torch.Generator,
+    path: Path, dist: Dist, *, model: GPT, optimizer: Optimizer, scaler: GradScaler, data_gen: Generator, **entries: Any
 ) -> None:
     """Every process calls it: their RNG states are gathered (each has its own dropout stream), and rank 0 writes
-    the whole state of the run after `iter_num` iterations: enough to go on as if it had never stopped."""
+    the whole state of the run, with the plain `entries` (iter_num, best_val_loss, config, tokenizer: see the
+    module's docstring): enough to go on as if it had never stopped."""
     rng = rng_state(data_gen)
     ranks = dist.gather(rng)
     if not dist.master:
         return
-    ckpt = {
-        "format": FORMAT,
-        "model": model.state_dict(),
-        "model_args": asdict(model.config),
-        "optimizer": optimizer.state_dict(),
-        "iter_num": iter_num,
-        "best_val_loss": best_val_loss,
-        "config": config,
-        "tokenizer": tokenizer,
-        "rng": rng,
-    }
+    state = {"model": model.state_dict(), "model_args": asdict(model.config), "optimizer": optimizer.state_dict()}
+    ckpt = {"format": FORMAT, **state, **entries, "rng": rng}
     if dist.enabled:
         ckpt["rng_ranks"] = ranks
     if scaler.is_enabled():
@@ -254,19 +231,14 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def resume_model(
-    ckpt: dict[str, Any],
-    explicit: dict[str, Any],
-    norm: str,
-    dropout: float,
-    vocab_size: int,
-    tokenizer: dict[str, Any] | None,
-    path: Path,
-    device: str,
+    ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfig, vocab_size: int, tokenizer: Any, device: str
 ) -> GPT:
-    """The checkpoint's model in train mode, with dropout as asked now and, if asked, an interchangeable norm.
+    """The checkpoint's model in train mode, with cfg's dropout and, if asked, an interchangeable norm.
     CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
     the other options come from the checkpoint) is not the checkpoint's."""
-    saved, wanted = asdict(checkpoint_config(ckpt)), {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
+    path = checkpoint_path(cfg.out_dir)
+    saved = asdict(GPTConfig.from_options(ckpt["model_args"]))
+    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
     diffs = [
         f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted({**wanted, "vocab_size": vocab_size}.items()) if saved[k] != v
     ]
@@ -278,32 +250,27 @@ def resume_model(
             f"{'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
             f"or give another --out_dir to start a new run"
         )
-    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": dropout}}
-    return model_from_checkpoint(ckpt, norm=norm, device=device).train()
+    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": cfg.dropout}}
+    return model_from_checkpoint(ckpt, norm=cfg.norm, device=device).train()
 
 
 def restore_training_state(
-    ckpt: dict[str, Any],
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    data_gen: torch.Generator,
-    path: Path,
-    dist: Dist | None = None,
+    ckpt: dict, optimizer: Optimizer, scaler: GradScaler, data_gen: Generator, path: Path, dist: Dist | None = None
 ) -> tuple[int, float]:
     """Load the optimizer, the scaler and this process's RNG states from `ckpt`; return (iter_num, best_val_loss).
-
-    With several processes each gets back its own dropout stream; from a checkpoint of another number of
-    processes (or of a version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration.
-    """
+    Each process gets back its own dropout stream; from a checkpoint of another number of processes (or of a
+    version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration."""
     rank, world = (dist.rank, dist.world_size) if dist else (0, 1)
     try:
-        # The saved moments and step counts; betas, weight decay and the kernel (fused or not) as configured now
-        # (the same unless given explicitly, or saved by an older version); the learning rate is set every iteration.
-        kept = ("betas", "weight_decay", "fused", "foreach")
-        wanted = [{key: g.get(key) for key in kept} for g in optimizer.param_groups]
-        optimizer.load_state_dict(_with_kernel_of(optimizer, ckpt["optimizer"]))
-        for group, settings in zip(optimizer.param_groups, wanted, strict=True):
-            group.update(settings)
+        # The saved moments and step counts, under today's OPTIMIZER_NOW (the same unless given explicitly, or saved
+        # by an older version), put into the saved groups before loading: torch moves each step counter onto its
+        # parameter's device, in float32, only where the saved group says fused. (The rate is set every iteration.)
+        saved = ckpt["optimizer"]
+        if len(saved["param_groups"]) == len(optimizer.param_groups):  # else load_state_dict refuses it, saying why
+            pairs = zip(saved["param_groups"], optimizer.param_groups, strict=True)
+            now = [{**old, **{k: group.get(k) for k in OPTIMIZER_NOW}} for old, group in pairs]
+            saved = {**saved, "param_groups": now}
+        optimizer.load_state_dict(saved)
         if scaler.is_enabled() and ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
@@ -317,17 +284,6 @@ def restore_training_state(
         raise CheckpointError(
             f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
         ) from None
-
-
-def _with_kernel_of(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
-    """The saved optimizer state with the optimizer's own `fused` and `foreach` in its param groups. torch moves each
-    step counter onto its parameter's device, in float32, only where the saved group says fused: a checkpoint of
-    the per-parameter loop would hand a fused kernel on a GPU its CPU counters."""
-    if len(saved["param_groups"]) != len(optimizer.param_groups):
-        return saved  # load_state_dict refuses it, saying why
-    pairs = zip(saved["param_groups"], optimizer.param_groups, strict=True)
-    groups = [{**old, "fused": now.get("fused"), "foreach": now.get("foreach")} for old, now in pairs]
-    return {**saved, "param_groups": groups}
 
 
 def _set_rng(rng: dict[str, Any]) -> None:

@@ -34,9 +34,7 @@ class TrainConfig:
     out_dir: str = opt("out", "folder for ckpt.pt and metrics.jsonl")
     dataset: str = opt("shakespeare_char", "dataset name: its data is data/<dataset>/ unless data_dir is given")
     data_dir: str | None = opt(None, "folder holding train.bin, val.bin and meta.json (None: data/<dataset>)")
-    init_from: str = opt(
-        "scratch", "scratch: a new model; resume: continue from <out_dir>/ckpt.pt", ("scratch", "resume")
-    )
+    init_from: str = opt("scratch", "scratch: a new model; resume: go on from <out_dir>/ckpt.pt", ("scratch", "resume"))
     overwrite: bool = opt(False, "a new run (init_from=scratch) may replace the checkpoint already in out_dir")
     eval_interval: int = opt(250, "estimate train/val loss (and maybe checkpoint) every this many iterations")
     log_interval: int = opt(10, "print a log line and a metrics record every this many iterations")

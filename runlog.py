@@ -9,6 +9,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,10 +23,12 @@ from options import TrainConfig
 class LossWindow:
     """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
     the wall time they took. `read()` syncs once: each iteration's loss, averaged over the processes; log_line()
-    prints and records one."""
+    prints and records one; summary() is the run's record with its median time per iteration."""
 
-    def __init__(self, dist: Dist) -> None:
+    def __init__(self, dist: Dist, tokens_per_iter: int, log: Callable[..., None]) -> None:
         self.dist = dist
+        self.tokens_per_iter = tokens_per_iter
+        self.log = log
         self.pending = []
         self.n_read = 0
         self.ms_per_iter = []
@@ -41,7 +44,7 @@ class LossWindow:
         self.n_read += len(pending)
         return [(it, loss, lr) for (it, _, lr), loss in zip(pending, losses.tolist(), strict=True)]
 
-    def log_line(self, last: tuple[int, float, float], tokens_per_iter: int, log: Any) -> None:
+    def log_line(self, last: tuple[int, float, float]) -> None:
         """The log line and metrics record of the last iteration read, with the time per iteration since the last
         line (pauses left out)."""
         it, loss, lr = last
@@ -51,12 +54,20 @@ class LossWindow:
         self.paused_s = 0.0
         self.n_read = 0
         self.ms_per_iter.append(ms)
-        tok_s = tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
+        tok_s = self.tokens_per_iter / (ms / 1000) if ms > 0 else 0.0
         self.dist.print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, {ms:.2f} ms/iter, {tok_s:.0f} tok/s")
-        log(
+        self.log(
             {"kind": "train", "iter": it, "loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
             wandb={"train/loss": loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s},
         )
+
+    def summary(self, **record: Any) -> dict[str, Any]:
+        """The summary record: `record` with the median time and speed per iteration (the first line's, startup
+        included, left out when there are others)."""
+        timed = self.ms_per_iter[1:] if len(self.ms_per_iter) > 1 else self.ms_per_iter
+        median_ms = statistics.median(timed) if timed else None
+        speed = self.tokens_per_iter / (median_ms / 1000) if median_ms else None
+        return {"kind": "summary", **record, "median_ms_per_iter": median_ms, "median_tokens_per_s": speed}
 
 
 @contextlib.contextmanager
@@ -88,23 +99,13 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
         yield log
 
 
-def summarize(window: LossWindow, tokens_per_iter: int, **record: Any) -> dict[str, Any]:
-    """The summary record: the run's `record` with its median time and speed per iteration."""
-    timed = window.ms_per_iter[1:] if len(window.ms_per_iter) > 1 else window.ms_per_iter  # the first: startup
-    median_ms = statistics.median(timed) if timed else None
-    speed = tokens_per_iter / (median_ms / 1000) if median_ms else None
-    return {"kind": "summary", **record, "median_ms_per_iter": median_ms, "median_tokens_per_s": speed}
-
-
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file ([] if there is none); a line cut short by a kill is skipped."""
     path = Path(path)
     records = []
     for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
     return records
 
 

@@ -1,15 +1,14 @@
-"""Sample text from a trained checkpoint.
+"""Sample text from a trained checkpoint, this project's or nanoGPT's.
 
     python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --out_dir=out-shakespeare-char --temperature=0 --norm=custom     # greedy, another LayerNorm
     python sample.py --ckpt=path/to/ckpt.pt --start=FILE:prompt.txt
     python sample.py --out_dir=../nanoGPT/out-shakespeare-char --temperature=0 --norm=custom   # nanoGPT's checkpoint
 
-The checkpoint is read without unpickling code (checkpoint.load_checkpoint); its "tokenizer" entry turns text into
-tokens. A nanoGPT checkpoint has none: its characters come from its dataset's meta.pkl (--meta, else where
-nanogpt.meta_paths looks), else GPT-2's BPE, as nanoGPT's sample.py does. `--norm` runs the same weights with
-another LayerNorm implementation (custom, builtin, triton); a norm that computes a different function (rmsnorm,
-batchnorm) is refused. Each sample streams: the prompt, then the text of each generated token as soon as it is whole
+The checkpoint's "tokenizer" entry turns text into tokens; a nanoGPT checkpoint's characters come from its dataset's
+meta.pkl (--meta, else where nanogpt.meta_paths looks), else GPT-2's BPE, as nanoGPT's sample.py does. `--norm` runs
+the same weights with another LayerNorm (custom, builtin, triton); a norm that computes a different function
+(rmsnorm, batchnorm) is refused. Each sample streams: the prompt, the text of each token as soon as it is whole
 (GPT.stream), then a line of dashes. Greedy decoding (--temperature=0) gives nanoGPT's --top_k=1 text up to
 block_size tokens in all; past it, --no_kv_cache slides the window one token at a time as nanoGPT does (model.py).
 Errors are one line, "error: ...", exit status 1.
@@ -39,13 +38,9 @@ SEPARATOR = "-" * 40
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Sample text from a checkpoint written by train.py or nanoGPT's.")
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt (default: out)")
+    p.add_argument("--ckpt", help="path of a checkpoint file (this project's or nanoGPT's); overrides --out_dir")
     p.add_argument(
-        "--ckpt", default=None, help="path of a checkpoint file (this project's or nanoGPT's); overrides --out_dir"
-    )
-    p.add_argument(
-        "--meta",
-        default=None,
-        help="a nanoGPT checkpoint's meta.pkl (default: beside it, or in nanoGPT's data/<dataset>/)",
+        "--meta", help="a nanoGPT checkpoint's meta.pkl (default: beside it, else nanoGPT's data/<dataset>/)"
     )
     p.add_argument("--start", default="\n", help="prompt, or FILE:path to read it from a UTF-8 file (default: newline)")
     p.add_argument("--num_samples", type=int, default=1, help="how many samples to draw (default 1)")
@@ -60,11 +55,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.num_samples < 1:
         fail(f"--num_samples must be >= 1, got {args.num_samples}")
     return args  # --max_new_tokens, --temperature and --top_k: GPT.stream checks them
-
-
-def read_prompt(start: str) -> str:
-    """The prompt text: `start` itself, or the UTF-8 file named after 'FILE:' (read as the prepare scripts do)."""
-    return read_text_file(Path(start.removeprefix("FILE:"))) if start.startswith("FILE:") else start
 
 
 def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
@@ -86,14 +76,12 @@ def load_tokenizer(args: argparse.Namespace, checkpoint: dict) -> CharTokenizer 
     """The checkpoint's tokenizer; for a nanoGPT checkpoint, its meta.pkl's characters or GPT-2's BPE."""
     path = checkpoint_path(args.out_dir, args.ckpt)
     if checkpoint["format"] == nanogpt.FORMAT:
-        meta = nanogpt.tokenizer_meta(path, checkpoint, args.meta)
-    elif args.meta is not None:
+        return tokenizer_from_meta(nanogpt.tokenizer_meta(path, checkpoint, args.meta))
+    if args.meta is not None:
         fail(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
-    elif "tokenizer" in checkpoint:
-        meta = checkpoint["tokenizer"]
-    else:
+    if "tokenizer" not in checkpoint:
         fail("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
-    return tokenizer_from_meta(meta)
+    return tokenizer_from_meta(checkpoint["tokenizer"])
 
 
 def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
@@ -115,9 +103,9 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         device = resolve_device(args.device)  # train.py's rule
     except DeviceError as e:
         fail(f"--device: {e}")
-    prompt = read_prompt(args.start)
+    # the prompt: --start itself, or the UTF-8 file named after 'FILE:' (read as the prepare scripts do)
+    prompt = read_text_file(Path(args.start.removeprefix("FILE:"))) if args.start.startswith("FILE:") else args.start
     model, checkpoint = load_model(args, device)
-
     try:
         tokenizer = load_tokenizer(args, checkpoint)
     except (ValueError, TypeError, RuntimeError) as e:  # nanogpt.MetaError, a malformed entry, tiktoken's ranks

@@ -2,13 +2,12 @@
 
 Two kinds, both stored as plain JSON (never pickle) under meta.json's "tokenizer" key:
 
-- ``{"kind": "char", "itos": ["\\n", " ", "!", ...]}``: one token per character; token id i is ``itos[i]``.
-  The vocabulary is the sorted set of characters of the training text.
-- ``{"kind": "tiktoken", "encoding": "r50k_base"}``: GPT-2's byte-level BPE through tiktoken. tiktoken is
-  imported only when such a tokenizer is built, so character-level work does not need it.
+- ``{"kind": "char", "itos": ["\\n", " ", "!", ...]}``: one token per character, token id i is ``itos[i]``; the
+  vocabulary is the sorted set of characters of the training text.
+- ``{"kind": "tiktoken", "encoding": "r50k_base"}``: GPT-2's byte-level BPE, through tiktoken (imported only then).
 
-Both have ``vocab_size``, ``encode``, ``decode`` (which refuses ids outside the vocabulary), ``decode_stream`` (text
-as ids arrive one by one, for printing while a model generates) and ``to_meta``.
+Both have ``vocab_size``, ``encode``, ``decode`` (refusing ids outside the vocabulary), ``decode_stream`` (the text
+as the ids arrive, for printing while a model generates) and ``to_meta``.
 """
 
 from __future__ import annotations
@@ -67,9 +66,7 @@ class CharTokenizer:
         return "".join(self.itos[i] for i in ids)
 
     def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
-        """The text of each id as it arrives: a token is a whole character."""
-        for i in ids:
-            yield self.decode([i])
+        return (self.decode([i]) for i in ids)  # a token is a whole character
 
     def to_meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "itos": list(self.itos)}
@@ -102,8 +99,7 @@ class TiktokenTokenizer:
         self.eot_token = self._enc.eot_token
 
     def encode(self, text: str) -> list[int]:
-        # encode_ordinary: a literal "<|endoftext|>" in the text is plain text, never the special token.
-        return self._enc.encode_ordinary(text)
+        return self._enc.encode_ordinary(text)  # a literal "<|endoftext|>" in the text is text, not the special token
 
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(ids, self.vocab_size)

@@ -35,16 +35,7 @@ import torch
 import checkpoint
 import runlog
 from data.common import DataError, PreparedData
-from device import (
-    DeviceError,
-    Dist,
-    StopRequest,
-    autocast,
-    dist_from_env,
-    peak_memory,
-    resolve_device,
-    resolve_dtype,
-)
+from device import DeviceError, Dist, StopRequest, autocast, dist_from_env, peak_memory, resolve_device, resolve_dtype
 from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 from options import ConfigError, TrainConfig, build_config, parse_args
@@ -61,80 +52,23 @@ class TrainError(Exception):
 
 
 class Interrupted(TrainError):
-    """SIGINT/SIGTERM: a checkpoint was saved (the message says where and how to resume)."""
+    """SIGINT/SIGTERM: a checkpoint was saved (the message says where and how to resume); exit 128 + signum."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
 
-    @classmethod
-    def at(cls, it: int, path: Path, ckpt_path: Path, stop: StopRequest) -> Interrupted:
-        """Saved at `path` after `it` iterations: the message says how to go on (ckpt_path is where resume reads)."""
-        resume = f"python train.py --init_from=resume --out_dir={ckpt_path.parent}"
-        resume = resume if path == ckpt_path else f"mv {path} {ckpt_path} && {resume}"
-        return cls(
-            f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}",
-            stop.signum or signal.SIGINT,
-        )
-
-
-@torch.no_grad()
-def estimate_loss(
-    model: GPT, data: PreparedData, cfg: TrainConfig, dist: Dist, device: str, autocast: Any
-) -> dict[str, float]:
-    """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
-    own, so that evaluating never moves the training data stream."""
-    gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
-    model.eval()
-    sums = []
-    for split in ("train", "val"):
-        starts = torch.randint(data.num_starts(split), (cfg.eval_iters, cfg.batch_size), generator=gen)
-        total = torch.zeros((), device=device)
-        for rows in starts[dist.rank :: dist.world_size]:  # each process evaluates its share
-            x, y = data.get(split, rows, device)
-            with autocast:
-                _, loss = model(x, y)
-            total += loss.float()
-        sums.append(total)
-    model.train()
-    train_loss, val_loss = (dist.all_reduce(torch.stack(sums)) / cfg.eval_iters).tolist()
-    return {"train": train_loss, "val": val_loss}
-
-
-@torch.no_grad()
-def print_sample(model: GPT, data: PreparedData, cfg: TrainConfig, device: str, autocast: Any) -> None:
-    """Print a sample of the final model, if the dataset's tokenizer can be built here (else a note)."""
-    try:
-        tok = data.tokenizer()
-    except DataError as e:
-        print(f"note: no sample at the end, {e}")
-        return
-    try:
-        start = tok.encode("\n")
-    except ValueError:  # a vocabulary without a newline
-        start = [0]
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    model.eval()
-    with autocast:
-        out = model.generate(
-            torch.tensor([start], device=device),
-            cfg.sample_tokens,
-            temperature=SAMPLE_TEMPERATURE,
-            top_k=SAMPLE_TOP_K,
-            generator=gen,
-        )
-    print(f"--- sample ({cfg.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
-    print(tok.decode(out[0].tolist()), flush=True)
-
-
-# ---- set-up ----
-
 
 @dataclass
 class Run:
-    """What the loop trains: the data, the model (new, or the checkpoint's), its optimizer and loss scaler, the data
-    stream's own generator, and the iteration and best val loss to start from."""
+    """A run as the loop trains it: its options, where it computes (device, autocast dtype, processes), the data,
+    the model (new, or the checkpoint's), its optimizer and loss scaler, the data stream's own generator, and the
+    iteration and best val loss to start from."""
 
+    cfg: TrainConfig
+    device: str
+    dtype: str
+    dist: Dist
     data: PreparedData
     model: GPT
     optimizer: torch.optim.Optimizer
@@ -143,6 +77,14 @@ class Run:
     iter_num: int = 0
     best_val: float = math.inf
     last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
+
+    @property
+    def ckpt_path(self) -> Path:
+        return checkpoint.checkpoint_path(self.cfg.out_dir)
+
+    @property
+    def amp(self) -> Any:
+        return autocast(self.device, self.dtype)
 
 
 def setup(
@@ -155,31 +97,15 @@ def setup(
         torch.manual_seed(cfg.seed)  # the initial weights: the same on every process
         model = GPT(GPTConfig.from_options(cfg, vocab_size=data.vocab_size)).to(device)
     else:
-        tokenizer = data.meta.get("tokenizer")
-        model = checkpoint.resume_model(
-            ckpt,
-            explicit,
-            cfg.norm,
-            cfg.dropout,
-            data.vocab_size,
-            tokenizer,
-            checkpoint.checkpoint_path(cfg.out_dir),
-            device,
-        )
+        model = checkpoint.resume_model(ckpt, explicit, cfg, data.vocab_size, data.meta.get("tokenizer"), device)
     # Dropout draws from torch's RNG, one stream per process; the batches from a generator of their own, the same on
     # every process, whose state is the position in the data stream. A resume restores both.
     torch.manual_seed(cfg.seed + dist.rank)
-    run = Run(
-        data,
-        model,
-        model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type),
-        torch.amp.GradScaler(device_type, enabled=dtype == "float16"),  # loss scaling for float16
-        torch.Generator().manual_seed(cfg.seed),
-    )
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16
+    run = Run(cfg, device, dtype, dist, data, model, optimizer, scaler, torch.Generator().manual_seed(cfg.seed))
     if ckpt is not None:
-        state = checkpoint.restore_training_state(
-            ckpt, run.optimizer, run.scaler, run.data_gen, checkpoint.checkpoint_path(cfg.out_dir), dist
-        )
+        state = checkpoint.restore_training_state(ckpt, optimizer, scaler, run.data_gen, run.ckpt_path, dist)
         run.iter_num, run.best_val = state
         run.last_saved = run.iter_num
     return run
@@ -216,77 +142,104 @@ def wrap(
     return model, train_model
 
 
-def diverged(what: str, run: Run, cfg: TrainConfig) -> TrainError:
-    kept = (
-        f"the last good checkpoint, {checkpoint.checkpoint_path(cfg.out_dir)} (iteration {run.last_saved}), was kept"
-        if run.last_saved is not None
-        else "no checkpoint had been written by this run"
+@torch.no_grad()
+def estimate_loss(model: torch.nn.Module, run: Run) -> dict[str, float]:
+    """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
+    own, so that evaluating never moves the training data stream."""
+    cfg = run.cfg
+    gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+    model.eval()
+    sums = []
+    for split in ("train", "val"):
+        starts = torch.randint(run.data.num_starts(split), (cfg.eval_iters, cfg.batch_size), generator=gen)
+        total = torch.zeros((), device=run.device)
+        for rows in starts[run.dist.rank :: run.dist.world_size]:  # each process evaluates its share
+            x, y = run.data.get(split, rows, run.device)
+            with run.amp:
+                _, loss = model(x, y)
+            total += loss.float()
+        sums.append(total)
+    model.train()
+    train_loss, val_loss = (run.dist.all_reduce(torch.stack(sums)) / cfg.eval_iters).tolist()
+    return {"train": train_loss, "val": val_loss}
+
+
+def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]) -> tuple[float, bool]:
+    """Estimate the losses and log them; return the val loss and whether it is the best yet (kept in run.best_val).
+    A loss that is not finite stops the run."""
+    losses = estimate_loss(model, run)
+    run.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    log(
+        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
+        wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]},
     )
+    if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
+        raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
+    improved = losses["val"] < run.best_val
+    run.best_val = min(run.best_val, losses["val"])
+    return losses["val"], improved
+
+
+def diverged(what: str, run: Run) -> TrainError:
+    kept = "no checkpoint had been written by this run"
+    if run.last_saved is not None:
+        kept = f"the last good checkpoint, {run.ckpt_path} (iteration {run.last_saved}), was kept"
     return TrainError(
         f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
         f"with a lower --learning_rate or a longer --warmup_iters"
     )
 
 
-def finite(read: list[tuple[int, float, float]], run: Run, cfg: TrainConfig) -> list[tuple[int, float, float]]:
+def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, float, float]]:
     """The losses read back, if every one is finite; else the run stops (TrainError)."""
     for i, loss, _ in read:
         if not math.isfinite(loss):
-            raise diverged(f"loss is {loss} at iteration {i}", run, cfg)
+            raise diverged(f"loss is {loss} at iteration {i}", run)
     return read
 
 
-def save(run: Run, it: int, path: Path, cfg: TrainConfig, dist: Dist) -> None:
+def save(run: Run, it: int, path: Path) -> None:
     """Checkpoint the run after `it` iterations, if every weight is finite (else TrainError: the last one stays)."""
     if not all(bool(torch.isfinite(t).all()) for t in run.model.state_dict().values() if t.is_floating_point()):
-        raise diverged(f"the weights are not finite at iteration {it}", run, cfg)
+        raise diverged(f"the weights are not finite at iteration {it}", run)
     checkpoint.save_training_checkpoint(
         path,
-        dist,
+        run.dist,
         model=run.model,
         optimizer=run.optimizer,
         scaler=run.scaler,
+        data_gen=run.data_gen,
         iter_num=it,
         best_val_loss=run.best_val,
-        config=asdict(cfg),
+        config=asdict(run.cfg),
         tokenizer=run.data.meta.get("tokenizer"),
-        data_gen=run.data_gen,
     )
-    if path == checkpoint.checkpoint_path(cfg.out_dir):
+    if path == run.ckpt_path:
         run.last_saved = it
-        dist.print(f"saved checkpoint {path}")
+        run.dist.print(f"saved checkpoint {path}")
 
 
-def evaluate(
-    run: Run, model: torch.nn.Module, it: int, cfg: TrainConfig, dist: Dist, device: str, amp: Any, log: Any
-) -> tuple[float, bool]:
-    """Estimate the losses and log them; return the val loss and whether it is the best yet (kept in run.best_val).
-    A loss that is not finite stops the run."""
-    losses = estimate_loss(model, run.data, cfg, dist, device, amp)
-    dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    log(
-        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
-        wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]},
+def save_interrupted(run: Run, it: int, stop: StopRequest) -> Interrupted:
+    """Save the run a signal stopped after `it` iterations; the error to raise says how to go on. In best-only
+    mode ckpt.pt is the best model so far: the interrupted state goes beside it."""
+    path = run.ckpt_path if run.cfg.always_save_checkpoint else Path(run.cfg.out_dir) / "ckpt_interrupted.pt"
+    save(run, it, path)
+    resume = f"python train.py --init_from=resume --out_dir={run.ckpt_path.parent}"
+    resume = resume if path == run.ckpt_path else f"mv {path} {run.ckpt_path} && {resume}"
+    message = f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}"
+    return Interrupted(message, stop.signum or signal.SIGINT)
+
+
+def announce(run: Run, resumed: bool) -> None:
+    cfg = run.cfg
+    where = f"resuming {run.ckpt_path} at iteration {run.iter_num}" if resumed else "from scratch"
+    run.dist.print(
+        f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, {run.model.get_num_params() / 1e6:.2f}M "
+        f"parameters, device={run.device}, dtype={run.dtype}, compile={cfg.compile}, processes={run.dist.world_size}"
     )
-    if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
-        raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run, cfg)
-    improved = losses["val"] < run.best_val
-    run.best_val = min(run.best_val, losses["val"])
-    return losses["val"], improved
-
-
-def announce(run: Run, cfg: TrainConfig, device: str, dtype: str, dist: Dist, resumed: bool) -> None:
-    where = (
-        f"resuming {checkpoint.checkpoint_path(cfg.out_dir)} at iteration {run.iter_num}" if resumed else "from scratch"
-    )
-    dist.print(
-        f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, "
-        f"{run.model.get_num_params() / 1e6:.2f}M parameters, device={device}, dtype={dtype}, compile={cfg.compile}, "
-        f"processes={dist.world_size}"
-    )
-    dist.print(f"{run.data.describe()}; {tokens_per_iter(cfg):,} tokens per iteration")
+    run.dist.print(f"{run.data.describe()}; {tokens_per_iter(cfg):,} tokens per iteration")
     if cfg.decay_lr and cfg.lr_decay_iters > cfg.max_iters:
-        dist.print(
+        run.dist.print(
             f"note: lr_decay_iters={cfg.lr_decay_iters} is past max_iters={cfg.max_iters}, so the learning rate ends "
             f"at {get_lr(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr:.2e}; "
             f"--lr_decay_iters={cfg.max_iters} decays it fully"
@@ -297,6 +250,28 @@ def tokens_per_iter(cfg: TrainConfig) -> int:
     return cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
 
 
+@torch.no_grad()
+def print_sample(run: Run) -> None:
+    """Print a sample of the final model, if the dataset's tokenizer can be built here (else a note)."""
+    try:
+        tok = run.data.tokenizer()
+    except DataError as e:
+        print(f"note: no sample at the end, {e}")
+        return
+    try:
+        start = tok.encode("\n")
+    except ValueError:  # a vocabulary without a newline
+        start = [0]
+    n = run.cfg.sample_tokens
+    gen = torch.Generator(device=run.device).manual_seed(run.cfg.seed)
+    idx = torch.tensor([start], device=run.device)
+    run.model.eval()
+    with run.amp:
+        out = run.model.generate(idx, n, temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, generator=gen)
+    print(f"--- sample ({n} tokens, temperature {SAMPLE_TEMPERATURE}) ---")
+    print(tok.decode(out[0].tolist()), flush=True)
+
+
 def train(
     cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None, dist: Dist
 ) -> dict[str, Any]:
@@ -304,8 +279,7 @@ def train(
     t_start = time.perf_counter()
     run = setup(cfg, explicit, ckpt, device, dtype, dist)
     model, train_model = wrap(run.model, cfg, run.data, device, dtype, dist)
-    announce(run, cfg, device, dtype, dist, resumed=ckpt is not None)
-    amp = autocast(device, dtype)
+    announce(run, resumed=ckpt is not None)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share of the global batch
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
     start = run.iter_num
@@ -317,7 +291,7 @@ def train(
         StopRequest(announce=dist.master) as stop,
         contextlib.closing(run.data),
     ):
-        window = runlog.LossWindow(dist)
+        window = runlog.LossWindow(dist, tokens_per_iter(cfg), log)
         while True:
             over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
             stop_reason = stop_reason or stop.agreed(dist, over_time)
@@ -325,23 +299,16 @@ def train(
             just_resumed = ckpt is not None and it == start  # evaluated just before its checkpoint was saved
             if end or (it % cfg.eval_interval == 0 and not just_resumed):
                 t0 = time.perf_counter()
-                finite(window.read(), run, cfg)  # never evaluate or save weights that a NaN went through
-                last_val, improved = evaluate(run, model, it, cfg, dist, device, amp, log)
+                finite(window.read(), run)  # never evaluate or save weights that a NaN went through
+                last_val, improved = evaluate(model, run, it, log)
                 if it > start and not cfg.eval_only and (improved or cfg.always_save_checkpoint):
-                    save(run, it, checkpoint.checkpoint_path(cfg.out_dir), cfg, dist)
+                    save(run, it, run.ckpt_path)
                 window.paused_s += time.perf_counter() - t0
             if end:
                 break
             if stop_reason == "signal":
-                finite(window.read(), run, cfg)
-                # In best-only mode ckpt.pt is the best model so far; the interrupted state goes beside it.
-                path = (
-                    checkpoint.checkpoint_path(cfg.out_dir)
-                    if cfg.always_save_checkpoint
-                    else Path(cfg.out_dir) / "ckpt_interrupted.pt"
-                )
-                save(run, it, path, cfg, dist)
-                raise Interrupted.at(it, path, checkpoint.checkpoint_path(cfg.out_dir), stop)
+                finite(window.read(), run)
+                raise save_interrupted(run, it, stop)
 
             lr = get_lr(it, cfg)
             for group in run.optimizer.param_groups:
@@ -356,17 +323,15 @@ def train(
                 xs,
                 ys,
                 grad_clip=cfg.grad_clip,
-                autocast=amp,
+                autocast=run.amp,
                 scaler=run.scaler,
                 set_to_none=not cfg.cuda_graphs,
             )
             window.pending.append((it, loss, lr))
             if it % cfg.log_interval == 0:
-                window.log_line(finite(window.read(), run, cfg)[-1], tokens_per_iter(cfg), log)
+                window.log_line(finite(window.read(), run)[-1])
             it += 1
-        summary = runlog.summarize(
-            window,
-            tokens_per_iter(cfg),
+        summary = window.summary(
             iters=it,
             final_val_loss=last_val,
             best_val_loss=run.best_val if math.isfinite(run.best_val) else None,
@@ -378,26 +343,23 @@ def train(
         )
         log(summary)
         if cfg.sample_at_end and dist.master and not cfg.eval_only:
-            print_sample(run.model, run.data, cfg, device, amp)
+            print_sample(run)
     return summary
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Train as the command line `argv` asks; return the summary record.
-
-    Raises one of OPTION_ERRORS (a bad option), or DataError, CheckpointError or TrainError (data, resume
-    mismatch, divergence, interruption), each with a one-line message; `cli()` turns them into exit statuses.
-    """
+    """Train as the command line `argv` asks; return the summary record. Raises one of OPTION_ERRORS (a bad
+    option), or DataError, CheckpointError or TrainError (data, resume mismatch, divergence, interruption), each
+    with a one-line message; `cli()` turns them into exit statuses."""
     explicit = parse_args(sys.argv[1:] if argv is None else list(argv))
     dist = dist_from_env()
     cfg = build_config(explicit, processes=dist.world_size)
     ckpt = None
     if cfg.init_from == "resume":
+        ckpt_path = str(checkpoint.checkpoint_path(cfg.out_dir))
         ckpt = checkpoint.load_resume_checkpoint(cfg.out_dir)
         # The checkpoint's options are the defaults; what was given explicitly wins.
-        cfg = build_config(
-            explicit, ckpt["config"], source=str(checkpoint.checkpoint_path(cfg.out_dir)), processes=dist.world_size
-        )
+        cfg = build_config(explicit, ckpt["config"], source=ckpt_path, processes=dist.world_size)
     device = resolve_device(cfg.device, dist)
     dtype = resolve_dtype(cfg.dtype, torch.device(device).type)
     if cfg.norm == "triton":
