@@ -2,8 +2,7 @@
 
 Read it top to bottom: the formula; `layer_norm`, its forward in plain torch ops and its backward derived beside
 the code; PyTorch's built-in and the fused Triton kernels (layernorm_triton.py) as drop-in equals; RMSNorm and
-BatchNorm as contrasts; the registry `make_norm(name, dim)` / `NORMS` that model.py asks for a norm; last, the
-check of where the Triton kernels can run.
+BatchNorm as contrasts; the registry `make_norm(name, dim)` / `NORMS` that model.py asks for a norm.
 
 For one row x of C features (a token's activations), LayerNorm is
 
@@ -19,8 +18,6 @@ Every row is normalized on its own: no statistic crosses rows, so a token's outp
 tokens of the batch. `BatchNorm` below is the counter-example (statistics per feature over the batch), `RMSNorm`
 the simplification (no mean subtraction, no shift) and `DyT` the question whether statistics are needed at all.
 """
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -227,17 +224,22 @@ class BuiltinLayerNorm(LayerNorm):
 
 
 class TritonLayerNorm(LayerNorm):
-    """The two fused Triton kernels of layernorm_triton.py, imported when the first one is built."""
+    """The two fused Triton kernels of layernorm_triton.py, imported when the first one is built (device.py says
+    where they can run: `import layernorm` never imports triton)."""
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__(dim, bias=bias, eps=eps)
-        kernels = _triton_module()
+        from device import import_layernorm_triton
+
+        kernels = import_layernorm_triton()
         self._layer_norm_triton = kernels.layer_norm_triton
         self._cpu_ok = kernels.INTERPRET
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if not (x.is_cuda or (x.is_cpu and self._cpu_ok)):
+            from device import check_triton_device
+
             check_triton_device(x.device)  # raises, saying why and what to do
         return self._layer_norm_triton(x, self.weight, self.bias, self.eps, feeds_linear=self.feeds_linear)
 
@@ -373,52 +375,3 @@ def make_norm(
     norm = DyT(dim, bias=bias, eps=eps, alpha=alpha) if name == "dyt" else _CLASSES[name](dim, bias=bias, eps=eps)
     norm.feeds_linear = feeds_linear
     return norm
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 3. Where the Triton kernels can run. They live in layernorm_triton.py, imported the first time the Triton norm is
-# built or a device is checked for it: `import layernorm` never imports triton.
-
-
-class TritonUnavailableError(RuntimeError):
-    """The Triton norm was chosen where Triton cannot run."""
-
-
-_OTHER_NORMS = " or ".join(repr(n) for n in LAYERNORMS if n != "triton")  # the same LayerNorm, on every device
-_WHAT_TO_DO = (
-    "use a machine with a CUDA GPU, or run on the CPU (--device=cpu) with TRITON_INTERPRET=1 set in the environment "
-    "before starting Python, through Triton's (slow) interpreter, or choose another norm such as " + _OTHER_NORMS
-)
-
-
-def check_triton_device(device: torch.device | str) -> None:
-    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
-    Scripts call it to refuse before loading a model; TritonLayerNorm calls it for an input not on a GPU."""
-    device = torch.device(device)
-    kernels = _triton_module()  # without triton, that is the cause on every device
-    # on the CPU, the mode the kernels were defined in decides (triton.jit fixes it when layernorm_triton is imported)
-    if device.type == "cuda" or (device.type == "cpu" and kernels.INTERPRET):
-        return
-    setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        setting = "'1', but only after this process had compiled the kernels for a GPU"
-    raise TritonUnavailableError(
-        f"norm 'triton' cannot run on device {device}: its kernels run on a CUDA GPU, or on the CPU only "
-        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
-        f"data to a CUDA device, or {_WHAT_TO_DO}"
-    )
-
-
-def _triton_module():
-    """layernorm_triton, imported on first use; TritonUnavailableError, saying what to do, without triton."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        raise TritonUnavailableError(
-            f"norm 'triton' needs the triton package, which cannot be imported here ({e}): triton ships for "
-            f"Linux only, not macOS or Windows. To fix: choose {_OTHER_NORMS}, the same LayerNorm on every device, "
-            f"or run on Linux with triton installed (pip install triton)"
-        ) from None
-    import layernorm_triton
-
-    return layernorm_triton
