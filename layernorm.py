@@ -91,17 +91,12 @@ class _LayerNormFunction(torch.autograd.Function):
 
 
 def layer_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    correction: int = 0,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, correction: int = 0
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension of x, from scratch, with the hand-derived backward above.
+    """LayerNorm over the last dimension of x [..., C], from scratch, with the hand-derived backward above.
 
-    x has any shape [..., C]; weight and bias (optional) have shape [C]. correction=0 uses the population
-    variance (as nn.LayerNorm); correction=1 the sample variance (as x.var(1) in LayerNorm1d, docs/01-layernorm.md).
-    Half and bfloat16 inputs are normalized in float32 and returned in their own dtype.
+    weight and bias (optional) have shape [C]; `correction` is the module docstring's. Half and bfloat16 inputs are
+    normalized in float32 and returned in their own dtype.
 
     >>> x = torch.randn(2, 3, 8)
     >>> y = layer_norm(x, torch.ones(8), torch.zeros(8))
@@ -118,11 +113,7 @@ def layer_norm(
 
 
 def layer_norm_naive(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    correction: int = 0,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, correction: int = 0
 ) -> torch.Tensor:
     """The formula op by op, differentiated by autograd: the check on the hand-written backward (in float64 the
     tests hold them to 1e-10), and the baseline it must beat in speed (python -m bench.kernels)."""
@@ -165,12 +156,12 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. Modules and the registry. Every norm here is a `Norm`: parameters `weight` [dim] and `bias` [dim] (or None),
-# one layout, so a state_dict saved with one LayerNorm loads into any other; and one check of its input per call.
+# 2. Modules and the registry.
 
 
 class Norm(nn.Module):
-    """The base of every norm here: weight [dim] (ones), bias [dim] (zeros) or None, eps, and the input check."""
+    """The base of every norm here: weight [dim] (ones) and bias [dim] (zeros) or None, one layout, so a state_dict
+    saved with one LayerNorm loads into any other; eps; and one check of its input per call."""
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__()
@@ -264,16 +255,11 @@ class RMSNorm(Norm):
 class BatchNorm(Norm):
     """BatchNorm over every token of the batch, per feature: the counter-example to LayerNorm.
 
-    For x of shape [..., C], all leading dims are pooled: mean and var of feature c come from every token in the
-    batch, so one token's output depends on the others. Training mode normalizes with the batch statistics and
-    updates running_mean/running_var (momentum 0.1, unbiased variance, as nn.BatchNorm1d); eval mode uses the
-    running statistics, so its output is per token again.
-
-    A training-mode batch of a single token (decoding one token for one user) is computed, not refused: each
-    feature's batch mean is the token itself and its (population) variance is 0, so xhat = 0 and the output is
-    exactly `bias` (zeros without bias): the token's own information is erased. Such a batch leaves running_mean,
-    running_var and num_batches_tracked unchanged, since the unbiased variance of one sample is undefined.
-    (nn.BatchNorm1d and F.batch_norm raise on one value per channel in training mode instead.)
+    For x [..., C], all leading dims are pooled: feature c's mean and var come from every token in the batch, so
+    one token's output depends on the others. Training mode normalizes with the batch statistics and updates
+    running_mean/running_var (momentum 0.1, unbiased variance, as nn.BatchNorm1d); eval mode uses the running
+    statistics, so its output is per token again. A training-mode batch of one token (decoding one token for one
+    user) is computed, where nn.BatchNorm1d raises: see _one_token_batch.
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, momentum: float = 0.1) -> None:
@@ -296,11 +282,10 @@ class BatchNorm(Norm):
         return y.to(x.dtype).view(x.shape)
 
     def _one_token_batch(self, x2: torch.Tensor) -> torch.Tensor:
-        """Training mode on [N < 2, C]: the ordinary formula with population variance, running stats untouched.
-
-        For one token x - mean is exactly 0 (and var 0), so y == bias (or 0) and the gradient reaching x is 0;
-        weight gets 0 and bias the summed upstream gradient, as the formula says. An empty batch gives [0, C].
-        """
+        """Training mode on [N < 2, C]: the ordinary formula with population variance. For one token x - mean is
+        exactly 0 (and var 0), so y == bias (or 0): the token's own information is erased; x and weight get no
+        gradient, bias the upstream one. Running stats stay as they are (one sample has no unbiased variance).
+        An empty batch gives [0, C]."""
         mean = x2.mean(dim=0, keepdim=True)
         xc = x2 - mean
         var = (xc * xc).mean(dim=0, keepdim=True)
@@ -352,13 +337,7 @@ _CLASSES = {
 
 
 def make_norm(
-    name: str,
-    dim: int,
-    *,
-    bias: bool = True,
-    eps: float = 1e-5,
-    alpha: float | None = None,
-    feeds_linear: bool = False,
+    name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None, feeds_linear: bool = False
 ) -> nn.Module:
     """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter.
     `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one. feeds_linear=True says that
