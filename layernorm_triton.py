@@ -357,8 +357,7 @@ def _backward(
 # launch binds and specializes every argument and looks the compiled kernel up, 10-25 us of Python a call on a
 # GPU. With DIRECT_LAUNCH, the compiled kernel a normal launch returned for tensors that are all 16-byte aligned
 # is kept under everything else that chose it (every argument after the tensors, their dtypes, the device) and
-# called directly the next time the same arguments come. Under torch.compile (`traced`), wrap_triton hands the
-# launch to Inductor.
+# called directly the next time the same arguments come. Traced, wrap_triton hands the launch to Inductor.
 
 _COMPILED: dict[tuple, object] = {}
 
@@ -386,11 +385,10 @@ def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Autograd. In eager mode a plain autograd.Function (the least Python per call). Under torch.compile the same
-# launchers are torch.library ops (triton_op, or custom_op with fake implementations for their shapes), so a
-# compiled model traces through them instead of breaking the graph. The output comes in x's dtype; under autocast,
-# where the caller says only a Linear reads it (feeds_linear), in the autocast dtype: the values that Linear would
-# have cast the float32 output to, without the cast. (A post-norm block's output is the residual stream: x's dtype.)
+# Autograd: the paths of the module docstring's table; torch.library ops let a compiled model trace through the
+# launchers instead of breaking the graph. The output comes in x's dtype; under autocast, where the caller says only
+# a Linear reads it (feeds_linear), in the autocast dtype: the values that Linear would have cast the float32 output
+# to, without the cast. (A post-norm block's output is the residual stream: x's dtype.)
 
 
 def _out_dtype(x: torch.Tensor, feeds_linear: bool) -> torch.dtype:
