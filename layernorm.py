@@ -129,7 +129,7 @@ def _wants_grad(*tensors: torch.Tensor | None) -> bool:
 
 
 def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> None:
-    """Bad input gets a clear error, never a wrong answer (every LayerNorm here calls this first)."""
+    """layer_norm's arguments: bad input gets a clear error, never a wrong answer (a module checks its own x)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"layer_norm expects a torch.Tensor input, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -299,10 +299,10 @@ class DyT(Norm):
         y = tanh(alpha * x) * weight + bias,    alpha one learned scalar
 
     No statistics at all: each element is squashed on its own, so it is batch independent like LayerNorm but does
-    not centre or rescale a token; alpha is the gain that LayerNorm's 1/std would be. The paper's observation:
-    trained LayerNorms map their inputs along tanh-like S curves. alpha starts as in its language models (with
-    model.py's embed_scale, on with DyT): lower the wider the model, `initial_alpha(dim)`; an `alpha` given starts
-    there instead (0.5, the paper's default, stalls this GPT: README, experiments/dyt_stall.py). `eps` is unused.
+    not centre or rescale a token; alpha is the gain that LayerNorm's 1/std would be (the paper: trained LayerNorms
+    map their inputs along tanh-like S curves). alpha starts as in its language models (with model.py's
+    embed_scale, on with DyT): lower the wider the model, `initial_alpha(dim)`; an `alpha` given starts there
+    instead (0.5, the paper's default, stalls this GPT: README, experiments/dyt_stall.py). `eps` is unused.
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> None:

@@ -478,13 +478,9 @@ def layer_norm_triton(
     eps: float = 1e-5,
     feeds_linear: bool = False,
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension of x (any shape [..., C]) with the fused Triton kernels.
-
-    Same function and gradients as `layernorm.layer_norm` (population variance); float64 is computed in float64,
-    every other dtype in float32; y comes in x's dtype, or under autocast with feeds_linear=True (only a Linear
-    reads y) in the autocast dtype. The arguments are taken as checked: `layernorm.TritonLayerNorm` checks them,
-    once per call.
-    """
+    """LayerNorm over the last dimension of x [..., C] with the fused Triton kernels: `layernorm.layer_norm`'s
+    function and gradients (population variance), y in x's dtype or, under autocast with feeds_linear=True (only a
+    Linear reads y), in the autocast dtype. The arguments are taken as checked (`layernorm.TritonLayerNorm` does)."""
     out_dtype = _out_dtype(x, feeds_linear)
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]
