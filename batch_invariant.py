@@ -3,15 +3,12 @@
     with batch_invariant():
         logits = model(idx)  # model.py is unchanged: its F.linear and F.scaled_dot_product_attention are swapped
 
-LayerNorm is batch independent in exact arithmetic, and on a computer too: each token's statistics come from its
-own features, added in the same order however many tokens there are (batch_independence.py, check 3). The rest of
-the model is not, because two operations pick their order of additions from the shapes they get (MKL and cuBLAS
-for matrix products, SDPA for attention; the README gives the differences measured):
-- Matrix products (every nn.Linear): a row gets other bits among 1 row (a decoding step alone) than among 4 or 64.
+LayerNorm is batch independent, bit for bit too (batch_independence.py, check 3). The rest of the model is not:
+two operations pick their order of additions from the shapes they get (the README gives the differences measured):
+- Matrix products (MKL, cuBLAS): a row gets other bits among 1 row (a decoding step alone) than among 4 or 64.
   The mode sends every row through the same additions, however many rows came.
-- Attention: a query gets other bits inside a causal pass than alone over its visible keys, and in a batch than
-  alone. The mode adds exactly the keys each query sees, in one order, decoded alone, in a batch, from the cache or
-  in a full forward pass.
+- Attention (SDPA): a query gets other bits inside a causal pass than alone, and in a batch than alone. The mode
+  adds exactly the keys each query sees, in one order, alone, in a batch, from the cache or in a full pass.
 Either fix alone leaves about 1e-6 in the logits; both give 0 (`linear=False` or `attention=False` drops one).
 
 Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch": products

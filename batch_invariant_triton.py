@@ -7,11 +7,8 @@ One rule makes both invariant: a result's order of additions is fixed by the cod
   - attention: one program per query, which walks exactly the keys it sees in blocks of BLOCK_KEYS from key 0 with an
     online softmax, reading q, k, v through their strides (the KV cache hands a strided prefix of its buffer), so a
     query adds in the same order decoded from the cache, inside a causal pass, alone or in a batch.
-Both accumulate in float32 and write the input's dtype.
-
-This module imports triton, so batch_invariant.py imports it only when the mode meets a CUDA tensor (or is asked
-for its Triton kernels on CPU tensors, which run through Triton's interpreter when TRITON_INTERPRET=1 was set
-before triton was imported).
+Both accumulate in float32 and write the input's dtype. batch_invariant.py imports this module (and so triton)
+only when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors (Triton's interpreter).
 """
 
 import os
@@ -115,29 +112,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     block_m, block_n, block_k, warps = LINEAR_TILES[x.dtype]
     bias_arg = weight if bias is None else bias.contiguous()  # a placeholder pointer, never read without a bias
     grid = (triton.cdiv(x2.size(0), block_m), triton.cdiv(N, block_n))
+    args = (x2, weight, bias_arg, y, x2.size(0), N, K, *x2.stride(), *weight.stride(), y.stride(0))
+    constexprs = (bias is not None, block_m, block_n, block_k, "ieee", INTERPRET)  # ieee: float32 products, not TF32
     if x2.size(0):
         with on_device(x.device):
-            linear_kernel[grid](
-                x2,
-                weight,
-                bias_arg,
-                y,
-                x2.size(0),
-                N,
-                K,
-                x2.stride(0),
-                x2.stride(1),
-                weight.stride(0),
-                weight.stride(1),
-                y.stride(0),
-                HAS_BIAS=bias is not None,
-                BLOCK_M=block_m,
-                BLOCK_N=block_n,
-                BLOCK_K=block_k,
-                PRECISION="ieee",  # float32 multiplied in float32, not TF32: what it is given
-                INTERPRETED=INTERPRET,
-                num_warps=warps,
-            )
+            linear_kernel[grid](*args, *constexprs, num_warps=warps)
     return y.view(*x.shape[:-1], N)
 
 
@@ -221,23 +200,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[in
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # features side by side
     B, H, T, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
     if out.numel():
         with on_device(q.device):
             attention_kernel[(T, B * H)](
-                q,
-                k,
-                v,
-                out,
-                H,
-                S,
-                D,
-                offset,
-                scale,
-                *q.stride()[:3],
-                *k.stride()[:3],
-                *v.stride()[:3],
-                *out.stride()[:3],
-                BLOCK_KEYS=BLOCK_KEYS,
-                BLOCK_D=triton.next_power_of_2(D),
+                q, k, v, out, H, S, D, offset, scale, *strides, BLOCK_KEYS, triton.next_power_of_2(D)
             )
     return out

@@ -2,8 +2,7 @@
 
 Read it top to bottom: the formula; `layer_norm`, its forward in plain torch ops and its backward derived beside
 the code; PyTorch's built-in and the fused Triton kernels (layernorm_triton.py) as drop-in equals; RMSNorm and
-BatchNorm as contrasts; the registry `make_norm(name, dim)` / `NORMS` that model.py asks for a norm; last, the
-check of where the Triton kernels can run.
+BatchNorm as contrasts; the registry `make_norm(name, dim)` / `NORMS` that model.py asks for a norm.
 
 For one row x of C features (a token's activations), LayerNorm is
 
@@ -19,8 +18,6 @@ Every row is normalized on its own: no statistic crosses rows, so a token's outp
 tokens of the batch. `BatchNorm` below is the counter-example (statistics per feature over the batch), `RMSNorm`
 the simplification (no mean subtraction, no shift) and `DyT` the question whether statistics are needed at all.
 """
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -94,17 +91,12 @@ class _LayerNormFunction(torch.autograd.Function):
 
 
 def layer_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    correction: int = 0,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, correction: int = 0
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension of x, from scratch, with the hand-derived backward above.
+    """LayerNorm over the last dimension of x [..., C], from scratch, with the hand-derived backward above.
 
-    x has any shape [..., C]; weight and bias (optional) have shape [C]. correction=0 uses the population
-    variance (as nn.LayerNorm); correction=1 the sample variance (as x.var(1) in LayerNorm1d, docs/01-layernorm.md).
-    Half and bfloat16 inputs are normalized in float32 and returned in their own dtype.
+    weight and bias (optional) have shape [C]; `correction` is the module docstring's. Half and bfloat16 inputs are
+    normalized in float32 and returned in their own dtype.
 
     >>> x = torch.randn(2, 3, 8)
     >>> y = layer_norm(x, torch.ones(8), torch.zeros(8))
@@ -121,11 +113,7 @@ def layer_norm(
 
 
 def layer_norm_naive(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
-    correction: int = 0,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, correction: int = 0
 ) -> torch.Tensor:
     """The formula op by op, differentiated by autograd: the check on the hand-written backward (in float64 the
     tests hold them to 1e-10), and the baseline it must beat in speed (python -m bench.kernels)."""
@@ -141,7 +129,7 @@ def _wants_grad(*tensors: torch.Tensor | None) -> bool:
 
 
 def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> None:
-    """Bad input gets a clear error, never a wrong answer (every LayerNorm here calls this first)."""
+    """layer_norm's arguments: bad input gets a clear error, never a wrong answer (a module checks its own x)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"layer_norm expects a torch.Tensor input, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -168,12 +156,12 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. Modules and the registry. Every norm here is a `Norm`: parameters `weight` [dim] and `bias` [dim] (or None),
-# one layout, so a state_dict saved with one LayerNorm loads into any other; and one check of its input per call.
+# 2. Modules and the registry.
 
 
 class Norm(nn.Module):
-    """The base of every norm here: weight [dim] (ones), bias [dim] (zeros) or None, eps, and the input check."""
+    """The base of every norm here: weight [dim] (ones) and bias [dim] (zeros) or None, one layout, so a state_dict
+    saved with one LayerNorm loads into any other; eps; and one check of its input per call."""
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__()
@@ -227,17 +215,22 @@ class BuiltinLayerNorm(LayerNorm):
 
 
 class TritonLayerNorm(LayerNorm):
-    """The two fused Triton kernels of layernorm_triton.py, imported when the first one is built."""
+    """The two fused Triton kernels of layernorm_triton.py, imported when the first one is built (device.py says
+    where they can run: `import layernorm` never imports triton)."""
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__(dim, bias=bias, eps=eps)
-        kernels = _triton_module()
+        from device import import_layernorm_triton
+
+        kernels = import_layernorm_triton()
         self._layer_norm_triton = kernels.layer_norm_triton
         self._cpu_ok = kernels.INTERPRET
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if not (x.is_cuda or (x.is_cpu and self._cpu_ok)):
+            from device import check_triton_device
+
             check_triton_device(x.device)  # raises, saying why and what to do
         return self._layer_norm_triton(x, self.weight, self.bias, self.eps, feeds_linear=self.feeds_linear)
 
@@ -262,16 +255,11 @@ class RMSNorm(Norm):
 class BatchNorm(Norm):
     """BatchNorm over every token of the batch, per feature: the counter-example to LayerNorm.
 
-    For x of shape [..., C], all leading dims are pooled: mean and var of feature c come from every token in the
-    batch, so one token's output depends on the others. Training mode normalizes with the batch statistics and
-    updates running_mean/running_var (momentum 0.1, unbiased variance, as nn.BatchNorm1d); eval mode uses the
-    running statistics, so its output is per token again.
-
-    A training-mode batch of a single token (decoding one token for one user) is computed, not refused: each
-    feature's batch mean is the token itself and its (population) variance is 0, so xhat = 0 and the output is
-    exactly `bias` (zeros without bias): the token's own information is erased. Such a batch leaves running_mean,
-    running_var and num_batches_tracked unchanged, since the unbiased variance of one sample is undefined.
-    (nn.BatchNorm1d and F.batch_norm raise on one value per channel in training mode instead.)
+    For x [..., C], all leading dims are pooled: feature c's mean and var come from every token in the batch, so
+    one token's output depends on the others. Training mode normalizes with the batch statistics and updates
+    running_mean/running_var (momentum 0.1, unbiased variance, as nn.BatchNorm1d); eval mode uses the running
+    statistics, so its output is per token again. A training-mode batch of one token (decoding one token for one
+    user) is computed, where nn.BatchNorm1d raises: see _one_token_batch.
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, momentum: float = 0.1) -> None:
@@ -294,11 +282,10 @@ class BatchNorm(Norm):
         return y.to(x.dtype).view(x.shape)
 
     def _one_token_batch(self, x2: torch.Tensor) -> torch.Tensor:
-        """Training mode on [N < 2, C]: the ordinary formula with population variance, running stats untouched.
-
-        For one token x - mean is exactly 0 (and var 0), so y == bias (or 0) and the gradient reaching x is 0;
-        weight gets 0 and bias the summed upstream gradient, as the formula says. An empty batch gives [0, C].
-        """
+        """Training mode on [N < 2, C]: the ordinary formula with population variance. For one token x - mean is
+        exactly 0 (and var 0), so y == bias (or 0): the token's own information is erased; x and weight get no
+        gradient, bias the upstream one. Running stats stay as they are (one sample has no unbiased variance).
+        An empty batch gives [0, C]."""
         mean = x2.mean(dim=0, keepdim=True)
         xc = x2 - mean
         var = (xc * xc).mean(dim=0, keepdim=True)
@@ -312,10 +299,10 @@ class DyT(Norm):
         y = tanh(alpha * x) * weight + bias,    alpha one learned scalar
 
     No statistics at all: each element is squashed on its own, so it is batch independent like LayerNorm but does
-    not centre or rescale a token; alpha is the gain that LayerNorm's 1/std would be. The paper's observation:
-    trained LayerNorms map their inputs along tanh-like S curves. alpha starts as in its language models (with
-    model.py's embed_scale, on with DyT): lower the wider the model, `initial_alpha(dim)`; an `alpha` given starts
-    there instead (0.5, the paper's default, stalls this GPT: README, experiments/dyt_stall.py). `eps` is unused.
+    not centre or rescale a token; alpha is the gain that LayerNorm's 1/std would be (the paper: trained LayerNorms
+    map their inputs along tanh-like S curves). alpha starts as in its language models (with model.py's
+    embed_scale, on with DyT): lower the wider the model, `initial_alpha(dim)`; an `alpha` given starts there
+    instead (0.5, the paper's default, stalls this GPT: README, experiments/dyt_stall.py). `eps` is unused.
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> None:
@@ -350,13 +337,7 @@ _CLASSES = {
 
 
 def make_norm(
-    name: str,
-    dim: int,
-    *,
-    bias: bool = True,
-    eps: float = 1e-5,
-    alpha: float | None = None,
-    feeds_linear: bool = False,
+    name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None, feeds_linear: bool = False
 ) -> nn.Module:
     """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter.
     `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one. feeds_linear=True says that
@@ -373,52 +354,3 @@ def make_norm(
     norm = DyT(dim, bias=bias, eps=eps, alpha=alpha) if name == "dyt" else _CLASSES[name](dim, bias=bias, eps=eps)
     norm.feeds_linear = feeds_linear
     return norm
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 3. Where the Triton kernels can run. They live in layernorm_triton.py, imported the first time the Triton norm is
-# built or a device is checked for it: `import layernorm` never imports triton.
-
-
-class TritonUnavailableError(RuntimeError):
-    """The Triton norm was chosen where Triton cannot run."""
-
-
-_OTHER_NORMS = " or ".join(repr(n) for n in LAYERNORMS if n != "triton")  # the same LayerNorm, on every device
-_WHAT_TO_DO = (
-    "use a machine with a CUDA GPU, or run on the CPU (--device=cpu) with TRITON_INTERPRET=1 set in the environment "
-    "before starting Python, through Triton's (slow) interpreter, or choose another norm such as " + _OTHER_NORMS
-)
-
-
-def check_triton_device(device: torch.device | str) -> None:
-    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
-    Scripts call it to refuse before loading a model; TritonLayerNorm calls it for an input not on a GPU."""
-    device = torch.device(device)
-    kernels = _triton_module()  # without triton, that is the cause on every device
-    # on the CPU, the mode the kernels were defined in decides (triton.jit fixes it when layernorm_triton is imported)
-    if device.type == "cuda" or (device.type == "cpu" and kernels.INTERPRET):
-        return
-    setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        setting = "'1', but only after this process had compiled the kernels for a GPU"
-    raise TritonUnavailableError(
-        f"norm 'triton' cannot run on device {device}: its kernels run on a CUDA GPU, or on the CPU only "
-        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
-        f"data to a CUDA device, or {_WHAT_TO_DO}"
-    )
-
-
-def _triton_module():
-    """layernorm_triton, imported on first use; TritonUnavailableError, saying what to do, without triton."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        raise TritonUnavailableError(
-            f"norm 'triton' needs the triton package, which cannot be imported here ({e}): triton ships for "
-            f"Linux only, not macOS or Windows. To fix: choose {_OTHER_NORMS}, the same LayerNorm on every device, "
-            f"or run on Linux with triton installed (pip install triton)"
-        ) from None
-    import layernorm_triton
-
-    return layernorm_triton

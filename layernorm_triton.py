@@ -8,10 +8,9 @@ statistics in float32 (float64 for a float64 input), and the backward derived th
 What fusing buys: each kernel reads its inputs once and writes its outputs once, with every intermediate (the
 centred row, xhat, g) kept in registers, where the torch version makes a pass over memory per operation.
 
-A leaf: it imports only torch and triton. `layernorm.TritonLayerNorm` builds on it, imports it when the first one
-is built, and checks its inputs (layernorm.check_args says what is valid). Kernels run on CUDA tensors, or on CPU
-tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before this module was imported (triton.jit
-chooses interpreter or compiler when a kernel is defined; INTERPRET below records which).
+A leaf: it imports only torch and triton; `layernorm.TritonLayerNorm` imports it and checks the inputs. Kernels run
+on CUDA tensors, or on CPU tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before this module
+was imported (triton.jit chooses interpreter or compiler when a kernel is defined; INTERPRET records which).
 
 Which path a call takes (`layer_norm_triton` decides; `_forward` and `_backward` are the launchers they share):
 
@@ -23,10 +22,9 @@ Which path a call takes (`layer_norm_triton` decides; `_forward` and `_backward`
 
     * direct: on CUDA with DIRECT_LAUNCH, the cached compiled kernel called without Triton's argument binding.
 
-`traced` means "inside a torch.library op": there no two arguments may share one tensor and no two outputs one
-buffer, so an unused pointer gets a tensor of its own and dw, db come from two reductions. A small model's step is
-bound by the CPU launching kernels, so the eager paths keep their Python short: a plain autograd.Function, launch
-parameters computed once per input shape, no device switch when the tensors' device is already current.
+`traced` means "inside a torch.library op": there no two kernel arguments may share one tensor and no two outputs
+one buffer, so an unused pointer gets a tensor of its own and dw, db come from two reductions. Eager mode does
+neither: a small model's step is bound by the CPU launching kernels, so the eager paths keep their Python short.
 """
 
 import functools
@@ -42,8 +40,7 @@ ONE_PROGRAM_ROWS = 32  # a backward of at most this many rows runs as one progra
 
 
 def _direct_launch_supported(version: str) -> bool:
-    """Triton 3.6 and 3.7 launch a compiled kernel with `compiled[grid](*every kernel argument)`, what Triton's own
-    launch does after binding the arguments; other versions keep the normal launch."""
+    """Triton 3.6 and 3.7 launch a compiled kernel as `compiled[grid](*every kernel argument)`; others never direct."""
     major, minor = (int(part) for part in version.split(".")[:2])
     return (3, 6) <= (major, minor) <= (3, 7)
 
@@ -123,11 +120,8 @@ def layer_norm_fwd_kernel(
 
 @functools.cache
 def _block_config(C: int, max_block: int = MAX_BLOCK) -> tuple[int, bool, int]:
-    """(BLOCK_SIZE, ONE_BLOCK, num_warps) for rows of C features, computed once per C.
-
-    BLOCK_SIZE is a power of two >= C when the row fits one block, else max_block; one warp per 256 columns
-    (8 per thread), at most 8, or 16 for the widest blocks.
-    """
+    """(BLOCK_SIZE, ONE_BLOCK, num_warps) for rows of C features, once per C: a power of two >= C where the row fits
+    one block, else max_block; one warp per 256 columns (8 per thread), at most 8, or 16 for the widest blocks."""
     block = min(triton.next_power_of_2(C), max_block)
     return block, C <= block, min(max(block // 256, 1), 8 if block < 8192 else 16)
 
@@ -282,13 +276,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _backward_programs(N: int, device: torch.device) -> int:
-    """How many programs share the backward's N rows.
-
-    Up to ONE_PROGRAM_ROWS rows, one: its partial sums are the sums, and a launch saved weighs more than a few
-    rows in parallel at that size. Beyond, on a GPU 8 per SM (as flash-attention's LayerNorm): enough warps in
-    flight to hide memory latency, while the partial sums stay small next to the rows (2 x 8 x 132 x C floats on
-    an H200, against 3 x N x C elements of dy, x and dx). The interpreter runs programs one after another: 4 there.
-    """
+    """How many programs share the backward's N rows. Up to ONE_PROGRAM_ROWS, one: its partial sums are the sums,
+    and a launch saved weighs more than a few rows in parallel. Beyond, on a GPU 8 per SM (as flash-attention's
+    LayerNorm): enough warps in flight to hide memory latency, while the partial sums stay small next to the rows
+    (2 x 8 x 132 x C floats on an H200, against 3 x N x C of dy, x and dx). The interpreter, one program after
+    another: 4."""
     if N <= ONE_PROGRAM_ROWS:
         return 1
     return min(N, 8 * _sm_count(device) if device.type == "cuda" else 4)
@@ -312,9 +304,9 @@ def _num_stages(block: int, x: torch.Tensor, dy: torch.Tensor) -> int:
 
 
 def _unused_pointer(like: torch.Tensor, traced: bool) -> torch.Tensor:
-    """What to pass for a pointer the kernel never reads (the bias's, with HAS_BIAS=False): `like` itself, or,
-    under tracing, a tensor of its own. Torch may take every tensor a traced kernel gets as written, and two
-    arguments on one tensor would come back as two copies, of which the unwritten one could win."""
+    """A pointer the kernel never reads (the bias's, with HAS_BIAS=False): `like` itself, or, traced, a tensor of
+    its own: torch may take every tensor a traced kernel gets as written, and of two copies of one tensor the
+    unwritten one could win."""
     return like.new_empty(1) if traced else like
 
 
@@ -346,24 +338,10 @@ def _backward(
         buffer = new(1 + has_bias, programs, C, dtype=stats.dtype, device=x.device)
         slabs = (buffer[0], buffer[1] if has_bias else _unused_pointer(buffer[0], traced))
     if N:
-        args = (
-            dy2,
-            x2,
-            weight.contiguous(),
-            stats,
-            dx,
-            *slabs,
-            stride_dy,
-            stride_x,
-            C,
-            N,
-            C,
-            -(-N // programs),  # rows per program, rounded up
-            has_bias,
-            block,
-            one_block,
-            _num_stages(block, x2, dy2) if one_block else 1,
-        )
+        tensors = (dy2, x2, weight.contiguous(), stats, dx, *slabs)
+        rows_per_program = -(-N // programs)  # rounded up
+        stages = _num_stages(block, x2, dy2) if one_block else 1
+        args = (*tensors, stride_dy, stride_x, C, N, C, rows_per_program, has_bias, block, one_block, stages)
         _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced, tensors=7)
     if one_program:
         return dx, dw, slabs[1] if has_bias else None
@@ -379,8 +357,7 @@ def _backward(
 # launch binds and specializes every argument and looks the compiled kernel up, 10-25 us of Python a call on a
 # GPU. With DIRECT_LAUNCH, the compiled kernel a normal launch returned for tensors that are all 16-byte aligned
 # is kept under everything else that chose it (every argument after the tensors, their dtypes, the device) and
-# called directly the next time the same arguments come. Under torch.compile (`traced`), wrap_triton hands the
-# launch to Inductor.
+# called directly the next time the same arguments come. Traced, wrap_triton hands the launch to Inductor.
 
 _COMPILED: dict[tuple, object] = {}
 
@@ -408,11 +385,10 @@ def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Autograd. In eager mode a plain autograd.Function (the least Python per call). Under torch.compile the same
-# launchers are torch.library ops (triton_op, or custom_op with fake implementations for their shapes), so a
-# compiled model traces through them instead of breaking the graph. The output comes in x's dtype; under autocast,
-# where the caller says only a Linear reads it (feeds_linear), in the autocast dtype: the values that Linear would
-# have cast the float32 output to, without the cast. (A post-norm block's output is the residual stream: x's dtype.)
+# Autograd: the paths of the module docstring's table; torch.library ops let a compiled model trace through the
+# launchers instead of breaking the graph. The output comes in x's dtype; under autocast, where the caller says only
+# a Linear reads it (feeds_linear), in the autocast dtype: the values that Linear would have cast the float32 output
+# to, without the cast. (A post-norm block's output is the residual stream: x's dtype.)
 
 
 def _out_dtype(x: torch.Tensor, feeds_linear: bool) -> torch.dtype:
@@ -502,13 +478,9 @@ def layer_norm_triton(
     eps: float = 1e-5,
     feeds_linear: bool = False,
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension of x (any shape [..., C]) with the fused Triton kernels.
-
-    Same function and gradients as `layernorm.layer_norm` (population variance); float64 is computed in float64,
-    every other dtype in float32; y comes in x's dtype, or under autocast with feeds_linear=True (only a Linear
-    reads y) in the autocast dtype. The arguments are taken as checked: `layernorm.TritonLayerNorm` checks them,
-    once per call.
-    """
+    """LayerNorm over the last dimension of x [..., C] with the fused Triton kernels: `layernorm.layer_norm`'s
+    function and gradients (population variance), y in x's dtype or, under autocast with feeds_linear=True (only a
+    Linear reads y), in the autocast dtype. The arguments are taken as checked (`layernorm.TritonLayerNorm` does)."""
     out_dtype = _out_dtype(x, feeds_linear)
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]

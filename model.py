@@ -8,25 +8,20 @@ activations of shape [B, T, C]:
 
 and a pre-norm model has a final ln_f before the LM head. Which normalization these layers compute is the one
 choice this file leaves open: it asks `layernorm.make_norm(config.norm, ...)` and knows nothing else about norms.
-The LayerNorms in layernorm.py share one parameter layout, so a checkpoint trained with one loads into any other.
 
 Decoding with a KV cache (`GPT.generate(..., use_kv_cache=True)`, the default): the prompt runs through the model
 once (prefill), each layer keeps its keys and values, and every later token runs through the model alone, as
-activations of shape [B, 1, C]. That is only the same computation as re-running the whole context because every
-norm here takes its statistics from each token's own features; batch_independence.py shows it, and shows
-BatchNorm breaking it.
+activations of shape [B, 1, C]. That is the same computation as re-running the whole context only because every
+norm here takes its statistics from each token's own features (batch_independence.py shows it, and BatchNorm
+breaking it).
 
-Context longer than block_size. The model learned absolute positions 0..block_size-1, so a context longer than
-that must be cut, and a cut shifts every remaining token to a new position: keys cached under the old positions
-are then stale. The two decoding paths cut differently, and each is an exact computation of the model on the
-context it keeps:
-  - without the cache (nanoGPT's way) every step sees the last block_size tokens: a window sliding by one;
-  - with the cache, when it is full, the last block_size // 2 tokens are prefilled afresh at positions
-    0..block_size//2-1 and decoding goes on from there: a window that jumps by half a block, so a step sees
-    between block_size // 2 and block_size tokens. Sliding by one with a cache would mean recomputing the
-    whole window every step, which is what the uncached path already does.
-Up to block_size tokens in all (prompt plus new ones) the two paths compute the same thing; tests/test_kv_cache.py
-checks that, and past it that each cached step equals a full forward pass over the window it keeps.
+Past block_size tokens the context must be cut (the model learned absolute positions 0..block_size-1), and a cut
+shifts every kept token to a new position, so cached keys go stale. Without the cache (nanoGPT's way) every step
+sees the last block_size tokens: a window sliding by one. With the cache, when it is full, the last block_size // 2
+tokens are prefilled afresh at positions 0..block_size//2-1 and decoding goes on: a window jumping by half a block,
+so a step sees between block_size // 2 and block_size tokens (sliding by one with a cache would recompute the whole
+window every step, what the uncached path already does). Each is an exact computation of the model on the context
+it keeps; tests/test_kv_cache.py checks that, and that the two agree up to block_size tokens in all.
 """
 
 from __future__ import annotations

@@ -35,8 +35,18 @@ import torch
 import checkpoint
 import runlog
 from data.common import DataError, PreparedData
-from device import DeviceError, Dist, StopRequest, autocast, dist_from_env, peak_memory, resolve_device, resolve_dtype
-from layernorm import TritonUnavailableError, check_triton_device
+from device import (
+    DeviceError,
+    Dist,
+    StopRequest,
+    TritonUnavailableError,
+    autocast,
+    check_triton_device,
+    dist_from_env,
+    peak_memory,
+    resolve_device,
+    resolve_dtype,
+)
 from model import GPT, GPTConfig
 from options import ConfigError, TrainConfig, build_config, parse_args
 from step import get_lr, train_step

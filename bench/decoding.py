@@ -39,7 +39,7 @@ MATMUL_ROWS, MATMUL_WIDTHS = (1, 2, 4, 8, 16, 32, 64), (384, 1536)
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
     """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) with each of --norms."""
-    from layernorm import check_triton_device
+    from device import check_triton_device
 
     if "triton" in args.norms.split(","):
         check_triton_device(device)  # one line saying what to do, before a model is loaded
@@ -266,7 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from checkpoint import CheckpointError
-    from layernorm import TritonUnavailableError
+    from device import TritonUnavailableError
 
     args = parse_args(argv)
     t0 = time.perf_counter()

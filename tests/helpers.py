@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from checkpoint import FORMAT, save_checkpoint
-from layernorm import TritonUnavailableError, make_norm
+from device import TritonUnavailableError
+from layernorm import make_norm
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import layernorm
+from device import TritonUnavailableError
 from helpers import TRITON_SKIP, needs_triton, norm_params, randomize_norms
-from layernorm import LAYERNORMS, NO_NORM, NORMS, TritonUnavailableError, layer_norm, layer_norm_naive, make_norm
+from layernorm import LAYERNORMS, NO_NORM, NORMS, layer_norm, layer_norm_naive, make_norm
 
 RUNNABLE_NORMS = [n for n in NORMS if n != "triton" or TRITON_SKIP is None]  # for the tests that loop over them
 
