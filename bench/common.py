@@ -81,13 +81,40 @@ def run_child(
     return Child(proc.returncode, lines, time.perf_counter() - t0, maxrss_bytes(rusage.ru_maxrss), killed.is_set())
 
 
-def train_config(config: str, sets: Sequence[str]) -> Any:
-    """train.py's options (an options.TrainConfig) from a config file with KEY=VALUE items on top, typed and checked
-    by options.py; one clear line (SystemExit) if something is wrong."""
+def parser(description: str, config: bool = False) -> argparse.ArgumentParser:
+    """The options every benchmark has (--device, --out) and, with config, train.py's (--config, --set)."""
+    from device import DEVICE_HELP
+
+    p = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    if config:
+        p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """p's arguments, with args.argv (the command line, for write_results) and args.device resolved (a device that
+    is not here is a one-line usage error)."""
+    from device import DeviceError, resolve_device
+
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args.device = resolve_device(args.device)
+    except DeviceError as e:
+        p.error(str(e))
+    return args
+
+
+def train_config(config: str, sets: Sequence[str], *flags: str) -> Any:
+    """train.py's options (an options.TrainConfig) from a config file, KEY=VALUE items and --key=value flags on top,
+    typed and checked by options.py; one clear line (SystemExit) if something is wrong."""
     import options
 
     try:
-        return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets)]))
+        return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
     except options.ConfigError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -157,48 +184,30 @@ def machine_info() -> dict[str, Any]:
     """The commit measured ('+changes' if the files differ from it), CPU, GPU and the versions behind the figures."""
     import torch
 
-    def version(name: str) -> str | None:  # without importing it (importing triton fixes TRITON_INTERPRET)
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
+    def command(*cmd: str) -> str | None:
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
 
-    git = subprocess.run(
-        ["git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"],
-        capture_output=True,
-        text=True,
-    )
-    cpu = (
-        [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        if Path("/proc/cpuinfo").exists()
-        else []
-    )
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    try:  # without importing it (importing triton fixes TRITON_INTERPRET)
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = None
     info = {
-        "commit": git.stdout.strip() or None,
+        "commit": command("git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu[0] if cpu else platform.processor(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "triton": version("triton"),
+        "triton": triton,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     if info["gpu"]:
-        smi = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        info["nvidia_smi"], info["cuda"] = smi.stdout.strip(), torch.version.cuda
+        query = "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version"
+        info["nvidia_smi"] = command("nvidia-smi", query, "--format=csv,noheader") or ""
+        info["cuda"] = torch.version.cuda
     return info
 
 

@@ -4,20 +4,17 @@ alone at decoding shapes, stock F.linear against the mode's.
 
     python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, every path
     python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
-    python -m bench.decoding --out_dir out-shakespeare-char-cpu --norms builtin,custom --paths cached --batches 1
     python -m bench.decoding --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --norms builtin,custom  # nanoGPT's
 
 Random-init models of each --sizes config (seed 1337), or a checkpoint (--out_dir or --ckpt; this project's or
-nanoGPT's) with each of --norms. Greedy;
-the paths alternate, A B C A B C, --repeats times after a warm-up; tokens/s counts every row; on CUDA the time
-includes the queued work. Checked on the way: cached and uncached agree up to block_size (past it they keep
-different windows: model.py's docstring), the mode's tokens equal stock's, and every norm decodes the first's tokens.
+nanoGPT's) with each of --norms; the paths alternate after a warm-up. Checked on the way: cached and uncached agree
+up to block_size (past it they keep different windows: model.py's docstring), the mode's tokens equal stock's, and
+every norm decodes the first's tokens. bench/README.md says the rest.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +25,7 @@ from torch.nn import functional as F
 
 import options
 from batch_invariant import batch_invariant, refusal
-from bench.common import comma_list, fmt, markdown_table, median, progress, spread, timed, write_results
-from device import DeviceError, resolve_device
+from bench.common import comma_list, fmt, markdown_table, median, parse, parser, progress, spread, timed, write_results
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
@@ -138,55 +134,32 @@ def ratio(a: float | None, b: float | None, unit: str = "") -> str:
     return f"{a / b:.2f}{unit}" if a and b else "n/a"
 
 
+DECODE_HEADERS = (
+    "cache speedup|mode's time per token|cached / linears|cached = uncached (to block)|mode = cached"
+    "|same tokens as first model"
+).split("|")
+LINEARS_NOTE = """linears: the model's Linear layers alone, as a cached step runs them, one step per token (none is
+produced): the most a cached step can reach without computing its matrix products differently.
+
+"""
+
+
 def decode_table(result: dict[str, Any]) -> str:
     paths = result["paths"]
     rows = []
     for r in result["runs"]:
         tps, cached = r["tokens_per_s"], r["tokens_per_s"].get("cached")
-        rows.append(
-            [
-                f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})",
-                r["batch"],
-                *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
-                ratio(cached, tps.get("uncached"), "x"),
-                ratio(cached, tps.get("mode"), "x"),
-                ratio(cached, tps.get("linears")),
-                r["cached_equals_uncached_up_to_block"],
-                r["mode_equals_cached"],
-                r["same_tokens_as_first"],
-            ]
-        )
-    return "\n".join(
-        [
-            f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token "
-            f"prompts, {result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of "
-            f"{result['repeats']}",
-            "",
-            *(
-                [
-                    "linears: the model's Linear layers alone, as a cached step runs them, one step per token (none is",
-                    "produced): the most a cached step can reach without computing its matrix products differently.",
-                    "",
-                ]
-                if "linears" in paths
-                else []
-            ),
-            markdown_table(
-                [
-                    "model",
-                    "batch",
-                    *[f"{p} tok/s" for p in paths],
-                    "cache speedup",
-                    "mode's time per token",
-                    "cached / linears",
-                    "cached = uncached (to block)",
-                    "mode = cached",
-                    "same tokens as first model",
-                ],
-                rows,
-            ),
-        ]
+        rates = [f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths]
+        ratios = [ratio(cached, tps.get("uncached"), "x"), ratio(cached, tps.get("mode"), "x")]
+        checks = [r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]]
+        model = f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})"
+        rows.append([model, r["batch"], *rates, *ratios, ratio(cached, tps.get("linears")), *checks])
+    title = (
+        f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
+        f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
     )
+    headers = ["model", "batch", *[f"{p} tok/s" for p in paths], *DECODE_HEADERS]
+    return f"{title}\n\n{LINEARS_NOTE if 'linears' in paths else ''}{markdown_table(headers, rows)}"
 
 
 def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows: tuple[int, ...]) -> list[dict]:
@@ -209,42 +182,21 @@ def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows
     return out
 
 
+MATMUL_HEADERS = "dtype|K = N|M|stock us|mode us|mode / stock|stock: row vs among 64|mode: row vs among 64".split("|")
+
+
 def matmul_table(rows: list[dict], device: str) -> str:
-    return "\n".join(
-        [
-            f"### F.linear at decoding shapes on {device}: M rows x K, K x N weight, us per call",
-            "",
-            markdown_table(
-                [
-                    "dtype",
-                    "K = N",
-                    "M",
-                    "stock us",
-                    "mode us",
-                    "mode / stock",
-                    "stock: row vs among 64",
-                    "mode: row vs among 64",
-                ],
-                [
-                    [
-                        r["dtype"],
-                        r["K=N"],
-                        r["M"],
-                        fmt(r["stock_us"], ".1f"),
-                        fmt(r["mode_us"], ".1f"),
-                        fmt(r["mode_us"] / r["stock_us"], ".2f"),
-                        f"{r['stock_diff']:.1e}",
-                        f"{r['mode_diff']:.1e}",
-                    ]
-                    for r in rows
-                ],
-            ),
-        ]
-    )
+    cells = [
+        [r["dtype"], r["K=N"], r["M"], *[fmt(r[k], ".1f") for k in ("stock_us", "mode_us")]]
+        + [fmt(r["mode_us"] / r["stock_us"], ".2f"), f"{r['stock_diff']:.1e}", f"{r['mode_diff']:.1e}"]
+        for r in rows
+    ]
+    title = f"### F.linear at decoding shapes on {device}: M rows x K, K x N weight, us per call"
+    return f"{title}\n\n{markdown_table(MATMUL_HEADERS, cells)}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--sizes", default=",".join(SIZES), help="comma list of config files (random-init models)")
     p.add_argument("--out_dir", help="decode the checkpoint <out_dir>/ckpt.pt instead, with each of --norms")
     p.add_argument("--ckpt", help="decode this checkpoint file instead; overrides --out_dir")
@@ -256,10 +208,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--matmul", action="store_true", help="the matrix product alone instead of decoding")
     p.add_argument("--widths", default=",".join(map(str, MATMUL_WIDTHS)), help="--matmul's K = N values")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
-    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse(p, argv)
     args.checkpoint = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt" if args.out_dir else None
     return args
 
@@ -270,8 +219,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     t0 = time.perf_counter()
+    device = args.device
     try:
-        device = resolve_device(args.device)
         if args.matmul:
             dtypes = [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else [])
             runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
@@ -292,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result["runs"].append(run)
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
             table = decode_table(result)
-    except (DeviceError, TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
+    except (TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
         raise SystemExit(f"error: {e}") from None
     print(table)
     if args.out:

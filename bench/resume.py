@@ -3,10 +3,9 @@ the first two's checkpoint, against 4 straight, every other option the same.
 
     python -m bench.resume --config configs/shakespeare_char.json --set cuda_graphs=True --set dropout=0.2
 
-Compared: the training loss logged at every iteration (log_interval=1), the val loss at 2 and 4 (both runs evaluate
-at 2, where the first part stops, so both draw alike), and the final weights. The losses must agree to --rtol
-(0 asks for bit-identical runs, which the CPU gives; a GPU's atomic additions may differ in the last bits); the
-weights' largest gap is reported. Exits 1 if they do not agree, or a run failed.
+Compared: the training loss at every iteration, the val loss at 2 and 4 (both runs evaluate at 2, where the first
+part stops, so both draw alike), and the final weights. The losses must agree to --rtol (0: bit-identical, as on
+the CPU; a GPU's atomic additions may differ in the last bits). Exits 1 if they do not, or a run failed.
 """
 
 from __future__ import annotations

@@ -3,16 +3,11 @@
     python -m bench.training --norms custom,builtin --nanogpt ../nanogpt --out bench/results/train_cpu.json
     python -m bench.training --compare --out bench/results/compare_norms_cpu/table.json   # every norm, val_loss.png
     python -m bench.training --whole --norms builtin --nanogpt ../nanogpt --repeats 3   # the whole run, wall and RSS
-    python -m bench.training --config configs/shakespeare_char.json --norms builtin,triton,custom:eager \\
-        --modes eager,graphs,compile,reduce-overhead --repeats 1 --iters 30              # the step grid, on CUDA
 
-Each run is a fresh child process (no allocator, thread pool or compiled kernel leaks into the next). Sides (norm x
---modes, and nanoGPT) alternate, A B C A B C, --repeats times, so a drifting machine hits them alike. A run times
---iters steps after --warmup, logged one by one, evaluating only at 0 and at the end; --curves runs the config's own
-schedule. Our figures come from metrics.jsonl, nanoGPT's from its log lines. ms/iter is the median over the timed
-steps, evals left out on both sides (ours leaves them out of its windows; nanoGPT's eval iterations are dropped);
-"train s to val" sums the step times up to the first eval at or below --target_val (nanoGPT's eval iterations at
-its median step; its iteration 0 holds its compilation, as our first window holds ours).
+Each run is a fresh child process (no allocator, thread pool or compiled kernel leaks into the next); the sides (norm
+x --modes, and nanoGPT) alternate, A B C A B C, --repeats times. ms/iter is the median over the timed steps, evals
+left out on both sides; "train s to val" sums the step times up to the first eval at or below --target_val. How
+each figure is read, on each side: bench/README.md.
 """
 
 from __future__ import annotations
@@ -36,13 +31,14 @@ from bench.common import (
     fmt,
     markdown_table,
     median,
+    parse,
+    parser,
     progress,
     run_child,
     spread,
     train_config,
     write_results,
 )
-from device import DeviceError, resolve_device
 from layernorm import NO_NORM, NORMS
 from options import TrainConfig
 from runlog import read_metrics
@@ -276,9 +272,7 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option for every side")
+    p = parser(__doc__, config=True)
     p.add_argument("--norms", default="custom,builtin", help="comma list of norms; NORM:MODE runs it in that mode only")
     p.add_argument("--modes", default=["eager"], type=comma_list(MODES), help=f"comma list from {', '.join(MODES)}")
     p.add_argument("--nanogpt", help="a nanoGPT checkout with data/shakespeare_char prepared, run beside ours")
@@ -292,11 +286,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target_val", type=float, default=None, help="report the training time to this val loss")
     p.add_argument("--time_limit", type=float, default=None, help="seconds before a run is killed")
     p.add_argument("--data_dir", help="our train.py's --data_dir (default: the config's dataset)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
     p.add_argument("--verbose", action="store_true", help="echo every line of the runs")
-    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse(p, argv)
     args.curves = args.curves or args.whole or args.compare
     if args.compare:
         args.repeats = 1
@@ -311,11 +302,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-    except DeviceError as e:
-        raise SystemExit(f"error: {e}") from None
-    result = run_all(args, device)
+    result = run_all(args, args.device)
     if args.out and args.compare:
         write_curves(args.out, result)
     print("\n" + table(result))
