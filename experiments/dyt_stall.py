@@ -18,9 +18,6 @@ Writes to --results_dir dyt_stall.json (every number, the commands, the machine,
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,10 +26,8 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
-from bench.common import machine_info
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPT, GPTConfig
-from options import TrainConfig, build_config, parse_args
 
 CONFIG = common.CPU_CONFIG
 OLD_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
@@ -40,7 +35,7 @@ MODELS = {"LayerNorm": ["--norm=builtin"], "DyT, alpha 0.5 (before)": OLD_DYT, "
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(__doc__.split("\n\n")[0], "dyt_stall", "2 layers, 32 wide, 4 iterations: checks the pipeline")
+    p = common.parser(__doc__, "dyt_stall", "2 layers, 32 wide, 4 iterations: checks the pipeline")
     p.add_argument("--iters", type=int, default=300, help="iterations of train.py before the second measurement")
     p.add_argument("--batches", type=int, default=8, help="training batches each measurement averages over")
     args = p.parse_args(argv)
@@ -51,37 +46,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def config(flags: list[str]) -> TrainConfig:
-    """train.py's options from CONFIG and these flags."""
-    return build_config(parse_args(common.config_flags(*flags)))
-
-
 def new_model(flags: list[str], vocab_size: int) -> GPT:
     """The model train.py would build from CONFIG and these flags, with its initial weights."""
-    cfg = config(flags)
+    cfg = common.cpu_config(*flags)
     torch.manual_seed(cfg.seed)
     return GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
 
 
 def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:
     """--iters iterations of train.py with these flags (a child process); the model it checkpointed."""
-    cmd = [
-        sys.executable,
-        "train.py",
-        CONFIG,
-        *flags,
-        f"--data_dir={args.data_dir}",
-        f"--out_dir={out_dir}",
-        f"--max_iters={args.iters}",
-        f"--eval_interval={args.iters}",
-        "--eval_iters=10",
-        f"--log_interval={max(1, args.iters // 3)}",
-        "--device=cpu",
-        "--sample_at_end=false",
-    ]
-    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True)
+    schedule = {"max_iters": args.iters, "eval_interval": args.iters, "eval_iters": 10}
+    schedule["log_interval"] = max(1, args.iters // 3)
+    where = [f"--data_dir={args.data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--sample_at_end=false"]
+    proc = common.train([CONFIG, *flags, *where, *(f"--{k}={v}" for k, v in schedule.items())])
     if proc.returncode != 0:
-        raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+        raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
     print("    " + "\n    ".join(line for line in proc.stdout.splitlines() if line.startswith("step ")), flush=True)
     return model_from_checkpoint(load_checkpoint(out_dir / "ckpt.pt"))
 
@@ -141,29 +120,18 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
             m = r[when]
             label = f"{name}, {'initialization' if when == 'init' else f'after {args.iters} iterations'}"
             names = list(m["norm_out"])
-            axes[0].plot(range(len(names)), list(m["norm_in"].values()), style, color=color, marker=".", label=label)
-            axes[1].plot(
-                range(len(names) + 1),
-                [*m["norm_out"].values(), m["logits"]],
-                style,
-                color=color,
-                marker=".",
-                label=label,
-            )
-            axes[2].plot(range(1, len(m["grad"]) + 1), m["grad"], style, color=color, marker=".", label=label)
-            if m["saturated"]:
-                axes[3].plot(
-                    range(len(names)), list(m["saturated"].values()), style, color=color, marker=".", label=label
-                )
-    axes[0].set(title="RMS of the residual stream entering each norm", xticks=range(len(names)))
-    axes[0].set_xticklabels(names, rotation=60, fontsize=7)
-    axes[1].set(title="RMS of what each norm hands on, and of the logits", xticks=range(len(names) + 1))
-    axes[1].set_xticklabels([*names, "logits"], rotation=60, fontsize=7)
+            series = [list(m["norm_in"].values()), [*m["norm_out"].values(), m["logits"]], m["grad"]]
+            series.append(list(m["saturated"].values()))  # DyT's only: empty for LayerNorm
+            for i, (ax, ys) in enumerate(zip(axes, series, strict=True)):
+                xs = range(1, len(ys) + 1) if i == 2 else range(len(ys))  # the blocks from 1
+                if ys:
+                    ax.plot(xs, ys, style, color=color, marker=".", label=label)
+    axes[0].set(title="RMS of the residual stream entering each norm")
+    axes[1].set(title="RMS of what each norm hands on, and of the logits")
     axes[2].set(title="gradient norm of each block's parameters", xlabel="block", xticks=range(1, len(m["grad"]) + 1))
-    axes[3].set(
-        title="DyT: share of elements tanh saturates (|alpha x| > 2)", xticks=range(len(names)), ylim=(-0.02, 1.02)
-    )
-    axes[3].set_xticklabels(names, rotation=60, fontsize=7)
+    axes[3].set(title="DyT: share of elements tanh saturates (|alpha x| > 2)", ylim=(-0.02, 1.02))
+    for ax, labels in ((axes[0], names), (axes[1], [*names, "logits"]), (axes[3], names)):
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
     for ax in axes:
         ax.grid(alpha=0.3)
     for ax in axes[:3]:
@@ -179,13 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     args = parse(argv)
     results_dir = Path(args.results_dir)
-    base = config(args.extra)  # the batches' shape: the configuration's
+    base = common.cpu_config(*args.extra)  # the batches' shape: the configuration's
     data = common.open_data(args.data_dir, base.block_size)
-    gen = torch.Generator().manual_seed(0)
-    batches = [
-        data.get("train", torch.randint(data.num_starts("train"), (base.batch_size,), generator=gen), "cpu")
-        for _ in range(args.batches)
-    ]
+    batches = common.fixed_batches(data, "train", base.batch_size, args.batches, seed=0)
     vocab_size = data.vocab_size
     data.close()
     results = {}
@@ -208,21 +172,16 @@ def main(argv: list[str] | None = None) -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     plot(results, args, results_dir / "dyt_stall.png")
     run_time = time.perf_counter() - t0
-    (results_dir / "dyt_stall.json").write_text(
-        json.dumps(
-            {
-                "command": " ".join(["python experiments/dyt_stall.py", *(argv if argv is not None else sys.argv[1:])]),
-                "train_commands": commands,
-                "iters": args.iters,
-                "batches": args.batches,
-                "run_time_s": round(run_time, 1),
-                "machine": machine_info(),
-                "results": results,
-            },
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
+    common.write_json(
+        results_dir / "dyt_stall.json",
+        argv,
+        {
+            "train_commands": commands,
+            "iters": args.iters,
+            "batches": args.batches,
+            "run_time_s": round(run_time, 1),
+            "results": results,
+        },
     )
     print(f"wrote {results_dir}/dyt_stall.json and dyt_stall.png; total time {run_time:.0f} s")
 

@@ -21,9 +21,6 @@ grad_norms.png and training.png.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,22 +29,20 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
-from bench.common import machine_info
 from model import GPT, GPTConfig
 from runlog import read_metrics
 
 POSITIONS = ("pre", "post")
 
 
+# The options both parts share, and their defaults (the model of (a); (b)'s models but for their depth).
+SHARED = {"n_layer": 12, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12, "seed": 1337}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(
-        __doc__.split("\n\n")[0], "norm_placement", "2 layers, 32 wide, a few iterations: checks the pipeline"
-    )
-    p.add_argument("--n_layer", type=int, default=12)
-    p.add_argument("--n_head", type=int, default=4)
-    p.add_argument("--n_embd", type=int, default=128)
-    p.add_argument("--block_size", type=int, default=64)
-    p.add_argument("--batch_size", type=int, default=12)
+    p = common.parser(__doc__, "norm_placement", "2 layers, 32 wide, a few iterations: checks the pipeline")
+    for name, default in SHARED.items():
+        p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--grad_seeds", type=int, default=3, help="(a) models per placement")
     p.add_argument("--grad_batches", type=int, default=4, help="(a) batches per model")
     p.add_argument("--train_n_layer", type=int, default=12, help="(b) depth of the trained models")
@@ -56,7 +51,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup_iters", type=int, default=100, help="(b) warmup of the runs with warmup")
     p.add_argument("--eval_interval", type=int, default=100)
     p.add_argument("--eval_iters", type=int, default=20)
-    p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.smoke:  # the tiny model in both parts, and a few iterations
         vars(args).update(common.SMOKE_MODEL, train_n_layer=common.SMOKE_MODEL["n_layer"], grad_seeds=1, grad_batches=2)
@@ -68,11 +62,7 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
     """(a): {position: {"attn": [per block], "mlp": [per block]}}, each the mean over seeds and batches of the
     gradient norm over that sublayer's parameters."""
     data = common.open_data(args.data_dir, args.block_size)
-    gen = torch.Generator().manual_seed(args.seed)
-    batches = [
-        data.get("train", torch.randint(data.num_starts("train"), (args.batch_size,), generator=gen), "cpu")
-        for _ in range(args.grad_batches)
-    ]
+    batches = common.fixed_batches(data, "train", args.batch_size, args.grad_batches, args.seed)
     data.close()
     out = {}
     for position in POSITIONS:
@@ -110,33 +100,16 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
         for warmup in (args.warmup_iters, 0):
             name = f"{position}, {'warmup ' + str(warmup) if warmup else 'no warmup'}"
             out_dir = tmp / f"{position}-warmup{warmup}"
-            cmd = [
-                sys.executable,
-                "train.py",
-                f"--data_dir={args.data_dir}",
-                f"--out_dir={out_dir}",
-                f"--norm_position={position}",
-                f"--n_layer={args.train_n_layer}",
-                f"--n_head={args.n_head}",
-                f"--n_embd={args.n_embd}",
-                f"--block_size={args.block_size}",
-                f"--batch_size={args.batch_size}",
-                f"--learning_rate={args.learning_rate}",
-                f"--min_lr={args.learning_rate / 10}",
-                f"--max_iters={args.max_iters}",
-                f"--lr_decay_iters={args.max_iters}",
-                f"--warmup_iters={warmup}",
-                f"--eval_interval={args.eval_interval}",
-                f"--eval_iters={args.eval_iters}",
-                f"--log_interval={max(1, args.eval_interval // 4)}",
-                f"--seed={args.seed}",
-                "--dropout=0.0",
-                "--device=cpu",
-                "--sample_at_end=false",
-            ]
-            print(f"(b) {name}: {' '.join(cmd[1:])}", flush=True)
+            options = {**{k: getattr(args, k) for k in SHARED}, "n_layer": args.train_n_layer}
+            options |= {"learning_rate": args.learning_rate, "min_lr": args.learning_rate / 10}
+            options |= {"max_iters": args.max_iters, "lr_decay_iters": args.max_iters, "warmup_iters": warmup}
+            options |= {"eval_interval": args.eval_interval, "eval_iters": args.eval_iters}
+            options |= {"log_interval": max(1, args.eval_interval // 4), "norm_position": position}
+            where = [f"--data_dir={args.data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--sample_at_end=false"]
+            flags = [*where, *(f"--{k}={v}" for k, v in options.items()), "--dropout=0.0"]
+            print(f"(b) {name}: train.py {' '.join(flags)}", flush=True)
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=common.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = common.train(flags)
             wall_s = time.perf_counter() - t0
             lines = proc.stdout.splitlines()
             for line in lines:
@@ -147,7 +120,7 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             runs[name] = {
                 "norm_position": position,
                 "warmup_iters": warmup,
-                "command": cmd[1:],
+                "command": ["train.py", *flags],
                 "returncode": proc.returncode,
                 "wall_s": wall_s,
                 "diverged": any("diverg" in line.lower() for line in lines),
@@ -190,22 +163,10 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         color = "C0" if run["norm_position"] == "pre" else "C3"
         style = "-" if run["warmup_iters"] else "--"
         label = name + (" (diverged)" if run["diverged"] else "")
-        axes[0].plot(
-            [r["iter"] for r in run["train"]],
-            [r["loss"] for r in run["train"]],
-            style,
-            color=color,
-            label=label,
-            alpha=0.8,
-        )
-        axes[1].plot(
-            [r["iter"] for r in run["evals"]],
-            [r["val_loss"] for r in run["evals"]],
-            style,
-            color=color,
-            marker=".",
-            label=label,
-        )
+        train = ([r["iter"] for r in run["train"]], [r["loss"] for r in run["train"]])
+        evals = ([r["iter"] for r in run["evals"]], [r["val_loss"] for r in run["evals"]])
+        axes[0].plot(*train, style, color=color, label=label, alpha=0.8)
+        axes[1].plot(*evals, style, color=color, marker=".", label=label)
     axes[0].set(title="train loss (one batch)", xlabel="iteration", ylabel="loss")
     axes[1].set(title="val loss", xlabel="iteration")
     for ax in axes:
@@ -235,24 +196,17 @@ def main(argv: list[str] | None = None) -> None:
     final = {
         name: None if r["diverged"] or not r["summary"] else r["summary"]["final_val_loss"] for name, r in runs.items()
     }
-    (results / "norm_placement.json").write_text(
-        json.dumps(
-            {
-                "command": " ".join(
-                    ["python", "experiments/norm_placement.py", *(argv if argv is not None else sys.argv[1:])]
-                ),
-                "args": vars(args),
-                "run_time_s": run_time,
-                "machine": machine_info(),
-                "grad_norms_at_init": grads,
-                "grad_norm_ratio_last_over_first": ratios,
-                "final_val_loss": final,
-                "runs": runs,
-            },
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
+    common.write_json(
+        results / "norm_placement.json",
+        argv,
+        {
+            "args": vars(args),
+            "run_time_s": run_time,
+            "grad_norms_at_init": grads,
+            "grad_norm_ratio_last_over_first": ratios,
+            "final_val_loss": final,
+            "runs": runs,
+        },
     )
     for p in POSITIONS:
         print(f"{p}-norm gradient norm, last block / first: attn {ratios[p]['attn']:.2f}, mlp {ratios[p]['mlp']:.2f}")
