@@ -5,13 +5,12 @@ Which of the two does training need here?
     python experiments/centre_and_rescale.py --seeds 1337 1 2 --rows layernorm rmsnorm      # more seeds for some rows
     python experiments/centre_and_rescale.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
 
-Five models of the CPU configuration (configs/shakespeare_char_cpu.json; the rows of ROWS below), each trained
-from the same seed on the same batches with the same schedule, by this script's loop: train.py's iteration with one
-micro-step (its optimizer, step.get_lr, its data stream, step.train_step), in-process, since one of the norms
-(CentreOnly, swapped in for every norm) is not in the registry. DyT runs with its recipe (layernorm.DyT).
-The val loss is estimated every --eval_interval iterations on --eval_batches fixed batches (the same for every row).
-Each finished run is kept in <results_dir>/runs/ and not run again (delete it to rerun); the table, figure and JSON
-are written from every run found there: centre_and_rescale.json, .md and .png.
+Five models of the CPU configuration (ROWS below), each trained from the same seed on the same batches with the
+same schedule by train.py's iteration with one micro-step (its optimizer, step.get_lr, its data stream,
+step.train_step), in this process, since one norm (CentreOnly) is not in the registry. The val loss is estimated
+every --eval_interval iterations on --eval_batches fixed batches, the same for every row. Each finished run is kept
+in <results_dir>/runs/ and not run again (delete it to rerun); centre_and_rescale.json, .md and .png are written
+from every run found there.
 """
 
 from __future__ import annotations
@@ -116,11 +115,8 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
                 break
             done = clock["done"] + it  # iterations of this invocation so far
             left = (time.perf_counter() - clock["t0"]) / max(done, 1) * (clock["total"] - done)
-            print(
-                f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f} (about {left / 60:.1f} min left "
-                f"in all)",
-                flush=True,
-            )
+            where = f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f}"
+            print(f"{where} (about {left / 60:.1f} min left in all)", flush=True)
         if it == cfg.max_iters:
             break
         for group in optimizer.param_groups:
@@ -130,14 +126,8 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
         train_step(model, optimizer, xs, ys, grad_clip=cfg.grad_clip)
     clock["done"] += cfg.max_iters
     final = evals[-1][1]
-    return {
-        "row": row,
-        "seed": cfg.seed,
-        "evals": evals,
-        "final_val_loss": final,
-        "diverged": not math.isfinite(final),
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }
+    run = {"row": row, "seed": cfg.seed, "evals": evals, "final_val_loss": final, "diverged": not math.isfinite(final)}
+    return {**run, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def summarize(runs: list[dict]) -> dict[str, dict]:

@@ -3,16 +3,12 @@
     python experiments/dyt_stall.py                  # the defaults: about 1.5 minutes on two CPU cores
     python experiments/dyt_stall.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
 
-Three models of the CPU configuration (configs/shakespeare_char_cpu.json), from the same seed: LayerNorm
-(--norm=builtin), DyT as it was (every alpha starting at 0.5, the embeddings unscaled: OLD_DYT) and DyT with its
-recipe (--norm=dyt and its defaults). Each is measured at initialization (built here as train.py builds it) and
-after --iters iterations of train.py (the schedule of a full run, cut there), on --batches training batches:
-  - the per-token RMS of the residual stream entering each norm and of what the norm hands on (ln_1 to the
-    attention, ln_2 to the MLP, ln_f to the LM head), the median over tokens;
-  - for DyT, the share of elements that tanh saturates (|alpha x| > 2, where its slope is below 0.07) and alpha;
-  - the RMS of the logits;
-  - the gradient norm of each block's parameters (one backward per batch, the mean over batches).
-Writes to --results_dir dyt_stall.json (every number, the commands, the machine, the run time) and dyt_stall.png.
+Three models of the CPU configuration, from the same seed: LayerNorm, DyT as it was (every alpha starting at 0.5,
+the embeddings unscaled: OLD_DYT) and DyT with its recipe (--norm=dyt). Each is measured at initialization and after
+--iters iterations of train.py (the schedule of a full run, cut there), on --batches training batches: the median
+per-token RMS entering each norm and of what it hands on (ln_1 to the attention, ln_2 to the MLP, ln_f to the head),
+of the logits, the gradient norm of each block, and for DyT alpha and the share of elements tanh saturates
+(|alpha x| > 2, where its slope is below 0.07). Writes dyt_stall.json and dyt_stall.png to --results_dir.
 """
 
 from __future__ import annotations
@@ -73,19 +69,10 @@ def token_rms(x: torch.Tensor) -> float:
 def measure(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     """{"norm_in"/"norm_out": {norm: RMS}, "logits": RMS, "grad": [per block]}, each the mean over batches."""
     model.train()
-    norms = {
-        name.removeprefix("transformer."): m
-        for name, m in model.named_modules()
-        if name.split(".")[-1] in ("ln_1", "ln_2", "ln_f")
-    }
-    out: dict = {
-        "norm_in": dict.fromkeys(norms, 0.0),
-        "norm_out": dict.fromkeys(norms, 0.0),
-        "logits": 0.0,
-        "grad": [0.0] * len(model.transformer.h),
-        "saturated": {},
-        "alpha": {},
-    }
+    modules = model.named_modules()
+    norms = {k.removeprefix("transformer."): m for k, m in modules if k.split(".")[-1] in ("ln_1", "ln_2", "ln_f")}
+    out: dict = {"norm_in": dict.fromkeys(norms, 0.0), "norm_out": dict.fromkeys(norms, 0.0), "logits": 0.0}
+    out |= {"grad": [0.0] * len(model.transformer.h), "saturated": {}, "alpha": {}}
 
     def hook(name: str):
         def record(module, inputs, output):
@@ -161,12 +148,11 @@ def main(argv: list[str] | None = None) -> None:
             init = measure(new_model(flags, vocab_size), batches)
             spent = time.perf_counter() - t0
             left = f", about {spent / i * (len(MODELS) - i):.0f} s left" if i else ""
-            print(
-                f"[{i + 1}/{len(MODELS)}] {name}: at init ln_1 of block 1 hands on RMS "
-                f"{init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}; training {args.iters} "
-                f"iterations ({spent:.0f} s so far{left})",
-                flush=True,
+            at_init = (
+                f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"
             )
+            line = f"[{i + 1}/{len(MODELS)}] {name}: at init {at_init}; training {args.iters} iterations"
+            print(f"{line} ({spent:.0f} s so far{left})", flush=True)
             trained = measure(trained_model(flags, args, Path(tmp) / str(i)), batches)
             results[name] = {"flags": flags, "init": init, "trained": trained}
     results_dir.mkdir(parents=True, exist_ok=True)

@@ -125,24 +125,16 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1]})
     ax = axes[0]
     series = [
-        ("residual entering block", tr["resid_in"] + [tr["final_resid"]], "k"),
-        ("ln_1 output", tr["ln_1_out"], "tab:blue"),
-        ("ln_2 output", tr["ln_2_out"], "tab:orange"),
-        ("ln_f output", [None] * n + [tr["ln_f_out"]], "tab:green"),
+        ("residual entering block (median, p10-p90)", tr["resid_in"] + [tr["final_resid"]], "k"),
+        ("ln_1 output (median, p10-p90)", tr["ln_1_out"], "tab:blue"),
+        ("ln_2 output (median, p10-p90)", tr["ln_2_out"], "tab:orange"),
+        ("ln_f output (median, p10-p90)", [None] * n + [tr["ln_f_out"]], "tab:green"),
     ]
     for label, vals, color in series:
         pts = {i: v for i, v in enumerate(vals) if v}  # x -> stats, where measured
         if pts:
-            q = np.array([[v["p10"], v["p50"], v["p90"]] for v in pts.values()])
-            ax.errorbar(
-                list(pts),
-                q[:, 1],
-                [q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]],
-                fmt="o-",
-                color=color,
-                capsize=3,
-                label=f"{label} (median, p10-p90)",
-            )
+            low, mid, high = np.array([[v["p10"], v["p50"], v["p90"]] for v in pts.values()]).T
+            ax.errorbar(list(pts), mid, [mid - low, high - mid], fmt="o-", color=color, capsize=3, label=label)
     ax.axhline(1, color="gray", ls=":", lw=1)
     ax.set_xticks(range(n + 1), [*map(str, range(n)), "final"])
     ax.set(

@@ -10,12 +10,11 @@ stay level across depth. Two measurements on Tiny Shakespeare (characters), the 
 (a) At initialization, for each block, the gradient norm of its attention weights and of its MLP weights (the
     norm over all of their parameters together), averaged over --grad_batches batches and --grad_seeds seeds,
     pre-norm against post-norm, in this process.
-(b) Four training runs of train.py (child processes, outputs in a temporary folder): pre and post, each with and
-    without warmup, at the same peak learning rate, same seed, same data stream; their metrics.jsonl are kept.
-    A run that diverges (train.py stops at a NaN or inf loss) is recorded as diverged.
+(b) Four training runs of train.py (child processes): pre and post, each with and without warmup, at the same
+    peak learning rate, seed and data stream. A run that diverges (train.py stops at a NaN or inf loss) is
+    recorded as diverged.
 
-Writes to --results_dir norm_placement.json (every number, the commands, the machine, the run time),
-grad_norms.png and training.png.
+Writes to --results_dir norm_placement.json (every number, the commands, the machine), grad_norms.png, training.png.
 """
 
 from __future__ import annotations
@@ -66,10 +65,7 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
     data.close()
     out = {}
     for position in POSITIONS:
-        sums = {
-            "attn": torch.zeros(args.n_layer, dtype=torch.float64),
-            "mlp": torch.zeros(args.n_layer, dtype=torch.float64),
-        }
+        sums = {part: torch.zeros(args.n_layer, dtype=torch.float64) for part in ("attn", "mlp")}
         for seed in range(args.grad_seeds):
             torch.manual_seed(args.seed + seed)
             config = GPTConfig.from_options(args, vocab_size=data.vocab_size, norm_position=position)
@@ -84,11 +80,8 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
         n = args.grad_seeds * args.grad_batches
         out[position] = {part: (s / n).tolist() for part, s in sums.items()}
         mlp = out[position]["mlp"]
-        print(
-            f"(a) {position}-norm, {args.n_layer} layers: MLP gradient norm first block {mlp[0]:.3g}, "
-            f"last {mlp[-1]:.3g} (last/first {mlp[-1] / mlp[0]:.2f})",
-            flush=True,
-        )
+        first_last = f"first block {mlp[0]:.3g}, last {mlp[-1]:.3g} (last/first {mlp[-1] / mlp[0]:.2f})"
+        print(f"(a) {position}-norm, {args.n_layer} layers: MLP gradient norm {first_last}", flush=True)
     return out
 
 
@@ -131,12 +124,8 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             }
             if proc.returncode != 0 and not runs[name]["diverged"]:
                 raise SystemExit(f"train.py failed ({proc.returncode}):\n" + "\n".join(lines[-10:]))
-            final = summary["final_val_loss"] if summary else None
-            print(
-                f"    [{name}] {'DIVERGED' if runs[name]['diverged'] else f'final val loss {final:.4f}'} "
-                f"({wall_s:.0f} s)",
-                flush=True,
-            )
+            outcome = "DIVERGED" if runs[name]["diverged"] else f"final val loss {summary['final_val_loss']:.4f}"
+            print(f"    [{name}] {outcome} ({wall_s:.0f} s)", flush=True)
     return runs
 
 
