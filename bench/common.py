@@ -42,14 +42,7 @@ class Child:
         return self.returncode == 0 and not self.timed_out
 
 
-def run_child(
-    cmd: Sequence[str],
-    *,
-    cwd: Path = ROOT,
-    env: dict[str, str] | None = None,
-    timeout_s: float | None = None,
-    echo: str | None = None,
-) -> Child:
+def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = None, echo: str | None = None) -> Child:
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
     outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (on Linux at least this
     process's size when it started the child: the kernel carries that over fork and exec)."""
@@ -58,7 +51,7 @@ def run_child(
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -184,9 +177,6 @@ def machine_info() -> dict[str, Any]:
     """The commit measured ('+changes' if the files differ from it), CPU, GPU and the versions behind the figures."""
     import torch
 
-    def command(*cmd: str) -> str | None:
-        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
-
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     cpu = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
     try:  # without importing it (importing triton fixes TRITON_INTERPRET)
@@ -194,7 +184,7 @@ def machine_info() -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         triton = None
     info = {
-        "commit": command("git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"),
+        "commit": output_of("git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu[0] if cpu else platform.processor(),
@@ -206,9 +196,14 @@ def machine_info() -> dict[str, Any]:
     }
     if info["gpu"]:
         query = "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version"
-        info["nvidia_smi"] = command("nvidia-smi", query, "--format=csv,noheader") or ""
+        info["nvidia_smi"] = output_of("nvidia-smi", query, "--format=csv,noheader") or ""
         info["cuda"] = torch.version.cuda
     return info
+
+
+def output_of(*cmd: str) -> str | None:
+    """What the command printed (stripped), or None if it printed nothing."""
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
 
 
 def read_json(path: Path) -> Any:
@@ -230,14 +225,9 @@ def pack(res: Path, out: Path) -> None:
         **{path.stem: read_json(path) for path in sorted(res.glob("*.json"))},
     }
     plan = (res / "plan.txt").read_text(encoding="utf-8").strip() if (res / "plan.txt").exists() else ""
-    summary = [
-        f"# bench/gpu.sh at commit {machine.get('commit')}",
-        "",
-        f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}",
-        "",
-        *([plan, ""] if plan else []),
-        markdown_table(["step", "exit", "seconds", "limit s"], steps),
-    ]
+    versions = f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}"
+    summary = [f"# bench/gpu.sh at commit {machine.get('commit')}", "", versions, "", *([plan, ""] if plan else [])]
+    summary.append(markdown_table(["step", "exit", "seconds", "limit s"], steps))
     for name, *_ in steps:
         if (res / f"{name}.md").exists():
             summary += ["", f"## {name}", "", (res / f"{name}.md").read_text(encoding="utf-8").strip()]

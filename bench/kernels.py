@@ -155,31 +155,20 @@ def overhead(device: str, calls: int, repeats: int) -> list[dict]:
 def overhead_table(rows: list[dict], device: str, calls: int, repeats: int) -> str:
     how = "kernel launches stubbed" if device == "cpu" else "real calls, launch-bound"
     cell = {(r["impl"], r["what"]): f"{r['us']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f})" for r in rows}
-    return "\n".join(
-        [
-            f"### Python cost per call on {device} ({how}), [8, 384] float32, median (min-max) of "
-            f"{repeats} rounds of {calls} calls",
-            "",
-            markdown_table(
-                ["impl", "forward us/call", "forward+backward us/call"],
-                [[impl, cell[impl, "fwd"], cell[impl, "fwd+bwd"]] for impl in ("builtin", "triton")],
-            ),
-        ]
-    )
+    title = f"### Python cost per call on {device} ({how}), [8, 384] float32, median (min-max) of {repeats} rounds"
+    cells = [[impl, cell[impl, "fwd"], cell[impl, "fwd+bwd"]] for impl in ("builtin", "triton")]
+    table = markdown_table(["impl", "forward us/call", "forward+backward us/call"], cells)
+    return f"{title} of {calls} calls\n\n{table}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument(
-        "--dtype",
-        type=comma_list(DTYPES),
-        help="comma list of float32, bfloat16, float16 (default float32; CUDA bfloat16,float32)",
+        "--dtype", type=comma_list(DTYPES), help="comma list of dtypes (default float32; CUDA bfloat16,float32)"
     )
     p.add_argument("--sizes", type=comma_list(), help=f"comma list of C (default {CPU_SIZES}; CUDA {CUDA_SIZES})")
     p.add_argument("--rows", type=lambda v: comma_list()(v)[0], help="rows = B * T (default 16384; CUDA 32768)")
-    p.add_argument(
-        "--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those that run here)"
-    )
+    p.add_argument("--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those here)")
     p.add_argument("--reps", type=int, default=10, help="timed calls per measurement on the CPU (median)")
     p.add_argument("--overhead", action="store_true", help="the Python cost per call instead (see above)")
     p.add_argument("--calls", type=int, default=1000, help="--overhead: calls per round")

@@ -17,7 +17,6 @@ import dataclasses
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from bench.common import (
     fmt,
     markdown_table,
     median,
+    output_of,
     parse,
     parser,
     progress,
@@ -242,10 +242,7 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "runs": {name: [] for name in names},
     }
     if args.nanogpt:
-        git = subprocess.run(
-            ["git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        result["nanogpt_commit"] = git.stdout.strip() or None
+        result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
     work, t0 = Path(tempfile.mkdtemp(prefix="bench_training_")), time.perf_counter()
