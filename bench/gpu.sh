@@ -103,7 +103,7 @@ SMOKE=(train.py configs/shakespeare_char.json --norm=triton --device=$DEV --data
 step triton_eager "$PY" "${SMOKE[@]}" --out_dir="$WORK/triton_eager"
 step triton_graphs_float16 "$PY" "${SMOKE[@]}" ${GRAPHS[@]+"${GRAPHS[@]}"} --out_dir="$WORK/triton_graphs"
 step triton_compile "$PY" "${SMOKE[@]}" ${COMPILE[@]+"${COMPILE[@]}"} --out_dir="$WORK/triton_compile"
-step resume_graphs "$PY" -m bench.resume "${RESUME[@]}" --set dropout=0.2 --set device=$DEV \
+step resume_graphs "$PY" -m bench.resume "${RESUME[@]}" --set dropout=0.2 --device $DEV \
     --set data_dir="$WORK/data" --out "$RES/resume_graphs.json"
 step demo_float32 "$PY" batch_independence.py --device=$DEV ${DEMO[@]+"${DEMO[@]}"}
 step demo_bfloat16 "$PY" batch_independence.py --device=$DEV --dtype=bfloat16 ${DEMO[@]+"${DEMO[@]}"}
