@@ -85,10 +85,8 @@ def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
 
 @torch.no_grad()
 def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
-    prompts = torch.randint(
-        model.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(0)
-    ).to(device)
-
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
     products = linears_alone(model, batch, device)
 
     def run(name: str, n: int) -> torch.Tensor | None:
@@ -116,11 +114,10 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
     def agree(a: str, b: str, n: int | None = None) -> bool | None:
         return bool(torch.equal(new[a][:, :n], new[b][:, :n])) if {a, b} <= new.keys() else None
 
+    sizes = {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "block_size")}
     return {
         "model": label,
-        "n_layer": model.config.n_layer,
-        "n_embd": model.config.n_embd,
-        "block_size": model.config.block_size,
+        **sizes,
         "batch": batch,
         "tokens_per_s": {k: median([r[k] for r in rounds]) for k in args.paths},
         "spread": {k: spread([r[k] for r in rounds]) for k in args.paths},
@@ -227,11 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result, table = {"device": device, "matmul": runs}, matmul_table(runs, device)
         else:
             args.paths = paths_here(args.paths, device)
-            result = {
-                "device": device,
-                **{k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")},
-                "runs": [],
-            }
+            settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}
+            result = {"device": device, **settings, "runs": []}
             todo = [(m, b) for m in models(args, device) for b in args.batches]
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):

@@ -65,7 +65,8 @@ def timer(device: str, reps: int) -> Callable[[dict[str, Callable[[], Any]]], di
 def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[str], time_ms: Callable) -> list[dict]:
     x = (torch.randn(rows, C, device=device) * 2 + 1).to(dtype).requires_grad_()
     dy = torch.randn(rows, C, device=device).to(dtype)
-    fns, params = {}, {}
+    fns = {}
+    params = {}
     for name in impls:
         fns[name], params[name] = implementation(name, C, dtype, device)
     copy = torch.empty_like(x)
@@ -78,13 +79,11 @@ def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[
         {name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy) for name, fn in fns.items()}
     )
     size = rows * C * x.element_size() / 1e9  # GB per pass
+    where = {"rows": rows, "C": C, "dtype": str(dtype).removeprefix("torch."), "device": device}
     return [
         {
             "impl": name,
-            "rows": rows,
-            "C": C,
-            "dtype": str(dtype).removeprefix("torch."),
-            "device": device,
+            **where,
             "max_abs_err_vs_builtin": errors[name],
             "fwd_ms": fwd[name],
             "fwd_bwd_ms": fwd_bwd[name],
