@@ -94,12 +94,9 @@ def commands(
 ) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None). --whole: each side's
     checkpoints as its config saves them, and our sample at the end, as its command runs it."""
-    common = {
-        **sched,
-        "out_dir": out_dir,
-        "device": device,
-        **({} if args.whole else {"always_save_checkpoint": False}),
-    }
+    common = {**sched, "out_dir": out_dir, "device": device}
+    if not args.whole:  # no checkpoint beyond the best one
+        common["always_save_checkpoint"] = False
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **common}
         if device != "cuda":
@@ -210,9 +207,8 @@ def write_curves(out: Path, result: dict[str, Any]) -> None:
     lines = [f"{n},{e['iter']},{e['train_loss']},{e['val_loss']}\n" for n, evals in curves.items() for e in evals]
     (out.parent / "evals.csv").write_text("norm,iter,train_loss,val_loss\n" + "".join(lines))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, start, title in zip(
-        axes, (0, result["schedule"]["max_iters"] // 2), ("val loss", "second half"), strict=True
-    ):
+    halves = ((0, "val loss"), (result["schedule"]["max_iters"] // 2, "second half"))
+    for ax, (start, title) in zip(axes, halves, strict=True):
         for norm, evals in curves.items():
             kept = [e for e in evals if e["iter"] >= start]
             ax.plot([e["iter"] for e in kept], [e["val_loss"] for e in kept], marker=".", label=norm)
