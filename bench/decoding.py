@@ -89,25 +89,21 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
     prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
     products = linears_alone(model, batch, device)
 
-    def run(name: str, n: int) -> torch.Tensor | None:
+    new = {}  # path -> the tokens its last run decoded
+
+    def run(name: str, n: int) -> None:
         if name == "linears":
             return products(n)
         with batch_invariant(enabled=name == "mode"):
-            return model.generate(prompts, n, temperature=0, use_kv_cache=name != "uncached")
-
-    new, rounds = {}, []  # the paths take turns, A B C A B C; tokens/s of each, round by round
-
-    def tokens_of(name: str) -> None:
-        tokens = run(name, args.new_tokens)
-        if tokens is not None:
-            new[name] = tokens[:, args.prompt_len :]
+            new[name] = model.generate(prompts, n, temperature=0, use_kv_cache=name != "uncached")[:, args.prompt_len :]
 
     for name in args.paths:  # warm-up: the allocator, the kernels
         run(name, min(8, args.new_tokens))
+    rounds = []  # the paths take turns, A B C A B C; tokens/s of each, round by round
     for _ in range(args.repeats):
         rounds.append({})
         for name in args.paths:
-            seconds = timed(lambda name=name: tokens_of(name), device)
+            seconds = timed(lambda name=name: run(name, args.new_tokens), device)
             rounds[-1][name] = batch * args.new_tokens / seconds
     block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
 
