@@ -176,9 +176,7 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
     )
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(results / "centre_and_rescale.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, results / "centre_and_rescale.png")
     common.write_json(
         results / "centre_and_rescale.json",
         args.argv,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -61,10 +62,19 @@ def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, s
     return [data.get(split, s, "cpu") for s in starts]
 
 
-def train(flags: list[str]) -> subprocess.CompletedProcess[str]:
-    """`python train.py FLAGS` from the repository's root, its output and errors together in .stdout."""
-    cmd = [sys.executable, "train.py", *flags]
+def train(flags: list[str], data_dir: str, out_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`python train.py FLAGS` on the CPU from the repository's root, on data_dir's data, its checkpoint and
+    metrics.jsonl in out_dir, without the sample at the end; its output and errors together in .stdout."""
+    where = [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--sample_at_end=false"]
+    cmd = [sys.executable, "train.py", *flags, *where]
     return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """fig as a PNG at path, then closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 def write_json(path: Path, argv: list[str] | None, result: dict[str, Any]) -> None:

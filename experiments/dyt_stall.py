@@ -53,8 +53,7 @@ def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> 
     """--iters iterations of train.py with these flags (a child process); the model it checkpointed."""
     schedule = {"max_iters": args.iters, "eval_interval": args.iters, "eval_iters": 10}
     schedule["log_interval"] = max(1, args.iters // 3)
-    where = [f"--data_dir={args.data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--sample_at_end=false"]
-    proc = common.train([CONFIG, *flags, *where, *(f"--{k}={v}" for k, v in schedule.items())])
+    proc = common.train([CONFIG, *flags, *(f"--{k}={v}" for k, v in schedule.items())], args.data_dir, out_dir)
     if proc.returncode != 0:
         raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
     print("    " + "\n    ".join(line for line in proc.stdout.splitlines() if line.startswith("step ")), flush=True)
@@ -125,9 +124,7 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
         ax.set_yscale("log")
     axes[2].legend(fontsize=7)
     fig.suptitle(f"{CONFIG} (median per-token RMS, mean of {args.batches} training batches of the same seed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -157,9 +157,7 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
         f"Inside the trained model: {m['n_layer']} layers x {m['n_embd']}, norm={m['norm']}, "
         f"{m.get('norm_position', 'pre')}-norm, iter {result['iter_num']}, {result['tokens']:,} val tokens"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

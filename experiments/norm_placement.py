@@ -98,11 +98,10 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             options |= {"max_iters": args.max_iters, "lr_decay_iters": args.max_iters, "warmup_iters": warmup}
             options |= {"eval_interval": args.eval_interval, "eval_iters": args.eval_iters}
             options |= {"log_interval": max(1, args.eval_interval // 4), "norm_position": position}
-            where = [f"--data_dir={args.data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--sample_at_end=false"]
-            flags = [*where, *(f"--{k}={v}" for k, v in options.items()), "--dropout=0.0"]
+            flags = [*(f"--{k}={v}" for k, v in options.items()), "--dropout=0.0"]
             print(f"(b) {name}: train.py {' '.join(flags)}", flush=True)
             t0 = time.perf_counter()
-            proc = common.train(flags)
+            proc = common.train(flags, args.data_dir, out_dir)
             wall_s = time.perf_counter() - t0
             lines = proc.stdout.splitlines()
             for line in lines:
@@ -113,7 +112,7 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             runs[name] = {
                 "norm_position": position,
                 "warmup_iters": warmup,
-                "command": ["train.py", *flags],
+                "command": proc.args[1:],
                 "returncode": proc.returncode,
                 "wall_s": wall_s,
                 "diverged": any("diverg" in line.lower() for line in lines),
@@ -143,9 +142,7 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         f"Gradient norm per block at initialization: {args.n_layer} layers, {args.n_embd} wide, "
         f"mean of {args.grad_seeds} seeds x {args.grad_batches} batches"
     )
-    fig.tight_layout()
-    fig.savefig(results / "grad_norms.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, results / "grad_norms.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, run in runs.items():
@@ -165,9 +162,7 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         f"{args.train_n_layer} layers, {args.n_embd} wide, peak lr {args.learning_rate:g}, "
         f"cosine to lr/10 over {args.max_iters} iterations"
     )
-    fig.tight_layout()
-    fig.savefig(results / "training.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, results / "training.png")
 
 
 def main(argv: list[str] | None = None) -> None:
