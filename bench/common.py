@@ -165,12 +165,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows])
 
 
-def write_results(path: Path, command: Sequence[str], result: dict[str, Any], table: str) -> None:
-    """path (JSON, with the machine and the command line) and the Markdown table beside it (.md)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    result = {"command": ["python", "-m", *command], "machine": machine_info(), **result}
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
-    path.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+def write_results(args: argparse.Namespace, module: str, result: dict[str, Any], table: str) -> None:
+    """With --out: the result as JSON there (with the machine and `python -m module` with the command line) and the
+    Markdown table beside it (.md)."""
+    if not args.out:
+        return
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": ["python", "-m", module, *args.argv], "machine": machine_info(), **result}
+    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    args.out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
 
 
 def machine_info() -> dict[str, Any]:

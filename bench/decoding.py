@@ -234,8 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except (TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
         raise SystemExit(f"error: {e}") from None
     print(table)
-    if args.out:
-        write_results(args.out, ["bench.decoding", *args.argv], result, table)
+    write_results(args, "bench.decoding", result, table)
     return result
 
 

@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = overhead(args.device, args.calls, args.repeats)
         result = {"device": args.device, "overhead": rows}
         table = overhead_table(rows, args.device, args.calls, args.repeats)
-        if args.out:
-            write_results(args.out, ["bench.kernels", *args.argv], result, table)
+        write_results(args, "bench.kernels", result, table)
         print(table)
         return result
     malloc = "steady" if all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items()) else "system default"
@@ -206,8 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, time_ms)
             table = kernels_table(result["results"])
             print("\n".join(table.splitlines()[-len(args.impls) :]), flush=True)
-            if args.out:  # after every shape, so that a run cut short keeps what it measured
-                write_results(args.out, ["bench.kernels", *args.argv], result, table)
+            write_results(args, "bench.kernels", result, table)  # after every shape: a run cut short keeps them
     return result
 
 

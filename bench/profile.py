@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"device": args.device, "config": args.config, "set": args.set, "steps": STEPS, "norms": rows}
     text = tables(rows, args.device)
     print("\n" + text)
+    write_results(args, "bench.profile", result, text)
     if args.out:  # and the figure beside it (.png)
-        write_results(args.out, ["bench.profile", *args.argv], result, text)
         plot(args.out.with_suffix(".png"), rows, f"Where a training step goes: {args.config} on {args.device}")
     return result
 

@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cells = [[k, i, fmt(x, ".7f"), fmt(y, ".7f")] for k, i, x, y in result["losses"]]
     text = f"{title}\n\n{gaps}\n\n{markdown_table(['logged', 'iter', 'straight', 'resumed'], cells)}"
     print(text)
-    if args.out:
-        write_results(args.out, ["bench.resume", *args.argv], result, text)
+    write_results(args, "bench.resume", result, text)
     return result
 
 

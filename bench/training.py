@@ -257,8 +257,7 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
                 f"{progress(done + 1, len(plan), t0)}",
                 flush=True,
             )
-            if args.out:
-                write_results(args.out, ["bench.training", *args.argv], result, table(result))
+            write_results(args, "bench.training", result, table(result))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result
