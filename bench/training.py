@@ -252,11 +252,8 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
             result["runs"][name].append(run)
             result["sides"][name] = summarise(result["runs"][name])
             failed = "" if run["ok"] else ", FAILED: " + " | ".join(run["tail"])
-            print(
-                f"   {name}: {fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}; "
-                f"{progress(done + 1, len(plan), t0)}",
-                flush=True,
-            )
+            figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
+            print(f"   {name}: {figures}; {progress(done + 1, len(plan), t0)}", flush=True)
             write_results(args, "bench.training", result, table(result))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -67,8 +67,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.argv = argv
     args.extra = SMOKE if args.smoke else []
     if args.smoke:
-        args.eval_interval = 3
-        args.eval_batches = 2
+        vars(args).update(eval_interval=3, eval_batches=2)
     return args
 
 

@@ -37,8 +37,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.extra = common.SMOKE_FLAGS if args.smoke else []
     if args.smoke:
-        args.iters = 4
-        args.batches = 2
+        vars(args).update(iters=4, batches=2)
     return args
 
 

@@ -62,11 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}; or give --data_dir") from None
     if ckpt.get("tokenizer") is not None and data.meta.get("tokenizer") != ckpt["tokenizer"]:
         raise SystemExit(f"error: {data.dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
-    print(
-        f"{ckpt_path}: {cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}; "
-        f"{data.tokens['val']:,} val tokens in {data.dir}",
-        flush=True,
-    )
+    sizes = f"{cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}"
+    print(f"{ckpt_path}: {sizes}; {data.tokens['val']:,} val tokens in {data.dir}", flush=True)
 
     # Per-token RMS over features, collected by hooks, keyed by what was measured.
     rms: dict[str, list[torch.Tensor]] = {}
