@@ -5,9 +5,8 @@
 
 Runs the checkpoint on the CPU over windows of its dataset's val.bin; forward hooks on transformer.h[i], its ln_1 and
 ln_2, and transformer.ln_f (found by name, wherever norm_position puts them) give every token's RMS over features:
-of the residual stream entering each block and of each norm's output. Writes to --results_dir inside_norms.json
-(every number, the percentiles of every norm's parameters, the command, checkpoint, config, machine, run time) and
-inside_norms.png (the RMS per layer; the learned weight and bias of each norm).
+of the residual stream entering each block and of each norm's output. Writes inside_norms.json (with the
+percentiles of every norm's parameters) and inside_norms.png to --results_dir.
 """
 
 from __future__ import annotations

@@ -3,18 +3,12 @@
     python experiments/norm_placement.py                 # the defaults: about 8 minutes on two CPU cores
     python experiments/norm_placement.py --data_dir=data/shakespeare_char --smoke   # a tiny end-to-end check
 
-Xiong et al. (2020, "On Layer Normalization in the Transformer Architecture") show that at initialization a
-post-norm Transformer's gradients grow toward the output layers, so that it needs a warmup, while a pre-norm one's
-stay level across depth. Two measurements on Tiny Shakespeare (characters), the norm LayerNorm ("builtin"):
-
-(a) At initialization, for each block, the gradient norm of its attention weights and of its MLP weights (the
-    norm over all of their parameters together), averaged over --grad_batches batches and --grad_seeds seeds,
-    pre-norm against post-norm, in this process.
-(b) Four training runs of train.py (child processes): pre and post, each with and without warmup, at the same
-    peak learning rate, seed and data stream. A run that diverges (train.py stops at a NaN or inf loss) is
-    recorded as diverged.
-
-Writes to --results_dir norm_placement.json (every number, the commands, the machine), grad_norms.png, training.png.
+Xiong et al. (2020) show that at initialization a post-norm Transformer's gradients grow toward the output layers,
+so that it needs a warmup, while a pre-norm one's stay level (docs/04-why-layernorm.md). With LayerNorm ("builtin"):
+(a) at initialization, each block's gradient norm over its attention and over its MLP parameters, the mean over
+--grad_batches batches and --grad_seeds seeds, in this process; (b) four train.py runs, pre and post, each with and
+without warmup, at the same peak learning rate, seed and data stream (a run that stops at a NaN or inf loss is
+recorded as diverged). Writes norm_placement.json, grad_norms.png and training.png to --results_dir.
 """
 
 from __future__ import annotations
