@@ -46,23 +46,17 @@ def implementation(name: str, C: int, dtype: torch.dtype, device: str) -> tuple[
     return module, [module.weight, module.bias]
 
 
-def timer(device: str, reps: int) -> Callable[[dict[str, Callable[[], Any]]], dict[str, float]]:
-    """{name: fn} -> {name: median ms}."""
+def time_ms(fns: dict[str, Callable[[], Any]], device: str, reps: int) -> dict[str, float]:
+    """{name: fn} -> {name: median ms}: on CUDA triton's do_bench; on the CPU `reps` rounds of one call each."""
     if device.startswith("cuda"):
         import triton.testing
 
-        return lambda fns: {
-            k: triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median") for k, fn in fns.items()
-        }
-
-    def cpu(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
-        times = [[timed(fn, device) * 1e3 for fn in fns.values()] for _ in range(reps + 2)][2:]  # 2 to warm up
-        return {k: statistics.median(t[i] for t in times) for i, k in enumerate(fns)}
-
-    return cpu
+        return {k: triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median") for k, fn in fns.items()}
+    times = [[timed(fn, device) * 1e3 for fn in fns.values()] for _ in range(reps + 2)][2:]  # 2 to warm up
+    return {k: statistics.median(t[i] for t in times) for i, k in enumerate(fns)}
 
 
-def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[str], time_ms: Callable) -> list[dict]:
+def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[str], reps: int) -> list[dict]:
     x = (torch.randn(rows, C, device=device) * 2 + 1).to(dtype).requires_grad_()
     dy = torch.randn(rows, C, device=device).to(dtype)
     fns = {}
@@ -70,14 +64,13 @@ def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[
     for name in impls:
         fns[name], params[name] = implementation(name, C, dtype, device)
     copy = torch.empty_like(x)
-    copy_ms = time_ms({"copy": lambda: copy.copy_(x.detach())})["copy"]
+    copy_ms = time_ms({"copy": lambda: copy.copy_(x.detach())}, device, reps)["copy"]
     with torch.no_grad():
         reference = fns[impls[0] if "builtin" not in fns else "builtin"](x).float()
         errors = {name: (fn(x).float() - reference).abs().max().item() for name, fn in fns.items()}
-    fwd = time_ms({name: lambda fn=fn: fn(x) for name, fn in fns.items()})
-    fwd_bwd = time_ms(
-        {name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy) for name, fn in fns.items()}
-    )
+    fwd = time_ms({name: lambda fn=fn: fn(x) for name, fn in fns.items()}, device, reps)
+    grads = {name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy) for name, fn in fns.items()}
+    fwd_bwd = time_ms(grads, device, reps)
     size = rows * C * x.element_size() / 1e9  # GB per pass
     where = {"rows": rows, "C": C, "dtype": str(dtype).removeprefix("torch."), "device": device}
     return [
@@ -201,8 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = args.rows or (32768 if args.device.startswith("cuda") else 16384)
     for dtype in args.dtype:
         for C in args.sizes:
-            time_ms = timer(args.device, args.reps)
-            result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, time_ms)
+            result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, args.reps)
             table = kernels_table(result["results"])
             print("\n".join(table.splitlines()[-len(args.impls) :]), flush=True)
             write_results(args, "bench.kernels", result, table)  # after every shape: a run cut short keeps them

@@ -160,13 +160,8 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
     for i, row in enumerate(table):
         for r in sorted((r for r in runs if r["row"] == row), key=lambda r: r["seed"] not in every_row):
             first = r["seed"] in every_row
-            ax.plot(
-                *zip(*r["evals"], strict=True),
-                color=f"C{i}",
-                alpha=1 if first else 0.35,
-                lw=1.5 if first else 1,
-                label=f"{row} ({ROWS[row][0]})" if first else None,
-            )
+            style = {"alpha": 1, "lw": 1.5, "label": f"{row} ({ROWS[row][0]})"} if first else {"alpha": 0.35, "lw": 1}
+            ax.plot(*zip(*r["evals"], strict=True), color=f"C{i}", **style)
     ax.set(
         xlabel="iteration",
         ylabel=f"val loss ({args.eval_batches} batches)",
