@@ -42,14 +42,7 @@ class Child:
         return self.returncode == 0 and not self.timed_out
 
 
-def run_child(
-    cmd: Sequence[str],
-    *,
-    cwd: Path = ROOT,
-    env: dict[str, str] | None = None,
-    timeout_s: float | None = None,
-    echo: str | None = None,
-) -> Child:
+def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = None, echo: str | None = None) -> Child:
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
     outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (on Linux at least this
     process's size when it started the child: the kernel carries that over fork and exec)."""
@@ -58,7 +51,7 @@ def run_child(
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -81,13 +74,40 @@ def run_child(
     return Child(proc.returncode, lines, time.perf_counter() - t0, maxrss_bytes(rusage.ru_maxrss), killed.is_set())
 
 
-def train_config(config: str, sets: Sequence[str]) -> Any:
-    """train.py's options (an options.TrainConfig) from a config file with KEY=VALUE items on top, typed and checked
-    by options.py; one clear line (SystemExit) if something is wrong."""
+def parser(description: str, config: bool = False) -> argparse.ArgumentParser:
+    """The options every benchmark has (--device, --out) and, with config, train.py's (--config, --set)."""
+    from device import DEVICE_HELP
+
+    p = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    if config:
+        p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """p's arguments, with args.argv (the command line, for write_results) and args.device resolved (a device that
+    is not here is a one-line usage error)."""
+    from device import DeviceError, resolve_device
+
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args.device = resolve_device(args.device)
+    except DeviceError as e:
+        p.error(str(e))
+    return args
+
+
+def train_config(config: str, sets: Sequence[str], *flags: str) -> Any:
+    """train.py's options (an options.TrainConfig) from a config file, KEY=VALUE items and --key=value flags on top,
+    typed and checked by options.py; one clear line (SystemExit) if something is wrong."""
     import options
 
     try:
-        return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets)]))
+        return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
     except options.ConfigError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -145,61 +165,48 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows])
 
 
-def write_results(path: Path, command: Sequence[str], result: dict[str, Any], table: str) -> None:
-    """path (JSON, with the machine and the command line) and the Markdown table beside it (.md)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    result = {"command": ["python", "-m", *command], "machine": machine_info(), **result}
-    path.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
-    path.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+def write_results(args: argparse.Namespace, module: str, result: dict[str, Any], table: str) -> None:
+    """With --out: the result as JSON there (with the machine and `python -m module` with the command line) and the
+    Markdown table beside it (.md)."""
+    if not args.out:
+        return
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": ["python", "-m", module, *args.argv], "machine": machine_info(), **result}
+    args.out.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    args.out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
 
 
 def machine_info() -> dict[str, Any]:
     """The commit measured ('+changes' if the files differ from it), CPU, GPU and the versions behind the figures."""
     import torch
 
-    def version(name: str) -> str | None:  # without importing it (importing triton fixes TRITON_INTERPRET)
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    git = subprocess.run(
-        ["git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"],
-        capture_output=True,
-        text=True,
-    )
-    cpu = (
-        [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        if Path("/proc/cpuinfo").exists()
-        else []
-    )
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    try:  # without importing it (importing triton fixes TRITON_INTERPRET)
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = None
     info = {
-        "commit": git.stdout.strip() or None,
+        "commit": output_of("git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu[0] if cpu else platform.processor(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "triton": version("triton"),
+        "triton": triton,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     if info["gpu"]:
-        smi = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        info["nvidia_smi"], info["cuda"] = smi.stdout.strip(), torch.version.cuda
+        query = "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version"
+        info["nvidia_smi"] = output_of("nvidia-smi", query, "--format=csv,noheader") or ""
+        info["cuda"] = torch.version.cuda
     return info
+
+
+def output_of(*cmd: str) -> str | None:
+    """What the command printed (stripped), or None if it printed nothing."""
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
 
 
 def read_json(path: Path) -> Any:
@@ -221,14 +228,9 @@ def pack(res: Path, out: Path) -> None:
         **{path.stem: read_json(path) for path in sorted(res.glob("*.json"))},
     }
     plan = (res / "plan.txt").read_text(encoding="utf-8").strip() if (res / "plan.txt").exists() else ""
-    summary = [
-        f"# bench/gpu.sh at commit {machine.get('commit')}",
-        "",
-        f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}",
-        "",
-        *([plan, ""] if plan else []),
-        markdown_table(["step", "exit", "seconds", "limit s"], steps),
-    ]
+    versions = f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}"
+    summary = [f"# bench/gpu.sh at commit {machine.get('commit')}", "", versions, "", *([plan, ""] if plan else [])]
+    summary.append(markdown_table(["step", "exit", "seconds", "limit s"], steps))
     for name, *_ in steps:
         if (res / f"{name}.md").exists():
             summary += ["", f"## {name}", "", (res / f"{name}.md").read_text(encoding="utf-8").strip()]

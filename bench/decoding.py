@@ -4,20 +4,17 @@ alone at decoding shapes, stock F.linear against the mode's.
 
     python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, every path
     python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
-    python -m bench.decoding --out_dir out-shakespeare-char-cpu --norms builtin,custom --paths cached --batches 1
     python -m bench.decoding --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --norms builtin,custom  # nanoGPT's
 
 Random-init models of each --sizes config (seed 1337), or a checkpoint (--out_dir or --ckpt; this project's or
-nanoGPT's) with each of --norms. Greedy;
-the paths alternate, A B C A B C, --repeats times after a warm-up; tokens/s counts every row; on CUDA the time
-includes the queued work. Checked on the way: cached and uncached agree up to block_size (past it they keep
-different windows: model.py's docstring), the mode's tokens equal stock's, and every norm decodes the first's tokens.
+nanoGPT's) with each of --norms; the paths alternate after a warm-up. Checked on the way: cached and uncached agree
+up to block_size (past it they keep different windows: model.py's docstring), the mode's tokens equal stock's, and
+every norm decodes the first's tokens. bench/README.md says the rest.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +25,7 @@ from torch.nn import functional as F
 
 import options
 from batch_invariant import batch_invariant, refusal
-from bench.common import comma_list, fmt, markdown_table, median, progress, spread, timed, write_results
-from device import DeviceError, resolve_device
+from bench.common import comma_list, fmt, markdown_table, median, parse, parser, progress, spread, timed, write_results
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
@@ -89,42 +85,35 @@ def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
 
 @torch.no_grad()
 def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
-    prompts = torch.randint(
-        model.config.vocab_size, (batch, args.prompt_len), generator=torch.Generator().manual_seed(0)
-    ).to(device)
-
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
     products = linears_alone(model, batch, device)
 
-    def run(name: str, n: int) -> torch.Tensor | None:
+    new = {}  # path -> the tokens its last run decoded
+
+    def run(name: str, n: int) -> None:
         if name == "linears":
             return products(n)
         with batch_invariant(enabled=name == "mode"):
-            return model.generate(prompts, n, temperature=0, use_kv_cache=name != "uncached")
-
-    new, rounds = {}, []  # the paths take turns, A B C A B C; tokens/s of each, round by round
-
-    def tokens_of(name: str) -> None:
-        tokens = run(name, args.new_tokens)
-        if tokens is not None:
-            new[name] = tokens[:, args.prompt_len :]
+            new[name] = model.generate(prompts, n, temperature=0, use_kv_cache=name != "uncached")[:, args.prompt_len :]
 
     for name in args.paths:  # warm-up: the allocator, the kernels
         run(name, min(8, args.new_tokens))
+    rounds = []  # the paths take turns, A B C A B C; tokens/s of each, round by round
     for _ in range(args.repeats):
         rounds.append({})
         for name in args.paths:
-            seconds = timed(lambda name=name: tokens_of(name), device)
+            seconds = timed(lambda name=name: run(name, args.new_tokens), device)
             rounds[-1][name] = batch * args.new_tokens / seconds
     block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
 
     def agree(a: str, b: str, n: int | None = None) -> bool | None:
         return bool(torch.equal(new[a][:, :n], new[b][:, :n])) if {a, b} <= new.keys() else None
 
+    sizes = {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "block_size")}
     return {
         "model": label,
-        "n_layer": model.config.n_layer,
-        "n_embd": model.config.n_embd,
-        "block_size": model.config.block_size,
+        **sizes,
         "batch": batch,
         "tokens_per_s": {k: median([r[k] for r in rounds]) for k in args.paths},
         "spread": {k: spread([r[k] for r in rounds]) for k in args.paths},
@@ -138,55 +127,32 @@ def ratio(a: float | None, b: float | None, unit: str = "") -> str:
     return f"{a / b:.2f}{unit}" if a and b else "n/a"
 
 
+DECODE_HEADERS = (
+    "cache speedup|mode's time per token|cached / linears|cached = uncached (to block)|mode = cached"
+    "|same tokens as first model"
+).split("|")
+LINEARS_NOTE = """linears: the model's Linear layers alone, as a cached step runs them, one step per token (none is
+produced): the most a cached step can reach without computing its matrix products differently.
+
+"""
+
+
 def decode_table(result: dict[str, Any]) -> str:
     paths = result["paths"]
     rows = []
     for r in result["runs"]:
         tps, cached = r["tokens_per_s"], r["tokens_per_s"].get("cached")
-        rows.append(
-            [
-                f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})",
-                r["batch"],
-                *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
-                ratio(cached, tps.get("uncached"), "x"),
-                ratio(cached, tps.get("mode"), "x"),
-                ratio(cached, tps.get("linears")),
-                r["cached_equals_uncached_up_to_block"],
-                r["mode_equals_cached"],
-                r["same_tokens_as_first"],
-            ]
-        )
-    return "\n".join(
-        [
-            f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token "
-            f"prompts, {result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of "
-            f"{result['repeats']}",
-            "",
-            *(
-                [
-                    "linears: the model's Linear layers alone, as a cached step runs them, one step per token (none is",
-                    "produced): the most a cached step can reach without computing its matrix products differently.",
-                    "",
-                ]
-                if "linears" in paths
-                else []
-            ),
-            markdown_table(
-                [
-                    "model",
-                    "batch",
-                    *[f"{p} tok/s" for p in paths],
-                    "cache speedup",
-                    "mode's time per token",
-                    "cached / linears",
-                    "cached = uncached (to block)",
-                    "mode = cached",
-                    "same tokens as first model",
-                ],
-                rows,
-            ),
-        ]
+        rates = [f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths]
+        ratios = [ratio(cached, tps.get("uncached"), "x"), ratio(cached, tps.get("mode"), "x")]
+        checks = [r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]]
+        model = f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})"
+        rows.append([model, r["batch"], *rates, *ratios, ratio(cached, tps.get("linears")), *checks])
+    title = (
+        f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
+        f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
     )
+    headers = ["model", "batch", *[f"{p} tok/s" for p in paths], *DECODE_HEADERS]
+    return f"{title}\n\n{LINEARS_NOTE if 'linears' in paths else ''}{markdown_table(headers, rows)}"
 
 
 def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows: tuple[int, ...]) -> list[dict]:
@@ -209,42 +175,21 @@ def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows
     return out
 
 
+MATMUL_HEADERS = "dtype|K = N|M|stock us|mode us|mode / stock|stock: row vs among 64|mode: row vs among 64".split("|")
+
+
 def matmul_table(rows: list[dict], device: str) -> str:
-    return "\n".join(
-        [
-            f"### F.linear at decoding shapes on {device}: M rows x K, K x N weight, us per call",
-            "",
-            markdown_table(
-                [
-                    "dtype",
-                    "K = N",
-                    "M",
-                    "stock us",
-                    "mode us",
-                    "mode / stock",
-                    "stock: row vs among 64",
-                    "mode: row vs among 64",
-                ],
-                [
-                    [
-                        r["dtype"],
-                        r["K=N"],
-                        r["M"],
-                        fmt(r["stock_us"], ".1f"),
-                        fmt(r["mode_us"], ".1f"),
-                        fmt(r["mode_us"] / r["stock_us"], ".2f"),
-                        f"{r['stock_diff']:.1e}",
-                        f"{r['mode_diff']:.1e}",
-                    ]
-                    for r in rows
-                ],
-            ),
-        ]
-    )
+    cells = [
+        [r["dtype"], r["K=N"], r["M"], *[fmt(r[k], ".1f") for k in ("stock_us", "mode_us")]]
+        + [fmt(r["mode_us"] / r["stock_us"], ".2f"), f"{r['stock_diff']:.1e}", f"{r['mode_diff']:.1e}"]
+        for r in rows
+    ]
+    title = f"### F.linear at decoding shapes on {device}: M rows x K, K x N weight, us per call"
+    return f"{title}\n\n{markdown_table(MATMUL_HEADERS, cells)}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--sizes", default=",".join(SIZES), help="comma list of config files (random-init models)")
     p.add_argument("--out_dir", help="decode the checkpoint <out_dir>/ckpt.pt instead, with each of --norms")
     p.add_argument("--ckpt", help="decode this checkpoint file instead; overrides --out_dir")
@@ -256,10 +201,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--matmul", action="store_true", help="the matrix product alone instead of decoding")
     p.add_argument("--widths", default=",".join(map(str, MATMUL_WIDTHS)), help="--matmul's K = N values")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
-    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse(p, argv)
     args.checkpoint = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt" if args.out_dir else None
     return args
 
@@ -270,19 +212,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     t0 = time.perf_counter()
+    device = args.device
     try:
-        device = resolve_device(args.device)
         if args.matmul:
             dtypes = [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else [])
             runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
             result, table = {"device": device, "matmul": runs}, matmul_table(runs, device)
         else:
             args.paths = paths_here(args.paths, device)
-            result = {
-                "device": device,
-                **{k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")},
-                "runs": [],
-            }
+            settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}
+            result = {"device": device, **settings, "runs": []}
             todo = [(m, b) for m in models(args, device) for b in args.batches]
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):
@@ -292,11 +231,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result["runs"].append(run)
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
             table = decode_table(result)
-    except (DeviceError, TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
+    except (TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
         raise SystemExit(f"error: {e}") from None
     print(table)
-    if args.out:
-        write_results(args.out, ["bench.decoding", *args.argv], result, table)
+    write_results(args, "bench.decoding", result, table)
     return result
 
 

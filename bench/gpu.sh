@@ -1,22 +1,13 @@
 #!/usr/bin/env bash
-# Every GPU measurement in one run of at most 7 minutes by its own clock, its results in three files in the output
-# folder, rewritten after every step so that a run cut short leaves what it did: summary.md (the plan, each step's
-# exit code and seconds, then its tables), results.json (every step's JSON), gpu_results.tar.gz (all of it, with
-# each step's log). For anyone with a CUDA GPU for a few minutes.
+# Every GPU measurement in one run of at most 7 minutes by its own clock (bench/README.md says what each step does).
 #
 #   bash bench/gpu.sh [--dry-run] [--input TINY_SHAKESPEARE.txt] [--nanogpt NANOGPT_CHECKOUT] [OUT_DIR]
 #
-# The text: --input, else $TINY_SHAKESPEARE, else data/shakespeare_char/input.txt. nanoGPT (at 3adf61e, prepared as
-# bench/README.md says): --nanogpt or $NANOGPT, else its step is skipped. OUT_DIR: else $OUT, else bench/results/gpu.
-# PY: the python that has torch (default python3).
-# SHARES: each step's seconds of the 420-s budget, in the order the steps run (what no GPU has run first, so that a
-# run cut short keeps it); they add up to the budget, "report" being the checks and the packing after each step.
-# Each step runs under `timeout` with its share, or with what is left of the budget if that is less. nanoGPT's step,
-# when it is given, takes the 12 x 768 grid's share. GPU_SH_BUDGET_S scales every share (the budget: 420 s, 1260 s
-# with --dry-run). --dry-run: every step on this CPU at a tiny size (Triton's interpreter; the tests only collected;
-# no CUDA graphs, no compile). GPU_SH_STEPS="data,tests ...": run only those steps (the others: not selected).
-# Inductor's and Triton's caches stay in the work folder for the whole run, so that a graph or kernel compiled by one
-# step can be loaded by a later one (the grid's compiled triton side has triton_compile's shapes).
+# PY: the python that has torch (default python3). SHARES: each step's seconds of the 420-s budget, in the order the
+# steps run (what no GPU has run first, so that a run cut short keeps it), "report" being the checks and the packing
+# after each step; each step runs under `timeout` with its share, or with what is left if that is less. nanoGPT's
+# step, when given, takes the 12 x 768 grid's share. GPU_SH_BUDGET_S scales every share (default 420 s, 1260 s with
+# --dry-run); GPU_SH_STEPS="data,tests ...": run only those steps (the others: not selected).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 DRY=0 INPUT=${TINY_SHAKESPEARE:-data/shakespeare_char/input.txt} NANOGPT=${NANOGPT:-} OUT_DIR=${OUT:-bench/results/gpu}
@@ -73,6 +64,7 @@ else
     RESUME=(--config configs/shakespeare_char.json --set cuda_graphs=True --set dtype=float32 --set eval_iters=2
         --rtol 1e-4)  # float32: a GPU's atomic additions still differ in the last bits, run to run
 fi
+# One Inductor and Triton cache for the whole run: a later step loads what an earlier one compiled.
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$WORK/inductor_cache TRITON_CACHE_DIR=$WORK/triton_cache
 rm -f "$OUT_DIR"/{summary.md,results.json,gpu_results.tar.gz}
 SUM=0 PLAN="" && for item in "${SHARES[@]}"; do
@@ -111,7 +103,7 @@ SMOKE=(train.py configs/shakespeare_char.json --norm=triton --device=$DEV --data
 step triton_eager "$PY" "${SMOKE[@]}" --out_dir="$WORK/triton_eager"
 step triton_graphs_float16 "$PY" "${SMOKE[@]}" ${GRAPHS[@]+"${GRAPHS[@]}"} --out_dir="$WORK/triton_graphs"
 step triton_compile "$PY" "${SMOKE[@]}" ${COMPILE[@]+"${COMPILE[@]}"} --out_dir="$WORK/triton_compile"
-step resume_graphs "$PY" -m bench.resume "${RESUME[@]}" --set dropout=0.2 --set device=$DEV \
+step resume_graphs "$PY" -m bench.resume "${RESUME[@]}" --set dropout=0.2 --device $DEV \
     --set data_dir="$WORK/data" --out "$RES/resume_graphs.json"
 step demo_float32 "$PY" batch_independence.py --device=$DEV ${DEMO[@]+"${DEMO[@]}"}
 step demo_bfloat16 "$PY" batch_independence.py --device=$DEV --dtype=bfloat16 ${DEMO[@]+"${DEMO[@]}"}

@@ -4,15 +4,11 @@
     python -m bench.kernels --device cuda --out layernorm_gpu.json     # CUDA: bf16 and fp32, C 768..8192, 32768 rows
     python -m bench.kernels --overhead --out bench/results/triton_overhead_cpu.json   # us per call on [8, 384]
 
-custom (layernorm.py's from-scratch module), builtin (F.layer_norm), triton (CUDA, or the CPU with
-TRITON_INTERPRET=1, slow), naive (autograd through the formula: what the hand-written backward must beat). A perfect
-forward reads x and writes y, 2 * rows * C elements; forward+backward also reads dy and writes dx, 5: GB/s is that
-over the time, and "% copy" compares it with a copy_ of x. On the CPU the implementations take turns call by call
-(median), so a drifting machine shifts them alike; on CUDA triton.testing.do_bench (L2 flushed, median).
-
---overhead: us per call of the Triton module and of F.layer_norm on [8, 384]. On the CPU the kernel launches are
-no-ops, so what is timed is the Python around them (checks, the autograd Function, allocations, launch parameters);
-on a GPU the calls are real and so small that the time per call is the CPU's side. Round by round, median.
+naive (autograd through the formula) is what the hand-written backward must beat. A perfect forward moves 2 * rows *
+C elements (read x, write y), forward+backward 5 (also read dy, write dx): GB/s is that over the time. On the CPU
+the implementations take turns call by call, so a drifting machine shifts them alike. With --overhead on the CPU the
+kernel launches are no-ops, so what is timed is the Python around them; on a GPU a call that small is the CPU's
+side too. bench/README.md says the rest.
 """
 
 from __future__ import annotations
@@ -22,14 +18,12 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 import layernorm
-from bench.common import comma_list, fmt, markdown_table, timed, write_results
-from device import DeviceError, resolve_device
+from bench.common import comma_list, fmt, markdown_table, parse, parser, timed, write_results
 
 IMPLS = ("custom", "builtin", "triton", "naive")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,45 +46,37 @@ def implementation(name: str, C: int, dtype: torch.dtype, device: str) -> tuple[
     return module, [module.weight, module.bias]
 
 
-def timer(device: str, reps: int) -> Callable[[dict[str, Callable[[], Any]]], dict[str, float]]:
-    """{name: fn} -> {name: median ms}."""
+def time_ms(fns: dict[str, Callable[[], Any]], device: str, reps: int) -> dict[str, float]:
+    """{name: fn} -> {name: median ms}: on CUDA triton's do_bench; on the CPU `reps` rounds of one call each."""
     if device.startswith("cuda"):
         import triton.testing
 
-        return lambda fns: {
-            k: triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median") for k, fn in fns.items()
-        }
-
-    def cpu(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
-        times = [[timed(fn, device) * 1e3 for fn in fns.values()] for _ in range(reps + 2)][2:]  # 2 to warm up
-        return {k: statistics.median(t[i] for t in times) for i, k in enumerate(fns)}
-
-    return cpu
+        return {k: triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median") for k, fn in fns.items()}
+    times = [[timed(fn, device) * 1e3 for fn in fns.values()] for _ in range(reps + 2)][2:]  # 2 to warm up
+    return {k: statistics.median(t[i] for t in times) for i, k in enumerate(fns)}
 
 
-def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[str], time_ms: Callable) -> list[dict]:
+def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[str], reps: int) -> list[dict]:
     x = (torch.randn(rows, C, device=device) * 2 + 1).to(dtype).requires_grad_()
     dy = torch.randn(rows, C, device=device).to(dtype)
-    fns, params = {}, {}
+    fns = {}
+    params = {}
     for name in impls:
         fns[name], params[name] = implementation(name, C, dtype, device)
     copy = torch.empty_like(x)
-    copy_ms = time_ms({"copy": lambda: copy.copy_(x.detach())})["copy"]
+    copy_ms = time_ms({"copy": lambda: copy.copy_(x.detach())}, device, reps)["copy"]
     with torch.no_grad():
         reference = fns[impls[0] if "builtin" not in fns else "builtin"](x).float()
         errors = {name: (fn(x).float() - reference).abs().max().item() for name, fn in fns.items()}
-    fwd = time_ms({name: lambda fn=fn: fn(x) for name, fn in fns.items()})
-    fwd_bwd = time_ms(
-        {name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy) for name, fn in fns.items()}
-    )
+    fwd = time_ms({name: lambda fn=fn: fn(x) for name, fn in fns.items()}, device, reps)
+    grads = {name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy) for name, fn in fns.items()}
+    fwd_bwd = time_ms(grads, device, reps)
     size = rows * C * x.element_size() / 1e9  # GB per pass
+    where = {"rows": rows, "C": C, "dtype": str(dtype).removeprefix("torch."), "device": device}
     return [
         {
             "impl": name,
-            "rows": rows,
-            "C": C,
-            "dtype": str(dtype).removeprefix("torch."),
-            "device": device,
+            **where,
             "max_abs_err_vs_builtin": errors[name],
             "fwd_ms": fwd[name],
             "fwd_bwd_ms": fwd_bwd[name],
@@ -103,41 +89,24 @@ def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[
     ]
 
 
+KERNELS_HEADERS = (
+    "impl|shape|dtype|fwd ms|fwd GB/s (% copy)|fwd+bwd ms|fwd+bwd GB/s (% copy)|bwd ms|fwd+bwd vs builtin|copy GB/s"
+    "|max err vs builtin"
+).split("|")
+
+
 def kernels_table(rows: list[dict]) -> str:
     builtin = {(r["rows"], r["C"], r["dtype"]): r["fwd_bwd_ms"] for r in rows if r["impl"] == "builtin"}
-    return markdown_table(
-        [
-            "impl",
-            "shape",
-            "dtype",
-            "fwd ms",
-            "fwd GB/s (% copy)",
-            "fwd+bwd ms",
-            "fwd+bwd GB/s (% copy)",
-            "bwd ms",
-            "fwd+bwd vs builtin",
-            "copy GB/s",
-            "max err vs builtin",
-        ],
-        [
-            [
-                r["impl"],
-                f"[{r['rows']}, {r['C']}]",
-                r["dtype"],
-                fmt(r["fwd_ms"], ".3f"),
-                f"{r['fwd_gbps']:.1f} ({100 * r['fwd_gbps'] / r['copy_gbps']:.0f}%)",
-                fmt(r["fwd_bwd_ms"], ".3f"),
-                f"{r['fwd_bwd_gbps']:.1f} ({100 * r['fwd_bwd_gbps'] / r['copy_gbps']:.0f}%)",
-                fmt(r["bwd_ms"], ".3f"),
-                fmt(r["fwd_bwd_ms"] / builtin[(r["rows"], r["C"], r["dtype"])], ".2f") + "x"
-                if (r["rows"], r["C"], r["dtype"]) in builtin
-                else "n/a",
-                fmt(r["copy_gbps"], ".1f"),
-                f"{r['max_abs_err_vs_builtin']:.1e}",
-            ]
-            for r in rows
-        ],
-    )
+    cells = []
+    for r in rows:
+        shape = (r["rows"], r["C"], r["dtype"])
+        vs_builtin = fmt(r["fwd_bwd_ms"] / builtin[shape], ".2f") + "x" if shape in builtin else "n/a"
+        fwd = f"{r['fwd_gbps']:.1f} ({100 * r['fwd_gbps'] / r['copy_gbps']:.0f}%)"
+        fwd_bwd = f"{r['fwd_bwd_gbps']:.1f} ({100 * r['fwd_bwd_gbps'] / r['copy_gbps']:.0f}%)"
+        times = [fmt(r[k], ".3f") for k in ("fwd_ms", "fwd_bwd_ms", "bwd_ms")]
+        cells.append([r["impl"], f"[{r['rows']}, {r['C']}]", r["dtype"], times[0], fwd, times[1], fwd_bwd, times[2]])
+        cells[-1] += [vs_builtin, fmt(r["copy_gbps"], ".1f"), f"{r['max_abs_err_vs_builtin']:.1e}"]
+    return markdown_table(KERNELS_HEADERS, cells)
 
 
 class _NoLaunch:
@@ -178,51 +147,32 @@ def overhead(device: str, calls: int, repeats: int) -> list[dict]:
 def overhead_table(rows: list[dict], device: str, calls: int, repeats: int) -> str:
     how = "kernel launches stubbed" if device == "cpu" else "real calls, launch-bound"
     cell = {(r["impl"], r["what"]): f"{r['us']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f})" for r in rows}
-    return "\n".join(
-        [
-            f"### Python cost per call on {device} ({how}), [8, 384] float32, median (min-max) of "
-            f"{repeats} rounds of {calls} calls",
-            "",
-            markdown_table(
-                ["impl", "forward us/call", "forward+backward us/call"],
-                [[impl, cell[impl, "fwd"], cell[impl, "fwd+bwd"]] for impl in ("builtin", "triton")],
-            ),
-        ]
-    )
+    title = f"### Python cost per call on {device} ({how}), [8, 384] float32, median (min-max) of {repeats} rounds"
+    cells = [[impl, cell[impl, "fwd"], cell[impl, "fwd+bwd"]] for impl in ("builtin", "triton")]
+    table = markdown_table(["impl", "forward us/call", "forward+backward us/call"], cells)
+    return f"{title} of {calls} calls\n\n{table}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p = parser(__doc__)
     p.add_argument(
-        "--dtype",
-        type=comma_list(DTYPES),
-        help="comma list of float32, bfloat16, float16 (default float32; CUDA bfloat16,float32)",
+        "--dtype", type=comma_list(DTYPES), help="comma list of dtypes (default float32; CUDA bfloat16,float32)"
     )
     p.add_argument("--sizes", type=comma_list(), help=f"comma list of C (default {CPU_SIZES}; CUDA {CUDA_SIZES})")
     p.add_argument("--rows", type=lambda v: comma_list()(v)[0], help="rows = B * T (default 16384; CUDA 32768)")
-    p.add_argument(
-        "--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those that run here)"
-    )
+    p.add_argument("--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those here)")
     p.add_argument("--reps", type=int, default=10, help="timed calls per measurement on the CPU (median)")
     p.add_argument("--overhead", action="store_true", help="the Python cost per call instead (see above)")
     p.add_argument("--calls", type=int, default=1000, help="--overhead: calls per round")
     p.add_argument("--repeats", type=int, default=7, help="--overhead: rounds")
     p.add_argument("--system-malloc", action="store_true", help="keep glibc's allocator defaults (see above)")
-    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
-    try:
-        args.device = resolve_device(args.device)
-    except DeviceError as e:
-        p.error(str(e))
+    args = parse(p, argv)
     if args.overhead and args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: CPU tensors pass; launches are stubbed
     cuda = args.device.startswith("cuda")
     interpreter = os.environ.get("TRITON_INTERPRET") == "1"
-    args.impls = args.impls or [
-        i for i in IMPLS if (i != "triton" or cuda or interpreter) and (i != "naive" or not cuda)
-    ]
+    runs_here = {"triton": cuda or interpreter, "naive": not cuda}
+    args.impls = args.impls or [i for i in IMPLS if runs_here.get(i, True)]
     args.dtype = args.dtype or (["bfloat16", "float32"] if cuda else ["float32"])
     args.sizes = args.sizes or comma_list()(CUDA_SIZES if cuda else CPU_SIZES)
     if "triton" in args.impls and not (cuda or interpreter or args.overhead):
@@ -234,30 +184,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.overhead:
         rows = overhead(args.device, args.calls, args.repeats)
-        result, table = (
-            {"device": args.device, "overhead": rows},
-            overhead_table(rows, args.device, args.calls, args.repeats),
-        )
-        if args.out:
-            write_results(args.out, ["bench.kernels", *args.argv], result, table)
+        result = {"device": args.device, "overhead": rows}
+        table = overhead_table(rows, args.device, args.calls, args.repeats)
+        write_results(args, "bench.kernels", result, table)
         print(table)
         return result
     malloc = "steady" if all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items()) else "system default"
     result = {"device": args.device, "malloc": malloc, "results": []}
+    rows = args.rows or (32768 if args.device.startswith("cuda") else 16384)
     for dtype in args.dtype:
         for C in args.sizes:
-            result["results"] += bench_shape(
-                args.rows or (32768 if args.device.startswith("cuda") else 16384),
-                C,
-                DTYPES[dtype],
-                args.device,
-                args.impls,
-                timer(args.device, args.reps),
-            )
+            result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, args.reps)
             table = kernels_table(result["results"])
             print("\n".join(table.splitlines()[-len(args.impls) :]), flush=True)
-            if args.out:  # after every shape, so that a run cut short keeps what it measured
-                write_results(args.out, ["bench.kernels", *args.argv], result, table)
+            write_results(args, "bench.kernels", result, table)  # after every shape: a run cut short keeps them
     return result
 
 

@@ -27,13 +27,9 @@ def plot(result: dict, out: Path) -> None:
         for row in result[world]:
             steps = row["alone_vs_batch"]["per_step_max_abs_diff"]
             style = "--" if not row["required"] else "-"
-            ax.plot(
-                range(len(steps)), [max(d, ZERO) for d in steps], style, label=f"{row['name']} ({row['statistics']})"
-            )
-        ax.set_yscale("log")
-        ax.set_ylim(ZERO / 3, 100)
-        ax.set_title(WORLDS[world])
-        ax.set_xlabel("decoding step")
+            label = f"{row['name']} ({row['statistics']})"
+            ax.plot(range(len(steps)), [max(d, ZERO) for d in steps], style, label=label)
+        ax.set(yscale="log", ylim=(ZERO / 3, 100), title=WORLDS[world], xlabel="decoding step")
         ax.grid(True, which="major", alpha=0.3)
     ticks = [ZERO, 1e-6, 1e-3, 1, 100]
     axes[0][0].set_yticks(ticks, ["0", "1e-6", "1e-3", "1", "100"])

@@ -1,20 +1,15 @@
 """Where a training step goes: a few steps per norm under torch.profiler, in this process, as train.py takes them.
 
     python -m bench.profile --norms builtin,triton --config configs/shakespeare_char.json --out profile.json
-    OMP_NUM_THREADS=1 python -m bench.profile --norms builtin --out bench/results/profile_cpu.json   # a CPU step
+    OMP_NUM_THREADS=1 python -m bench.profile --norms builtin --out bench/results/step_cpu/profile_cpu.json
 
-Each step is a batch of the prepared data and step.train_step (the micro-steps' forward and backward, the clip, the
-optimizer model.configure_optimizers builds), then the loss read back as at a log line. Reported per step: kernels,
-how busy the GPU is, the CPU's self time per op and per category, and the rate of the step's matrix products in the
-step and each alone. With --out: the tables beside it (.md) and the figure (.png): each norm's CPU time by category
-beside the three rates.
+Each step is a batch of the prepared data and step.train_step, then the loss read back as at a log line. What is
+reported, and the figure beside --out: bench/README.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,9 +18,9 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as torch_profile
 
-from bench.common import fmt, markdown_table, median, timed, train_config, write_results
+from bench.common import fmt, markdown_table, median, parse, parser, timed, train_config, write_results
 from data.common import DataError, PreparedData
-from device import DeviceError, autocast, resolve_device, resolve_dtype
+from device import autocast, resolve_dtype
 from layernorm import Norm
 from model import GPT, GPTConfig
 from options import TrainConfig
@@ -139,36 +134,26 @@ def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None)
     }
 
 
+RATES = ("step_gflops", "matmul_gflops_in_step", "matmul_gflops_alone")  # the whole step, its products, alone
+
+
 def tables(rows: dict[str, dict[str, Any]], device: str) -> str:
-    steps = markdown_table(
-        ["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"],
-        [
-            [
-                n,
-                fmt(r["ms_per_step"]),
-                fmt(r["kernels_per_step"], ".0f"),
-                fmt(r["gpu_busy"] and 100 * r["gpu_busy"], ".0f") + "%",
-                "; ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_step"].items()),
-            ]
-            for n, r in rows.items()
-        ],
-    )
-    breakdown = markdown_table(
-        ["norm", *[f"{c} ms" for c in COLUMNS], "CPU ms", "matmul GFLOP/step", "GFLOP/s: step, its products, alone"],
-        [
-            [
-                n,
-                *[fmt(r["category_us_per_step"][c] / 1000) for c in COLUMNS],
-                fmt(sum(r["category_us_per_step"].values()) / 1000),
-                fmt(r["matmul_gflop_per_step"], ".3f"),
-                ", ".join(fmt(r[k], ".0f") for k in ("step_gflops", "matmul_gflops_in_step", "matmul_gflops_alone")),
-            ]
-            for n, r in rows.items()
-        ],
-    )
+    steps = []
+    breakdown = []
+    for n, r in rows.items():
+        busy = fmt(r["gpu_busy"] and 100 * r["gpu_busy"], ".0f") + "%"
+        top = "; ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_step"].items())
+        steps.append([n, fmt(r["ms_per_step"]), fmt(r["kernels_per_step"], ".0f"), busy, top])
+        by_category = r["category_us_per_step"]
+        breakdown.append([n, *[fmt(by_category[c] / 1000) for c in COLUMNS], fmt(sum(by_category.values()) / 1000)])
+        breakdown[-1] += [fmt(r["matmul_gflop_per_step"], ".3f"), ", ".join(fmt(r[k], ".0f") for k in RATES)]
+    steps_headers = ["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"]
+    breakdown_headers = ["norm", *[f"{c} ms" for c in COLUMNS], "CPU ms", "matmul GFLOP/step"]
+    breakdown_headers.append("GFLOP/s: step, its products, alone")
     return (
-        f"### torch.profiler, {STEPS} training steps per norm on {device}\n\n{steps}\n\n"
-        f"### Where a step's CPU time goes (self time per category, per step)\n\n{breakdown}"
+        f"### torch.profiler, {STEPS} training steps per norm on {device}\n\n{markdown_table(steps_headers, steps)}"
+        "\n\n### Where a step's CPU time goes (self time per category, per step)\n\n"
+        f"{markdown_table(breakdown_headers, breakdown)}"
     )
 
 
@@ -193,7 +178,7 @@ def plot(png: Path, rows: dict[str, dict[str, Any]], title: str) -> None:
     left.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     width = 0.8 / len(rows)
     for j, (name, r) in enumerate(rows.items()):
-        rates = [r[k] or 0 for k in ("step_gflops", "matmul_gflops_in_step", "matmul_gflops_alone")]
+        rates = [r[k] or 0 for k in RATES]
         right.bar([i + j * width for i in range(3)], rates, width, label=name)
     labels = ("whole\nstep", "its matrix\nproducts", "the same\nproducts alone")
     right.set(xticks=[i + width * (len(rows) - 1) / 2 for i in range(3)], xticklabels=labels, ylabel="GFLOP/s")
@@ -205,29 +190,21 @@ def plot(png: Path, rows: dict[str, dict[str, Any]], title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option")
+    p = parser(__doc__, config=True)
     p.add_argument("--norms", default="builtin", help="comma list of norms (default builtin)")
     p.add_argument("--data_dir", help="the prepared data (default: the config's dataset)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
-    p.add_argument("--out", type=Path, help="results as JSON here, the tables as .md and the figure as .png beside it")
-    args = p.parse_args(argv)
+    args = parse(p, argv)
     cfg = train_config(args.config, args.set)
-    try:
-        device = resolve_device(args.device)
-    except DeviceError as e:
-        raise SystemExit(f"error: {e}") from None
     rows = {}
     for norm in args.norms.split(","):
-        rows[norm] = profile_norm(norm, cfg, device, args.data_dir)
+        rows[norm] = profile_norm(norm, cfg, args.device, args.data_dir)
         print(f"profile {norm}: {rows[norm]['ms_per_step']:.2f} ms/step", flush=True)
-    result = {"device": device, "config": args.config, "set": args.set, "steps": STEPS, "norms": rows}
-    text = tables(rows, device)
+    result = {"device": args.device, "config": args.config, "set": args.set, "steps": STEPS, "norms": rows}
+    text = tables(rows, args.device)
     print("\n" + text)
-    if args.out:
-        write_results(args.out, ["bench.profile", *(sys.argv[1:] if argv is None else argv)], result, text)
-        plot(args.out.with_suffix(".png"), rows, f"Where a training step goes: {args.config} on {device}")
+    write_results(args, "bench.profile", result, text)
+    if args.out:  # and the figure beside it (.png)
+        plot(args.out.with_suffix(".png"), rows, f"Where a training step goes: {args.config} on {args.device}")
     return result
 
 

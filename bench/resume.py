@@ -3,21 +3,19 @@ the first two's checkpoint, against 4 straight, every other option the same.
 
     python -m bench.resume --config configs/shakespeare_char.json --set cuda_graphs=True --set dropout=0.2
 
-Compared: the training loss logged at every iteration (log_interval=1), the val loss at 2 and 4 (both runs evaluate
-at 2, where the first part stops, so both draw alike), and the final weights. The losses must agree to --rtol
-(0 asks for bit-identical runs, which the CPU gives; a GPU's atomic additions may differ in the last bits); the
-weights' largest gap is reported. Exits 1 if they do not agree, or a run failed.
+Compared: the training loss at every iteration, the val loss at 2 and 4 (both runs evaluate at 2, where the first
+part stops, so both draw alike), and the final weights. The losses must agree to --rtol (0: bit-identical, as on
+the CPU; a GPU's atomic additions may differ in the last bits). Exits 1 if they do not, or a run failed.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import fmt, markdown_table, run_child, write_results
+from bench.common import fmt, markdown_table, parse, parser, run_child, write_results
 from runlog import read_metrics
 
 ITERS = 4
@@ -49,14 +47,11 @@ def compare(straight: Path, resumed: Path, rtol: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option for both runs")
+    p = parser(__doc__, config=True)
     p.add_argument("--rtol", type=float, default=0.0, help="the losses' largest relative gap allowed (default 0)")
-    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
-    args = p.parse_args(argv)
-    flags = [args.config, *(f"--{item}" for item in args.set), f"--eval_interval={CUT}", "--log_interval=1"]
-    flags.append("--sample_at_end=False")
+    args = parse(p, argv)
+    flags = [args.config, f"--device={args.device}", *(f"--{item}" for item in args.set)]  # --set device=X wins
+    flags += [f"--eval_interval={CUT}", "--log_interval=1", "--sample_at_end=False"]
     with tempfile.TemporaryDirectory(prefix="bench_resume_") as work:
         straight, resumed = Path(work, "straight"), Path(work, "resumed")
         for cmd in (  # the resumed run as a user resumes one: its options are the checkpoint's
@@ -69,22 +64,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if not child.ok:
                 raise SystemExit(f"error: train.py {' '.join(cmd)} failed: {' | '.join(child.lines[-5:])}")
         result = {"flags": flags, **compare(straight, resumed, args.rtol)}
-    text = "\n".join(
-        [
-            f"### {CUT} + {ITERS - CUT} iterations resumed against {ITERS} straight: {' '.join(flags[1:])}",
-            "",
-            f"Largest relative loss gap {result['max_relative_loss_gap']:.1e} (allowed {args.rtol:g}); final weights' "
-            f"largest gap {result['max_weight_gap']:.1e}: {'the same run' if result['same'] else 'NOT the same run'}.",
-            "",
-            markdown_table(
-                ["logged", "iter", "straight", "resumed"],
-                [[k, i, fmt(x, ".7f"), fmt(y, ".7f")] for k, i, x, y in result["losses"]],
-            ),
-        ]
-    )
+    title = f"### {CUT} + {ITERS - CUT} iterations resumed against {ITERS} straight: {' '.join(flags[1:])}"
+    verdict = "the same run" if result["same"] else "NOT the same run"
+    gaps = f"Largest relative loss gap {result['max_relative_loss_gap']:.1e} (allowed {args.rtol:g}); final weights'"
+    gaps += f" largest gap {result['max_weight_gap']:.1e}: {verdict}."
+    cells = [[k, i, fmt(x, ".7f"), fmt(y, ".7f")] for k, i, x, y in result["losses"]]
+    text = f"{title}\n\n{gaps}\n\n{markdown_table(['logged', 'iter', 'straight', 'resumed'], cells)}"
     print(text)
-    if args.out:
-        write_results(args.out, ["bench.resume", *(sys.argv[1:] if argv is None else argv)], result, text)
+    write_results(args, "bench.resume", result, text)
     return result
 
 

@@ -3,16 +3,11 @@
     python -m bench.training --norms custom,builtin --nanogpt ../nanogpt --out bench/results/train_cpu.json
     python -m bench.training --compare --out bench/results/compare_norms_cpu/table.json   # every norm, val_loss.png
     python -m bench.training --whole --norms builtin --nanogpt ../nanogpt --repeats 3   # the whole run, wall and RSS
-    python -m bench.training --config configs/shakespeare_char.json --norms builtin,triton,custom:eager \\
-        --modes eager,graphs,compile,reduce-overhead --repeats 1 --iters 30              # the step grid, on CUDA
 
-Each run is a fresh child process (no allocator, thread pool or compiled kernel leaks into the next). Sides (norm x
---modes, and nanoGPT) alternate, A B C A B C, --repeats times, so a drifting machine hits them alike. A run times
---iters steps after --warmup, logged one by one, evaluating only at 0 and at the end; --curves runs the config's own
-schedule. Our figures come from metrics.jsonl, nanoGPT's from its log lines. ms/iter is the median over the timed
-steps, evals left out on both sides (ours leaves them out of its windows; nanoGPT's eval iterations are dropped);
-"train s to val" sums the step times up to the first eval at or below --target_val (nanoGPT's eval iterations at
-its median step; its iteration 0 holds its compilation, as our first window holds ours).
+Each run is a fresh child process (no allocator, thread pool or compiled kernel leaks into the next); the sides (norm
+x --modes, and nanoGPT) alternate, A B C A B C, --repeats times. ms/iter is the median over the timed steps, evals
+left out on both sides; "train s to val" sums the step times up to the first eval at or below --target_val. How
+each figure is read, on each side: bench/README.md.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import dataclasses
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,13 +30,15 @@ from bench.common import (
     fmt,
     markdown_table,
     median,
+    output_of,
+    parse,
+    parser,
     progress,
     run_child,
     spread,
     train_config,
     write_results,
 )
-from device import DeviceError, resolve_device
 from layernorm import NO_NORM, NORMS
 from options import TrainConfig
 from runlog import read_metrics
@@ -98,12 +94,9 @@ def commands(
 ) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None). --whole: each side's
     checkpoints as its config saves them, and our sample at the end, as its command runs it."""
-    common = {
-        **sched,
-        "out_dir": out_dir,
-        "device": device,
-        **({} if args.whole else {"always_save_checkpoint": False}),
-    }
+    common = {**sched, "out_dir": out_dir, "device": device}
+    if not args.whole:  # no checkpoint beyond the best one
+        common["always_save_checkpoint"] = False
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **common}
         if device != "cuda":
@@ -214,9 +207,8 @@ def write_curves(out: Path, result: dict[str, Any]) -> None:
     lines = [f"{n},{e['iter']},{e['train_loss']},{e['val_loss']}\n" for n, evals in curves.items() for e in evals]
     (out.parent / "evals.csv").write_text("norm,iter,train_loss,val_loss\n" + "".join(lines))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, start, title in zip(
-        axes, (0, result["schedule"]["max_iters"] // 2), ("val loss", "second half"), strict=True
-    ):
+    halves = ((0, "val loss"), (result["schedule"]["max_iters"] // 2, "second half"))
+    for ax, (start, title) in zip(axes, halves, strict=True):
         for norm, evals in curves.items():
             kept = [e for e in evals if e["iter"] >= start]
             ax.plot([e["iter"] for e in kept], [e["val_loss"] for e in kept], marker=".", label=norm)
@@ -246,10 +238,7 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "runs": {name: [] for name in names},
     }
     if args.nanogpt:
-        git = subprocess.run(
-            ["git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-        result["nanogpt_commit"] = git.stdout.strip() or None
+        result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
     work, t0 = Path(tempfile.mkdtemp(prefix="bench_training_")), time.perf_counter()
@@ -263,22 +252,16 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
             result["runs"][name].append(run)
             result["sides"][name] = summarise(result["runs"][name])
             failed = "" if run["ok"] else ", FAILED: " + " | ".join(run["tail"])
-            print(
-                f"   {name}: {fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}; "
-                f"{progress(done + 1, len(plan), t0)}",
-                flush=True,
-            )
-            if args.out:
-                write_results(args.out, ["bench.training", *args.argv], result, table(result))
+            figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
+            print(f"   {name}: {figures}; {progress(done + 1, len(plan), t0)}", flush=True)
+            write_results(args, "bench.training", result, table(result))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option for every side")
+    p = parser(__doc__, config=True)
     p.add_argument("--norms", default="custom,builtin", help="comma list of norms; NORM:MODE runs it in that mode only")
     p.add_argument("--modes", default=["eager"], type=comma_list(MODES), help=f"comma list from {', '.join(MODES)}")
     p.add_argument("--nanogpt", help="a nanoGPT checkout with data/shakespeare_char prepared, run beside ours")
@@ -292,11 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target_val", type=float, default=None, help="report the training time to this val loss")
     p.add_argument("--time_limit", type=float, default=None, help="seconds before a run is killed")
     p.add_argument("--data_dir", help="our train.py's --data_dir (default: the config's dataset)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
     p.add_argument("--verbose", action="store_true", help="echo every line of the runs")
-    p.add_argument("--out", type=Path, help="results as JSON here, the table as .md beside it")
-    args = p.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    args = parse(p, argv)
     args.curves = args.curves or args.whole or args.compare
     if args.compare:
         args.repeats = 1
@@ -311,11 +291,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-    except DeviceError as e:
-        raise SystemExit(f"error: {e}") from None
-    result = run_all(args, device)
+    result = run_all(args, args.device)
     if args.out and args.compare:
         write_curves(args.out, result)
     print("\n" + table(result))

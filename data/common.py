@@ -54,8 +54,7 @@ def decode_text(data: bytes, name: str) -> str:
             f"{name} is not UTF-8 text (byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid); "
             f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or give a text file"
         )
-    # A byte-order mark (added by some Windows editors) is not part of the text.
-    text = text.removeprefix("\ufeff")
+    text = text.removeprefix("\ufeff")  # a byte-order mark (some Windows editors add one) is not text
     if not text:
         fail(f"{name} holds no text (only a byte-order mark); give a UTF-8 text file with some text in it")
     return text
@@ -121,24 +120,11 @@ def run_prepare(
     it may raise ValueError/RuntimeError with a message (e.g. tiktoken's ranks file missing offline)."""
     script_dir = Path(script_file).resolve().parent
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--input",
-        type=Path,
-        default=None,
-        help="a UTF-8 text file to use (default: <out_dir>/input.txt, downloaded if missing)",
-    )
-    parser.add_argument(
-        "--out_dir",
-        type=Path,
-        default=script_dir,
-        help=f"where train.bin, val.bin and meta.json go (default: {script_dir.relative_to(ROOT)})",
-    )
-    parser.add_argument(
-        "--url",
-        default=TINY_SHAKESPEARE_URL,
-        help="where to download input.txt from when there is no --input and no input.txt "
-        "(default: the canonical Tiny Shakespeare)",
-    )
+    parser.add_argument("--input", type=Path, help="a UTF-8 text file (default: <out_dir>/input.txt, else downloaded)")
+    where = f"where train.bin, val.bin and meta.json go (default: {script_dir.relative_to(ROOT)})"
+    parser.add_argument("--out_dir", type=Path, default=script_dir, help=where)
+    url = "where input.txt is downloaded from, without --input or input.txt (default: the canonical Tiny Shakespeare)"
+    parser.add_argument("--url", default=TINY_SHAKESPEARE_URL, help=url)
     args = parser.parse_args(argv)
     out_dir: Path = args.out_dir
     try:
@@ -151,9 +137,7 @@ def run_prepare(
         tok = make_tokenizer(text)
     except (ValueError, RuntimeError) as e:
         fail(str(e))
-    # Every id is below vocab_size, so this check keeps them all within np.uint16. (A char vocabulary grows with
-    # the text's distinct characters.)
-    if tok.vocab_size > UINT16_IDS:
+    if tok.vocab_size > UINT16_IDS:  # every id is below vocab_size (a char vocabulary: the distinct characters)
         fail(
             f"{source} has {tok.vocab_size:,} distinct characters, more than the {UINT16_IDS:,} token ids "
             f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
@@ -179,15 +163,8 @@ def run_prepare(
     print(f"source: {source} ({len(text):,} characters)")
     print(f"tokenizer: {meta['tokenizer']['kind']}, vocab size {tok.vocab_size:,}")
     print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
-    print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}")
-    sys.stdout.flush()
-    return {
-        "out_dir": str(out_dir),
-        "source": source,
-        "vocab_size": tok.vocab_size,
-        "train_tokens": n_train,
-        "val_tokens": n_val,
-    }
+    print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}", flush=True)
+    return {"out_dir": str(out_dir), "source": source, **meta}
 
 
 # ---- reading it back (train.py) ----
@@ -230,7 +207,6 @@ class PreparedData:
                     f"block_size + 1 = {block_size + 1} tokens (input and shifted target); use more text or a "
                     f"smaller --block_size"
                 )
-        self._paths = {s: str(self.dir / f"{s}.bin") for s in ("train", "val")}
         self._files: dict[str, Any] = {}  # opened at first use
 
     def describe(self) -> str:
@@ -262,11 +238,11 @@ class PreparedData:
         import torch  # only here: the prepare scripts never need it
 
         if split not in self._files:
-            self._files[split] = open(self._paths[split], "rb", buffering=0)  # noqa: SIM115 (close() closes it)
-        f, raw = self._files[split], bytearray()
+            self._files[split] = open(self.dir / f"{split}.bin", "rb", buffering=0)  # noqa: SIM115 (close() closes it)
+        raw = bytearray()
         for i in starts.view(-1).tolist():
-            f.seek(2 * i)
-            raw += f.read(2 * (self.block_size + 1))
+            self._files[split].seek(2 * i)
+            raw += self._files[split].read(2 * (self.block_size + 1))
         windows = np.frombuffer(raw, dtype=np.uint16).reshape(*starts.shape, self.block_size + 1)
         x = torch.from_numpy(windows[..., :-1].astype(np.int64))
         y = torch.from_numpy(windows[..., 1:].astype(np.int64))

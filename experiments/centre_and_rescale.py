@@ -5,18 +5,12 @@ Which of the two does training need here?
     python experiments/centre_and_rescale.py --seeds 1337 1 2 --rows layernorm rmsnorm      # more seeds for some rows
     python experiments/centre_and_rescale.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
 
-Five models of the CPU configuration (configs/shakespeare_char_cpu.json), each trained from the same seed on the
-same batches with the same schedule, by this script's loop: train.py's iteration with one micro-step (its
-optimizer, step.get_lr, its data stream, step.train_step), in-process, since one of the norms is not in the
-registry:
-    layernorm    centre and rescale      --norm=builtin
-    rmsnorm      rescale only            --norm=rmsnorm
-    centre       centre only             CentreOnly below, swapped in for every norm: (x - mean(x)) * weight + bias
-    dyt          neither: tanh(alpha x)  --norm=dyt (its recipe: layernorm.DyT, model.py's embed_scale)
-    none         nothing                 --norm=none
-The val loss is estimated every --eval_interval iterations on --eval_batches fixed batches (the same for every row).
-Each finished run is kept in <results_dir>/runs/ and not run again (delete it to rerun); the table, figure and JSON
-are written from every run found there: centre_and_rescale.json, .md and .png.
+Five models of the CPU configuration (ROWS below), each trained from the same seed on the same batches with the
+same schedule by train.py's iteration with one micro-step (its optimizer, step.get_lr, its data stream,
+step.train_step), in this process, since one norm (CentreOnly) is not in the registry. The val loss is estimated
+every --eval_interval iterations on --eval_batches fixed batches, the same for every row. Each finished run is kept
+in <results_dir>/runs/ and not run again (delete it to rerun); centre_and_rescale.json, .md and .png are written
+from every run found there.
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -34,10 +27,10 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from bench.common import machine_info
+from bench.common import markdown_table
 from data.common import PreparedData
 from model import GPT, GPTConfig
-from options import TrainConfig, build_config, parse_args
+from options import TrainConfig
 from step import get_lr, train_step
 
 CONFIG = common.CPU_CONFIG
@@ -65,24 +58,22 @@ class CentreOnly(nn.Module):
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(
-        __doc__.split("\n\n")[0], "centre_and_rescale", "2 layers, 32 wide, 6 iterations: checks the pipeline"
-    )
+    p = common.parser(__doc__, "centre_and_rescale", "2 layers, 32 wide, 6 iterations: checks the pipeline")
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--seeds", nargs="+", type=int, default=[1337], help="one run per row and seed")
     p.add_argument("--eval_interval", type=int, default=100)
     p.add_argument("--eval_batches", type=int, default=50)
     args = p.parse_args(argv)
+    args.argv = argv
     args.extra = SMOKE if args.smoke else []
     if args.smoke:
-        args.eval_interval = 3
-        args.eval_batches = 2
+        vars(args).update(eval_interval=3, eval_batches=2)
     return args
 
 
 def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
     """train.py's options for this row: CONFIG, the row's norm (with its defaults: DyT's recipe) and the seed."""
-    return build_config(parse_args(common.config_flags(f"--norm={ROWS[row][1]}", f"--seed={seed}", *args.extra)))
+    return common.cpu_config(f"--norm={ROWS[row][1]}", f"--seed={seed}", *args.extra)
 
 
 def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
@@ -112,11 +103,7 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
     t0 = time.perf_counter()
     model = build(row, cfg, data.vocab_size)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
-    eval_gen = torch.Generator().manual_seed(0)  # the same val batches for every row and seed
-    val = [
-        data.get("val", torch.randint(data.num_starts("val"), (cfg.batch_size,), generator=eval_gen), "cpu")
-        for _ in range(args.eval_batches)
-    ]
+    val = common.fixed_batches(data, "val", cfg.batch_size, args.eval_batches, seed=0)  # for every row and seed
     torch.manual_seed(cfg.seed)  # dropout's stream, and the data stream's own generator, as train.py seeds them
     data_gen = torch.Generator().manual_seed(cfg.seed)
     evals = []
@@ -127,11 +114,8 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
                 break
             done = clock["done"] + it  # iterations of this invocation so far
             left = (time.perf_counter() - clock["t0"]) / max(done, 1) * (clock["total"] - done)
-            print(
-                f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f} (about {left / 60:.1f} min left "
-                f"in all)",
-                flush=True,
-            )
+            where = f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f}"
+            print(f"{where} (about {left / 60:.1f} min left in all)", flush=True)
         if it == cfg.max_iters:
             break
         for group in optimizer.param_groups:
@@ -141,14 +125,8 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
         train_step(model, optimizer, xs, ys, grad_clip=cfg.grad_clip)
     clock["done"] += cfg.max_iters
     final = evals[-1][1]
-    return {
-        "row": row,
-        "seed": cfg.seed,
-        "evals": evals,
-        "final_val_loss": final,
-        "diverged": not math.isfinite(final),
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }
+    run = {"row": row, "seed": cfg.seed, "evals": evals, "final_val_loss": final, "diverged": not math.isfinite(final)}
+    return {**run, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def summarize(runs: list[dict]) -> dict[str, dict]:
@@ -169,24 +147,21 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
 def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Namespace, run_time: float) -> None:
     table = summarize(runs)
     base = table.get("layernorm", {}).get("mean")
-    lines = ["| row | what it does | seeds | final val loss (mean) | std | vs layernorm |", "|---|---|---|---|---|---|"]
+    rows = []
     for row, t in table.items():
         std = f"{t['std']:.4f}" if t["std"] is not None else "-"
         delta = f"{t['mean'] - base:+.4f}" if base is not None else "-"
-        lines.append(f"| {row} | {ROWS[row][0]} | {len(t['seeds'])} | {t['mean']:.4f} | {std} | {delta} |")
-    (results / "centre_and_rescale.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        rows.append([row, ROWS[row][0], len(t["seeds"]), f"{t['mean']:.4f}", std, delta])
+    headers = ["row", "what it does", "seeds", "final val loss (mean)", "std", "vs layernorm"]
+    text = markdown_table(headers, rows)
+    (results / "centre_and_rescale.md").write_text(text + "\n", encoding="utf-8")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     every_row = set.intersection(*(set(t["seeds"]) for t in table.values()))  # the seed every row ran: solid lines
     for i, row in enumerate(table):
         for r in sorted((r for r in runs if r["row"] == row), key=lambda r: r["seed"] not in every_row):
             first = r["seed"] in every_row
-            ax.plot(
-                *zip(*r["evals"], strict=True),
-                color=f"C{i}",
-                alpha=1 if first else 0.35,
-                lw=1.5 if first else 1,
-                label=f"{row} ({ROWS[row][0]})" if first else None,
-            )
+            style = {"alpha": 1, "lw": 1.5, "label": f"{row} ({ROWS[row][0]})"} if first else {"alpha": 0.35, "lw": 1}
+            ax.plot(*zip(*r["evals"], strict=True), color=f"C{i}", **style)
     ax.set(
         xlabel="iteration",
         ylabel=f"val loss ({args.eval_batches} batches)",
@@ -195,50 +170,41 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
     )
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(results / "centre_and_rescale.png", dpi=120)
-    plt.close(fig)
-    (results / "centre_and_rescale.json").write_text(
-        json.dumps(
-            {
-                "command": " ".join(["python experiments/centre_and_rescale.py", *(sys.argv[1:])]),
-                "config": CONFIG,
-                "eval_interval": args.eval_interval,
-                "eval_batches": args.eval_batches,
-                "machine": machine_info(),
-                "this_invocation_s": round(run_time, 1),
-                "table": table,
-                "runs": runs,
-            },
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
+    common.save_figure(fig, results / "centre_and_rescale.png")
+    common.write_json(
+        results / "centre_and_rescale.json",
+        args.argv,
+        {
+            "config": CONFIG,
+            "eval_interval": args.eval_interval,
+            "eval_batches": args.eval_batches,
+            "this_invocation_s": round(run_time, 1),
+            "table": table,
+            "runs": runs,
+        },
     )
-    print("\n".join(lines))
+    print(text)
 
 
 def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     args = parse(argv)
     results = Path(args.results_dir)
-    (results / "runs").mkdir(parents=True, exist_ok=True)
+    runs_dir = results / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
     base = row_config("layernorm", args.seeds[0], args)
     data = common.open_data(args.data_dir, base.block_size)
     todo = [
-        (row, seed)
-        for seed in args.seeds
-        for row in args.rows
-        if not (results / "runs" / f"{row}_seed{seed}.json").exists()
+        (row, seed) for seed in args.seeds for row in args.rows if not (runs_dir / f"{row}_seed{seed}.json").exists()
     ]
     clock = {"t0": t0, "done": 0, "total": len(todo) * base.max_iters}
     print(f"{len(todo)} runs of {base.max_iters} iterations to go", flush=True)
     for row, seed in todo:
         run = train_row(row, row_config(row, seed, args), data, args, clock)
-        (results / "runs" / f"{row}_seed{seed}.json").write_text(json.dumps(run) + "\n", encoding="utf-8")
+        (runs_dir / f"{row}_seed{seed}.json").write_text(json.dumps(run) + "\n", encoding="utf-8")
         print(f"{row} seed {seed}: final val loss {run['final_val_loss']:.4f} ({run['wall_s']:.0f} s)", flush=True)
     data.close()
-    runs = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*.json"))]
+    runs = [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))]
     write(runs, results, base, args, time.perf_counter() - t0)
     print(f"wrote {results}/centre_and_rescale.json, .md, .png; total time {time.perf_counter() - t0:.0f} s")
 

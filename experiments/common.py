@@ -1,22 +1,27 @@
 """What the experiments share. Each script imports it first (`import common`), before the project's modules and
 pyplot: it puts the repository root on sys.path (a script runs as python experiments/NAME.py, from anywhere) and
 sends matplotlib's figures to files. Then: the command line every experiment has, the tiny model of its --smoke
-run, and the prepared data opened with a one-line error. (The machine in each JSON: bench.common.machine_info.)"""
+run, the prepared data opened with a one-line error, train.py run as a child, and the JSON every one writes."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
+import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 matplotlib.use("Agg")  # figures are written to files; no window opens
 
-from data.common import DataError, PreparedData  # noqa: E402 (the root is on sys.path from here)
+from bench.common import machine_info, train_config  # noqa: E402 (the root is on sys.path from here)
+from data.common import DataError, PreparedData  # noqa: E402
 
 CPU_CONFIG = "configs/shakespeare_char_cpu.json"  # as the results name it; read from ROOT
 DATASET = "shakespeare_char"
@@ -27,7 +32,7 @@ SMOKE_FLAGS = [f"--{key}={value}" for key, value in SMOKE_MODEL.items()]
 
 def parser(description: str, name: str, smoke_help: str, data_dir: bool = True) -> argparse.ArgumentParser:
     """--results_dir (experiments/results/<name>), --smoke, and --data_dir (the prepared Tiny Shakespeare)."""
-    p = argparse.ArgumentParser(description=description)
+    p = argparse.ArgumentParser(description=description.split("\n\n")[0])
     if data_dir:
         p.add_argument("--data_dir", default=str(ROOT / "data" / DATASET))
     p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / name))
@@ -35,9 +40,9 @@ def parser(description: str, name: str, smoke_help: str, data_dir: bool = True) 
     return p
 
 
-def config_flags(*flags: str) -> list[str]:
-    """train.py's command line for CPU_CONFIG with these flags (for options.parse_args)."""
-    return [str(ROOT / CPU_CONFIG), *flags]
+def cpu_config(*flags: str) -> Any:
+    """train.py's options (an options.TrainConfig) for CPU_CONFIG with these flags."""
+    return train_config(str(ROOT / CPU_CONFIG), [], *flags)
 
 
 def open_data(data_dir: str, block_size: int) -> PreparedData:
@@ -46,3 +51,36 @@ def open_data(data_dir: str, block_size: int) -> PreparedData:
         return PreparedData(data_dir, DATASET, block_size)
     except DataError as e:
         raise SystemExit(f"error: {e}") from None
+
+
+def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, seed: int) -> list[tuple[Any, Any]]:
+    """`count` batches of `split` on the CPU, drawn from their own generator: the same for every model measured."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    starts = [torch.randint(data.num_starts(split), (batch_size,), generator=gen) for _ in range(count)]
+    return [data.get(split, s, "cpu") for s in starts]
+
+
+def train(flags: list[str], data_dir: str, out_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`python train.py FLAGS` on the CPU from the repository's root, on data_dir's data, its checkpoint and
+    metrics.jsonl in out_dir, without the sample at the end; its output and errors together in .stdout."""
+    where = [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--sample_at_end=false"]
+    cmd = [sys.executable, "train.py", *flags, *where]
+    return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
+    """fig as a PNG at path, then closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def write_json(path: Path, argv: list[str] | None, result: dict[str, Any]) -> None:
+    """result as JSON at path (<name>.json, made by experiments/<name>.py), after the command line that made it and
+    before the machine it ran on."""
+    command = " ".join([f"python experiments/{path.stem}.py", *(sys.argv[1:] if argv is None else argv)])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": command, **result, "machine": machine_info()}
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

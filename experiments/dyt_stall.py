@@ -3,25 +3,17 @@
     python experiments/dyt_stall.py                  # the defaults: about 1.5 minutes on two CPU cores
     python experiments/dyt_stall.py --data_dir=data/shakespeare_char --smoke      # a tiny end-to-end check
 
-Three models of the CPU configuration (configs/shakespeare_char_cpu.json), from the same seed: LayerNorm
-(--norm=builtin), DyT at the paper's default (every alpha starting at 0.5, the embeddings unscaled:
-PAPER_DEFAULT_DYT) and DyT with its recipe (--norm=dyt and its defaults). Each is measured at initialization
-(built here as train.py builds it) and after --iters iterations of train.py (the schedule of a full run, cut
-there), on --batches training batches:
-  - the per-token RMS of the residual stream entering each norm and of what the norm hands on (ln_1 to the
-    attention, ln_2 to the MLP, ln_f to the LM head), the median over tokens;
-  - for DyT, the share of elements that tanh saturates (|alpha x| > 2, where its slope is below 0.07) and alpha;
-  - the RMS of the logits;
-  - the gradient norm of each block's parameters (one backward per batch, the mean over batches).
-Writes to --results_dir dyt_stall.json (every number, the commands, the machine, the run time) and dyt_stall.png.
+Three models of the CPU configuration, from the same seed: LayerNorm, DyT at the paper's default (every alpha
+starting at 0.5, the embeddings unscaled: PAPER_DEFAULT_DYT) and DyT with its recipe (--norm=dyt). Each is measured at
+initialization and after --iters iterations of train.py (the schedule of a full run, cut there), on --batches training
+batches: the median per-token RMS entering each norm and of what it hands on (ln_1 to the attention, ln_2 to the MLP,
+ln_f to the head), of the logits, the gradient norm of each block, and for DyT alpha and the share of elements tanh
+saturates (|alpha x| > 2, where its slope is below 0.07). Writes dyt_stall.json and dyt_stall.png to --results_dir.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +22,8 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
-from bench.common import machine_info
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPT, GPTConfig
-from options import TrainConfig, build_config, parse_args
 
 CONFIG = common.CPU_CONFIG
 PAPER_DEFAULT_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
@@ -41,48 +31,30 @@ MODELS = {"LayerNorm": ["--norm=builtin"], "DyT, alpha 0.5": PAPER_DEFAULT_DYT, 
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(__doc__.split("\n\n")[0], "dyt_stall", "2 layers, 32 wide, 4 iterations: checks the pipeline")
+    p = common.parser(__doc__, "dyt_stall", "2 layers, 32 wide, 4 iterations: checks the pipeline")
     p.add_argument("--iters", type=int, default=300, help="iterations of train.py before the second measurement")
     p.add_argument("--batches", type=int, default=8, help="training batches each measurement averages over")
     args = p.parse_args(argv)
     args.extra = common.SMOKE_FLAGS if args.smoke else []
     if args.smoke:
-        args.iters = 4
-        args.batches = 2
+        vars(args).update(iters=4, batches=2)
     return args
-
-
-def config(flags: list[str]) -> TrainConfig:
-    """train.py's options from CONFIG and these flags."""
-    return build_config(parse_args(common.config_flags(*flags)))
 
 
 def new_model(flags: list[str], vocab_size: int) -> GPT:
     """The model train.py would build from CONFIG and these flags, with its initial weights."""
-    cfg = config(flags)
+    cfg = common.cpu_config(*flags)
     torch.manual_seed(cfg.seed)
     return GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
 
 
 def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:
     """--iters iterations of train.py with these flags (a child process); the model it checkpointed."""
-    cmd = [
-        sys.executable,
-        "train.py",
-        CONFIG,
-        *flags,
-        f"--data_dir={args.data_dir}",
-        f"--out_dir={out_dir}",
-        f"--max_iters={args.iters}",
-        f"--eval_interval={args.iters}",
-        "--eval_iters=10",
-        f"--log_interval={max(1, args.iters // 3)}",
-        "--device=cpu",
-        "--sample_at_end=false",
-    ]
-    proc = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True)
+    schedule = {"max_iters": args.iters, "eval_interval": args.iters, "eval_iters": 10}
+    schedule["log_interval"] = max(1, args.iters // 3)
+    proc = common.train([CONFIG, *flags, *(f"--{k}={v}" for k, v in schedule.items())], args.data_dir, out_dir)
     if proc.returncode != 0:
-        raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+        raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
     print("    " + "\n    ".join(line for line in proc.stdout.splitlines() if line.startswith("step ")), flush=True)
     return model_from_checkpoint(load_checkpoint(out_dir / "ckpt.pt"))
 
@@ -95,19 +67,10 @@ def token_rms(x: torch.Tensor) -> float:
 def measure(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     """{"norm_in"/"norm_out": {norm: RMS}, "logits": RMS, "grad": [per block]}, each the mean over batches."""
     model.train()
-    norms = {
-        name.removeprefix("transformer."): m
-        for name, m in model.named_modules()
-        if name.split(".")[-1] in ("ln_1", "ln_2", "ln_f")
-    }
-    out: dict = {
-        "norm_in": dict.fromkeys(norms, 0.0),
-        "norm_out": dict.fromkeys(norms, 0.0),
-        "logits": 0.0,
-        "grad": [0.0] * len(model.transformer.h),
-        "saturated": {},
-        "alpha": {},
-    }
+    modules = model.named_modules()
+    norms = {k.removeprefix("transformer."): m for k, m in modules if k.split(".")[-1] in ("ln_1", "ln_2", "ln_f")}
+    out: dict = {"norm_in": dict.fromkeys(norms, 0.0), "norm_out": dict.fromkeys(norms, 0.0), "logits": 0.0}
+    out |= {"grad": [0.0] * len(model.transformer.h), "saturated": {}, "alpha": {}}
 
     def hook(name: str):
         def record(module, inputs, output):
@@ -142,51 +105,34 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
             m = r[when]
             label = f"{name}, {'initialization' if when == 'init' else f'after {args.iters} iterations'}"
             names = list(m["norm_out"])
-            axes[0].plot(range(len(names)), list(m["norm_in"].values()), style, color=color, marker=".", label=label)
-            axes[1].plot(
-                range(len(names) + 1),
-                [*m["norm_out"].values(), m["logits"]],
-                style,
-                color=color,
-                marker=".",
-                label=label,
-            )
-            axes[2].plot(range(1, len(m["grad"]) + 1), m["grad"], style, color=color, marker=".", label=label)
-            if m["saturated"]:
-                axes[3].plot(
-                    range(len(names)), list(m["saturated"].values()), style, color=color, marker=".", label=label
-                )
-    axes[0].set(title="RMS of the residual stream entering each norm", xticks=range(len(names)))
-    axes[0].set_xticklabels(names, rotation=60, fontsize=7)
-    axes[1].set(title="RMS of what each norm hands on, and of the logits", xticks=range(len(names) + 1))
-    axes[1].set_xticklabels([*names, "logits"], rotation=60, fontsize=7)
+            series = [list(m["norm_in"].values()), [*m["norm_out"].values(), m["logits"]], m["grad"]]
+            series.append(list(m["saturated"].values()))  # DyT's only: empty for LayerNorm
+            for i, (ax, ys) in enumerate(zip(axes, series, strict=True)):
+                xs = range(1, len(ys) + 1) if i == 2 else range(len(ys))  # the blocks from 1
+                if ys:
+                    ax.plot(xs, ys, style, color=color, marker=".", label=label)
+    axes[0].set(title="RMS of the residual stream entering each norm")
+    axes[1].set(title="RMS of what each norm hands on, and of the logits")
     axes[2].set(title="gradient norm of each block's parameters", xlabel="block", xticks=range(1, len(m["grad"]) + 1))
-    axes[3].set(
-        title="DyT: share of elements tanh saturates (|alpha x| > 2)", xticks=range(len(names)), ylim=(-0.02, 1.02)
-    )
-    axes[3].set_xticklabels(names, rotation=60, fontsize=7)
+    axes[3].set(title="DyT: share of elements tanh saturates (|alpha x| > 2)", ylim=(-0.02, 1.02))
+    for ax, labels in ((axes[0], names), (axes[1], [*names, "logits"]), (axes[3], names)):
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
     for ax in axes:
         ax.grid(alpha=0.3)
     for ax in axes[:3]:
         ax.set_yscale("log")
     axes[2].legend(fontsize=7)
     fig.suptitle(f"{CONFIG} (median per-token RMS, mean of {args.batches} training batches of the same seed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     args = parse(argv)
     results_dir = Path(args.results_dir)
-    base = config(args.extra)  # the batches' shape: the configuration's
+    base = common.cpu_config(*args.extra)  # the batches' shape: the configuration's
     data = common.open_data(args.data_dir, base.block_size)
-    gen = torch.Generator().manual_seed(0)
-    batches = [
-        data.get("train", torch.randint(data.num_starts("train"), (base.batch_size,), generator=gen), "cpu")
-        for _ in range(args.batches)
-    ]
+    batches = common.fixed_batches(data, "train", base.batch_size, args.batches, seed=0)
     vocab_size = data.vocab_size
     data.close()
     results = {}
@@ -198,32 +144,26 @@ def main(argv: list[str] | None = None) -> None:
             init = measure(new_model(flags, vocab_size), batches)
             spent = time.perf_counter() - t0
             left = f", about {spent / i * (len(MODELS) - i):.0f} s left" if i else ""
-            print(
-                f"[{i + 1}/{len(MODELS)}] {name}: at init ln_1 of block 1 hands on RMS "
-                f"{init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}; training {args.iters} "
-                f"iterations ({spent:.0f} s so far{left})",
-                flush=True,
+            at_init = (
+                f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"
             )
+            line = f"[{i + 1}/{len(MODELS)}] {name}: at init {at_init}; training {args.iters} iterations"
+            print(f"{line} ({spent:.0f} s so far{left})", flush=True)
             trained = measure(trained_model(flags, args, Path(tmp) / str(i)), batches)
             results[name] = {"flags": flags, "init": init, "trained": trained}
     results_dir.mkdir(parents=True, exist_ok=True)
     plot(results, args, results_dir / "dyt_stall.png")
     run_time = time.perf_counter() - t0
-    (results_dir / "dyt_stall.json").write_text(
-        json.dumps(
-            {
-                "command": " ".join(["python experiments/dyt_stall.py", *(argv if argv is not None else sys.argv[1:])]),
-                "train_commands": commands,
-                "iters": args.iters,
-                "batches": args.batches,
-                "run_time_s": round(run_time, 1),
-                "machine": machine_info(),
-                "results": results,
-            },
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
+    common.write_json(
+        results_dir / "dyt_stall.json",
+        argv,
+        {
+            "train_commands": commands,
+            "iters": args.iters,
+            "batches": args.batches,
+            "run_time_s": round(run_time, 1),
+            "results": results,
+        },
     )
     print(f"wrote {results_dir}/dyt_stall.json and dyt_stall.png; total time {run_time:.0f} s")
 

@@ -5,15 +5,12 @@
 
 Runs the checkpoint on the CPU over windows of its dataset's val.bin; forward hooks on transformer.h[i], its ln_1 and
 ln_2, and transformer.ln_f (found by name, wherever norm_position puts them) give every token's RMS over features:
-of the residual stream entering each block and of each norm's output. Writes to --results_dir inside_norms.json
-(every number, the percentiles of every norm's parameters, the command, checkpoint, config, machine, run time) and
-inside_norms.png (the RMS per layer; the learned weight and bias of each norm).
+of the residual stream entering each block and of each norm's output. Writes inside_norms.json (with the
+percentiles of every norm's parameters) and inside_norms.png to --results_dir.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 
@@ -22,8 +19,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from bench.common import machine_info
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from data.common import DataError, PreparedData
 
 
 def stats(values: torch.Tensor) -> dict[str, float]:
@@ -41,7 +38,7 @@ def stats(values: torch.Tensor) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
-    p = common.parser(__doc__.splitlines()[0], "inside_norms", "one batch of two windows (for tests)", data_dir=False)
+    p = common.parser(__doc__, "inside_norms", "one batch of two windows (for tests)", data_dir=False)
     p.add_argument("--out_dir", default="out-shakespeare-char-cpu", help="folder holding ckpt.pt")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
     p.add_argument("--data_dir", help="folder with val.bin (default: the checkpoint's data_dir, else data/<dataset>)")
@@ -58,19 +55,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     cfg = model.config
     train_cfg = ckpt.get("config") or {}
-    data_dir = Path(args.data_dir or train_cfg.get("data_dir") or common.ROOT / "data" / train_cfg.get("dataset", ""))
-    if not (data_dir / "meta.json").is_file():
-        raise SystemExit(
-            f"error: no prepared data in {data_dir}: run python data/shakespeare_char/prepare.py, or give --data_dir"
-        )
-    meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
-    if ckpt.get("tokenizer") is not None and meta.get("tokenizer") != ckpt["tokenizer"]:
-        raise SystemExit(f"error: {data_dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
-    val = np.fromfile(data_dir / "val.bin", dtype=np.uint16).astype(np.int64)
-    print(
-        f"{ckpt_path}: {cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}; {len(val):,} val tokens in {data_dir}",
-        flush=True,
-    )
+    try:  # the checkpoint's dataset, unless --data_dir names another
+        data = PreparedData(args.data_dir or train_cfg.get("data_dir"), train_cfg.get("dataset", ""), cfg.block_size)
+    except DataError as e:
+        raise SystemExit(f"error: {e}; or give --data_dir") from None
+    if ckpt.get("tokenizer") is not None and data.meta.get("tokenizer") != ckpt["tokenizer"]:
+        raise SystemExit(f"error: {data.dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
+    sizes = f"{cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}"
+    print(f"{ckpt_path}: {sizes}; {data.tokens['val']:,} val tokens in {data.dir}", flush=True)
 
     # Per-token RMS over features, collected by hooks, keyed by what was measured.
     rms: dict[str, list[torch.Tensor]] = {}
@@ -89,24 +81,23 @@ def main(argv: list[str] | None = None) -> None:
     for name, norm in norms.items():
         norm.register_forward_hook(lambda m, a, out, name=name: keep(name, out))
 
-    T = cfg.block_size
-    starts = torch.linspace(0, len(val) - T - 1, n_batches * batch_size).long()
+    starts = torch.linspace(0, data.num_starts("val") - 1, n_batches * batch_size).long()
     losses = []
     with torch.no_grad():
         for b, chunk in enumerate(starts.split(batch_size)):
-            x = torch.stack([torch.from_numpy(val[s : s + T]) for s in chunk.tolist()])
-            _, loss = model(x, torch.stack([torch.from_numpy(val[s + 1 : s + T + 1]) for s in chunk.tolist()]))
+            x, y = data.get("val", chunk, "cpu")
+            _, loss = model(x, y)
             losses.append(loss.item())
             print(f"batch {b + 1}/{n_batches}: {x.numel()} tokens, loss {loss.item():.4f}", flush=True)
+    data.close()
     measured = {k: stats(torch.cat(v)) for k, v in rms.items()}
     result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "checkpoint": str(ckpt_path.resolve()),
         "iter_num": ckpt.get("iter_num"),
         "model_args": ckpt["model_args"],
         "config": train_cfg,
-        "data_dir": str(data_dir),
-        "tokens": len(starts) * T,
+        "data_dir": str(data.dir),
+        "tokens": len(starts) * cfg.block_size,
         "val_loss": round(float(np.mean(losses)), 4),
         "token_rms": {
             "resid_in": [measured[f"resid.{i}"] for i in range(cfg.n_layer)],  # per layer; None: no norm
@@ -115,13 +106,12 @@ def main(argv: list[str] | None = None) -> None:
             "ln_f_out": measured.get("ln_f"),
         },
         "params": {name: {pn: stats(pv) for pn, pv in m.named_parameters()} for name, m in norms.items()},
-        "machine": machine_info(),
     }
     out = Path(args.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     plot(result, norms, out / "inside_norms.png")
     result["run_time_s"] = round(time.perf_counter() - t0, 2)
-    (out / "inside_norms.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    common.write_json(out / "inside_norms.json", argv, result)
     print(f"wrote {out}/inside_norms.json and .png; total time {result['run_time_s']:.1f} s", flush=True)
 
 
@@ -131,24 +121,16 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.1, 1, 1]})
     ax = axes[0]
     series = [
-        ("residual entering block", tr["resid_in"] + [tr["final_resid"]], "k"),
-        ("ln_1 output", tr["ln_1_out"], "tab:blue"),
-        ("ln_2 output", tr["ln_2_out"], "tab:orange"),
-        ("ln_f output", [None] * n + [tr["ln_f_out"]], "tab:green"),
+        ("residual entering block (median, p10-p90)", tr["resid_in"] + [tr["final_resid"]], "k"),
+        ("ln_1 output (median, p10-p90)", tr["ln_1_out"], "tab:blue"),
+        ("ln_2 output (median, p10-p90)", tr["ln_2_out"], "tab:orange"),
+        ("ln_f output (median, p10-p90)", [None] * n + [tr["ln_f_out"]], "tab:green"),
     ]
     for label, vals, color in series:
         pts = {i: v for i, v in enumerate(vals) if v}  # x -> stats, where measured
         if pts:
-            q = np.array([[v["p10"], v["p50"], v["p90"]] for v in pts.values()])
-            ax.errorbar(
-                list(pts),
-                q[:, 1],
-                [q[:, 1] - q[:, 0], q[:, 2] - q[:, 1]],
-                fmt="o-",
-                color=color,
-                capsize=3,
-                label=f"{label} (median, p10-p90)",
-            )
+            low, mid, high = np.array([[v["p10"], v["p50"], v["p90"]] for v in pts.values()]).T
+            ax.errorbar(list(pts), mid, [mid - low, high - mid], fmt="o-", color=color, capsize=3, label=label)
     ax.axhline(1, color="gray", ls=":", lw=1)
     ax.set_xticks(range(n + 1), [*map(str, range(n)), "final"])
     ax.set(
@@ -171,9 +153,7 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
         f"Inside the trained model: {m['n_layer']} layers x {m['n_embd']}, norm={m['norm']}, "
         f"{m.get('norm_position', 'pre')}-norm, iter {result['iter_num']}, {result['tokens']:,} val tokens"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

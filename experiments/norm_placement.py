@@ -3,27 +3,17 @@
     python experiments/norm_placement.py                 # the defaults: about 8 minutes on two CPU cores
     python experiments/norm_placement.py --data_dir=data/shakespeare_char --smoke   # a tiny end-to-end check
 
-Xiong et al. (2020, "On Layer Normalization in the Transformer Architecture") show that at initialization a
-post-norm Transformer's gradients grow toward the output layers, so that it needs a warmup, while a pre-norm one's
-stay level across depth. Two measurements on Tiny Shakespeare (characters), the norm LayerNorm ("builtin"):
-
-(a) At initialization, for each block, the gradient norm of its attention weights and of its MLP weights (the
-    norm over all of their parameters together), averaged over --grad_batches batches and --grad_seeds seeds,
-    pre-norm against post-norm, in this process.
-(b) Four training runs of train.py (child processes, outputs in a temporary folder): pre and post, each with and
-    without warmup, at the same peak learning rate, same seed, same data stream; their metrics.jsonl are kept.
-    A run that diverges (train.py stops at a NaN or inf loss) is recorded as diverged.
-
-Writes to --results_dir norm_placement.json (every number, the commands, the machine, the run time),
-grad_norms.png and training.png.
+Xiong et al. (2020) show that at initialization a post-norm Transformer's gradients grow toward the output layers,
+so that it needs a warmup, while a pre-norm one's stay level (docs/04-why-layernorm.md). With LayerNorm ("builtin"):
+(a) at initialization, each block's gradient norm over its attention and over its MLP parameters, the mean over
+--grad_batches batches and --grad_seeds seeds, in this process; (b) four train.py runs, pre and post, each with and
+without warmup, at the same peak learning rate, seed and data stream (a run that stops at a NaN or inf loss is
+recorded as diverged). Writes norm_placement.json, grad_norms.png and training.png to --results_dir.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,22 +22,20 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
-from bench.common import machine_info
 from model import GPT, GPTConfig
 from runlog import read_metrics
 
 POSITIONS = ("pre", "post")
 
 
+# The options both parts share, and their defaults (the model of (a); (b)'s models but for their depth).
+SHARED = {"n_layer": 12, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12, "seed": 1337}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.parser(
-        __doc__.split("\n\n")[0], "norm_placement", "2 layers, 32 wide, a few iterations: checks the pipeline"
-    )
-    p.add_argument("--n_layer", type=int, default=12)
-    p.add_argument("--n_head", type=int, default=4)
-    p.add_argument("--n_embd", type=int, default=128)
-    p.add_argument("--block_size", type=int, default=64)
-    p.add_argument("--batch_size", type=int, default=12)
+    p = common.parser(__doc__, "norm_placement", "2 layers, 32 wide, a few iterations: checks the pipeline")
+    for name, default in SHARED.items():
+        p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--grad_seeds", type=int, default=3, help="(a) models per placement")
     p.add_argument("--grad_batches", type=int, default=4, help="(a) batches per model")
     p.add_argument("--train_n_layer", type=int, default=12, help="(b) depth of the trained models")
@@ -56,7 +44,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup_iters", type=int, default=100, help="(b) warmup of the runs with warmup")
     p.add_argument("--eval_interval", type=int, default=100)
     p.add_argument("--eval_iters", type=int, default=20)
-    p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.smoke:  # the tiny model in both parts, and a few iterations
         vars(args).update(common.SMOKE_MODEL, train_n_layer=common.SMOKE_MODEL["n_layer"], grad_seeds=1, grad_batches=2)
@@ -68,18 +55,11 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
     """(a): {position: {"attn": [per block], "mlp": [per block]}}, each the mean over seeds and batches of the
     gradient norm over that sublayer's parameters."""
     data = common.open_data(args.data_dir, args.block_size)
-    gen = torch.Generator().manual_seed(args.seed)
-    batches = [
-        data.get("train", torch.randint(data.num_starts("train"), (args.batch_size,), generator=gen), "cpu")
-        for _ in range(args.grad_batches)
-    ]
+    batches = common.fixed_batches(data, "train", args.batch_size, args.grad_batches, args.seed)
     data.close()
     out = {}
     for position in POSITIONS:
-        sums = {
-            "attn": torch.zeros(args.n_layer, dtype=torch.float64),
-            "mlp": torch.zeros(args.n_layer, dtype=torch.float64),
-        }
+        sums = {part: torch.zeros(args.n_layer, dtype=torch.float64) for part in ("attn", "mlp")}
         for seed in range(args.grad_seeds):
             torch.manual_seed(args.seed + seed)
             config = GPTConfig.from_options(args, vocab_size=data.vocab_size, norm_position=position)
@@ -94,11 +74,8 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
         n = args.grad_seeds * args.grad_batches
         out[position] = {part: (s / n).tolist() for part, s in sums.items()}
         mlp = out[position]["mlp"]
-        print(
-            f"(a) {position}-norm, {args.n_layer} layers: MLP gradient norm first block {mlp[0]:.3g}, "
-            f"last {mlp[-1]:.3g} (last/first {mlp[-1] / mlp[0]:.2f})",
-            flush=True,
-        )
+        first_last = f"first block {mlp[0]:.3g}, last {mlp[-1]:.3g} (last/first {mlp[-1] / mlp[0]:.2f})"
+        print(f"(a) {position}-norm, {args.n_layer} layers: MLP gradient norm {first_last}", flush=True)
     return out
 
 
@@ -110,33 +87,15 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
         for warmup in (args.warmup_iters, 0):
             name = f"{position}, {'warmup ' + str(warmup) if warmup else 'no warmup'}"
             out_dir = tmp / f"{position}-warmup{warmup}"
-            cmd = [
-                sys.executable,
-                "train.py",
-                f"--data_dir={args.data_dir}",
-                f"--out_dir={out_dir}",
-                f"--norm_position={position}",
-                f"--n_layer={args.train_n_layer}",
-                f"--n_head={args.n_head}",
-                f"--n_embd={args.n_embd}",
-                f"--block_size={args.block_size}",
-                f"--batch_size={args.batch_size}",
-                f"--learning_rate={args.learning_rate}",
-                f"--min_lr={args.learning_rate / 10}",
-                f"--max_iters={args.max_iters}",
-                f"--lr_decay_iters={args.max_iters}",
-                f"--warmup_iters={warmup}",
-                f"--eval_interval={args.eval_interval}",
-                f"--eval_iters={args.eval_iters}",
-                f"--log_interval={max(1, args.eval_interval // 4)}",
-                f"--seed={args.seed}",
-                "--dropout=0.0",
-                "--device=cpu",
-                "--sample_at_end=false",
-            ]
-            print(f"(b) {name}: {' '.join(cmd[1:])}", flush=True)
+            options = {**{k: getattr(args, k) for k in SHARED}, "n_layer": args.train_n_layer}
+            options |= {"learning_rate": args.learning_rate, "min_lr": args.learning_rate / 10}
+            options |= {"max_iters": args.max_iters, "lr_decay_iters": args.max_iters, "warmup_iters": warmup}
+            options |= {"eval_interval": args.eval_interval, "eval_iters": args.eval_iters}
+            options |= {"log_interval": max(1, args.eval_interval // 4), "norm_position": position}
+            flags = [*(f"--{k}={v}" for k, v in options.items()), "--dropout=0.0"]
+            print(f"(b) {name}: train.py {' '.join(flags)}", flush=True)
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=common.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = common.train(flags, args.data_dir, out_dir)
             wall_s = time.perf_counter() - t0
             lines = proc.stdout.splitlines()
             for line in lines:
@@ -147,7 +106,7 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             runs[name] = {
                 "norm_position": position,
                 "warmup_iters": warmup,
-                "command": cmd[1:],
+                "command": proc.args[1:],
                 "returncode": proc.returncode,
                 "wall_s": wall_s,
                 "diverged": any("diverg" in line.lower() for line in lines),
@@ -158,12 +117,8 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             }
             if proc.returncode != 0 and not runs[name]["diverged"]:
                 raise SystemExit(f"train.py failed ({proc.returncode}):\n" + "\n".join(lines[-10:]))
-            final = summary["final_val_loss"] if summary else None
-            print(
-                f"    [{name}] {'DIVERGED' if runs[name]['diverged'] else f'final val loss {final:.4f}'} "
-                f"({wall_s:.0f} s)",
-                flush=True,
-            )
+            outcome = "DIVERGED" if runs[name]["diverged"] else f"final val loss {summary['final_val_loss']:.4f}"
+            print(f"    [{name}] {outcome} ({wall_s:.0f} s)", flush=True)
     return runs
 
 
@@ -181,31 +136,17 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         f"Gradient norm per block at initialization: {args.n_layer} layers, {args.n_embd} wide, "
         f"mean of {args.grad_seeds} seeds x {args.grad_batches} batches"
     )
-    fig.tight_layout()
-    fig.savefig(results / "grad_norms.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, results / "grad_norms.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, run in runs.items():
         color = "C0" if run["norm_position"] == "pre" else "C3"
         style = "-" if run["warmup_iters"] else "--"
         label = name + (" (diverged)" if run["diverged"] else "")
-        axes[0].plot(
-            [r["iter"] for r in run["train"]],
-            [r["loss"] for r in run["train"]],
-            style,
-            color=color,
-            label=label,
-            alpha=0.8,
-        )
-        axes[1].plot(
-            [r["iter"] for r in run["evals"]],
-            [r["val_loss"] for r in run["evals"]],
-            style,
-            color=color,
-            marker=".",
-            label=label,
-        )
+        train = ([r["iter"] for r in run["train"]], [r["loss"] for r in run["train"]])
+        evals = ([r["iter"] for r in run["evals"]], [r["val_loss"] for r in run["evals"]])
+        axes[0].plot(*train, style, color=color, label=label, alpha=0.8)
+        axes[1].plot(*evals, style, color=color, marker=".", label=label)
     axes[0].set(title="train loss (one batch)", xlabel="iteration", ylabel="loss")
     axes[1].set(title="val loss", xlabel="iteration")
     for ax in axes:
@@ -215,9 +156,7 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         f"{args.train_n_layer} layers, {args.n_embd} wide, peak lr {args.learning_rate:g}, "
         f"cosine to lr/10 over {args.max_iters} iterations"
     )
-    fig.tight_layout()
-    fig.savefig(results / "training.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, results / "training.png")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -235,24 +174,17 @@ def main(argv: list[str] | None = None) -> None:
     final = {
         name: None if r["diverged"] or not r["summary"] else r["summary"]["final_val_loss"] for name, r in runs.items()
     }
-    (results / "norm_placement.json").write_text(
-        json.dumps(
-            {
-                "command": " ".join(
-                    ["python", "experiments/norm_placement.py", *(argv if argv is not None else sys.argv[1:])]
-                ),
-                "args": vars(args),
-                "run_time_s": run_time,
-                "machine": machine_info(),
-                "grad_norms_at_init": grads,
-                "grad_norm_ratio_last_over_first": ratios,
-                "final_val_loss": final,
-                "runs": runs,
-            },
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
+    common.write_json(
+        results / "norm_placement.json",
+        argv,
+        {
+            "args": vars(args),
+            "run_time_s": run_time,
+            "grad_norms_at_init": grads,
+            "grad_norm_ratio_last_over_first": ratios,
+            "final_val_loss": final,
+            "runs": runs,
+        },
     )
     for p in POSITIONS:
         print(f"{p}-norm gradient norm, last block / first: attn {ratios[p]['attn']:.2f}, mlp {ratios[p]['mlp']:.2f}")

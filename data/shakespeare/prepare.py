@@ -11,17 +11,11 @@ Offline, tiktoken reads the ranks file from TIKTOKEN_CACHE_DIR.
 
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tokenizer.py and data/common.py
 
 from data.common import run_prepare  # noqa: E402
 from tokenizer import TiktokenTokenizer  # noqa: E402
 
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return run_prepare(argv, description=__doc__, script_file=__file__, make_tokenizer=lambda text: TiktokenTokenizer())
-
-
 if __name__ == "__main__":
-    main()
+    run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=lambda text: TiktokenTokenizer())

@@ -8,17 +8,11 @@ characters are train, the rest val. The text comes from --input, else <out_dir>/
 
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tokenizer.py and data/common.py
 
 from data.common import run_prepare  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return run_prepare(argv, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text)
-
-
 if __name__ == "__main__":
-    main()
+    run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text)
