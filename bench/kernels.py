@@ -2,7 +2,7 @@
 
     python -m bench.kernels --out bench/results/layernorm_cpu.json     # CPU: C 128, 384, 768, 4096 at 16384 rows
     python -m bench.kernels --device cuda --out layernorm_gpu.json     # CUDA: bf16 and fp32, C 768..8192, 32768 rows
-    python -m bench.kernels --overhead --out bench/results/triton_overhead_cpu.json   # us per call on [8, 384]
+    python -m bench.kernels --overhead --repeats 9 --out bench/results/triton_overhead_cpu.json  # us per call, [8, 384]
 
 naive (autograd through the formula) is what the hand-written backward must beat. A perfect forward moves 2 * rows *
 C elements (read x, write y), forward+backward 5 (also read dy, write dx): GB/s is that over the time. On the CPU
@@ -27,7 +27,8 @@ from bench.common import comma_list, fmt, markdown_table, parse, parser, timed, 
 
 IMPLS = ("custom", "builtin", "triton", "naive")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_SIZES, CUDA_SIZES = "128,384,768,4096", "768,1024,2048,4096,8192"
+CPU_SIZES = "128,384,768,4096"
+CUDA_SIZES = "768,1024,2048,4096,8192"
 # glibc hands large freed blocks back to the OS and page-faults them in again at the next allocation. On a CPU that
 # costs more than a LayerNorm of [16384, 384] and varies with the allocator's state (builtin's fwd+bwd there: 5-7 ms
 # with freed memory kept, 12-14 ms without, 2-core EPYC), so the timings keep freed memory; --system-malloc does not.
