@@ -223,18 +223,6 @@ def test_gradcheck_float64(correction, with_bias):
     assert torch.autograd.gradcheck(lambda *t: layer_norm(*t, eps=1e-3, correction=correction), inputs)
 
 
-def test_hand_backward_matches_autograd_through_the_formula_with_correction():
-    x, w, b, dy = (t.double() for t in make_inputs((4, 3), 33))
-    for correction in (0, 1):
-        xs, ws, bs = (t.clone().requires_grad_() for t in (x, w, b))
-        y = layer_norm(xs, ws, bs, correction=correction)
-        grads = torch.autograd.grad(y, (xs, ws, bs), dy)
-        y_ref, grads_ref = reference(x, w, b, dy, correction=correction)
-        torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
-        for gr, gr_ref in zip(grads, grads_ref, strict=True):
-            torch.testing.assert_close(gr, gr_ref, rtol=1e-10, atol=1e-10)
-
-
 def test_gradient_of_the_weight_alone():
     x, w, b, dy = make_inputs((4,), 16)
     w.requires_grad_()
@@ -405,18 +393,6 @@ def assert_equal(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.equal(a, b), (a - b).abs().max().item()
 
 
-def test_batchnorm_depends_on_the_batch_in_training_only():
-    torch.manual_seed(0)
-    m = make_norm("batchnorm", 32)
-    x = torch.randn(4, 6, 32) * 3 + 1
-    m.train()
-    y = m(x)
-    assert (m(x[0:1]) - y[0:1]).abs().max() > 1e-2  # its statistics came from the whole batch
-    m.eval()
-    y = m(x)
-    torch.testing.assert_close(m(x[0:1]), y[0:1])  # running statistics: per token again
-
-
 def test_batchnorm_matches_batchnorm1d_over_all_tokens():
     torch.manual_seed(0)
     ours = make_norm("batchnorm", 16)
@@ -485,9 +461,6 @@ def test_rmsnorm_formula(bias):
     assert rel_err(m(x), ref) < 1e-6
     y = m(x.bfloat16())
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
-    if hasattr(F, "rms_norm"):
-        y_pt = F.rms_norm(x, (20,), m.weight, 1e-6)
-        torch.testing.assert_close(m(x) - (m.bias if bias else 0), y_pt, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -513,16 +486,12 @@ def test_dyt_against_float64(bias):
 
 
 def test_dyt_alpha_starts_by_width_or_where_given():
-    """By default alpha starts at initial_alpha(dim), as 1/sqrt(dim), and the module at its init computes
-    tanh(alpha x) (float64 reference); an alpha given starts there (0.5: the paper's default); alpha <= 0 is refused,
-    and so is an alpha for a norm that has none."""
+    """By default alpha starts at initial_alpha(dim), as 1/sqrt(dim); an alpha given starts there (0.5: the paper's
+    default); alpha <= 0 is refused, and so is an alpha for a norm that has none."""
     starts = {d: make_norm("dyt", d).alpha.item() for d in (32, 128, 512)}
     for d, start in starts.items():
         assert start == pytest.approx(layernorm.DyT.initial_alpha(d), rel=1e-7)
     assert starts[32] == pytest.approx(2 * starts[128]) and starts[512] == pytest.approx(starts[128] / 2)
-    x = torch.randn(3, 5, 128)
-    ref = torch.tanh(layernorm.DyT.initial_alpha(128) * x.double())
-    assert rel_err(make_norm("dyt", 128)(x), ref) < 1e-6
     assert make_norm("dyt", 128, alpha=0.5).alpha.item() == 0.5
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(ValueError, match="alpha must be > 0"):
@@ -545,36 +514,35 @@ def test_modules_half_precision():
 # Bad input: clear errors.
 
 
-def test_unknown_norm_lists_the_valid_names():
-    with pytest.raises(ValueError) as e:
+def test_unknown_norm_lists_the_valid_names_and_none_is_the_identity():
+    with pytest.raises(ValueError, match="or 'none' for no normalization") as e:
         make_norm("groupnorm", 8)
     for name in NORMS:
         assert name in str(e.value)
-    assert "groupnorm" in str(e.value)
+    assert "groupnorm" in str(e.value) and "none" not in NORMS
+    x = torch.randn(3, 5, 8)
+    assert torch.equal(make_norm("none", 8)(x), x)
 
 
-def test_weight_and_bias_shape_errors_name_both_shapes():
-    x = torch.randn(2, 3, 8)
-    with pytest.raises(ValueError, match=r"weight has shape \(7,\).*\(2, 3, 8\)"):
-        layer_norm(x, torch.ones(7), torch.zeros(8))
-    with pytest.raises(ValueError, match=r"bias has shape \(8, 1\).*\(2, 3, 8\)"):
-        layer_norm(x, torch.ones(8), torch.zeros(8, 1))
-
-
-def test_a_weight_or_bias_that_is_not_a_tensor_is_refused_in_one_line():
-    x = torch.randn(2, 3, 8)
-    cases = [
+@pytest.mark.parametrize(
+    ("weight", "bias", "error", "message"),
+    [
+        (torch.ones(7), torch.zeros(8), ValueError, r"weight has shape \(7,\).*\(2, 3, 8\)"),
+        (torch.ones(8), torch.zeros(8, 1), ValueError, r"bias has shape \(8, 1\).*\(2, 3, 8\)"),
         (
-            (None, torch.zeros(8)),
+            None,
+            torch.zeros(8),
+            TypeError,
             r"^weight must be a tensor of shape \(8,\), the size of x's last dimension, got None$",
         ),
-        ((1.0, None), r"^weight must be a tensor of shape \(8,\), .*, got float$"),
-        ((torch.ones(8), [0.0] * 8), r"^bias must be a tensor of shape \(8,\), .* \(or None\), got list$"),
-    ]
-    for (weight, bias), message in cases:
-        with pytest.raises(TypeError, match=message):
-            layer_norm(x, weight, bias)
-    assert layer_norm(x, torch.ones(8), None).shape == x.shape  # no bias is valid
+        (1.0, None, TypeError, r"^weight must be a tensor of shape \(8,\), .*, got float$"),
+        (torch.ones(8), [0.0] * 8, TypeError, r"^bias must be a tensor of shape \(8,\), .* \(or None\), got list$"),
+    ],
+    ids=["weight-shape", "bias-shape", "weight-None", "weight-float", "bias-list"],
+)
+def test_a_weight_or_bias_of_another_shape_or_not_a_tensor_is_refused_in_one_line(weight, bias, error, message):
+    with pytest.raises(error, match=message):
+        layer_norm(torch.randn(2, 3, 8), weight, bias)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])
@@ -634,11 +602,3 @@ def test_other_bad_arguments():
     for dim in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="dim"):
             make_norm("custom", dim)
-
-
-def test_none_is_the_identity_baseline_and_not_a_norm():
-    x = torch.randn(3, 5, 8)
-    assert torch.equal(make_norm("none", 8)(x), x)
-    assert "none" not in NORMS
-    with pytest.raises(ValueError, match="or 'none' for no normalization"):
-        make_norm("nope", 8)

@@ -35,13 +35,6 @@ def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line(
         train.main(tiny_args(data / "missing", out, "--max_iters=2"))
 
 
-def test_resume_into_that_folder_still_continues_the_run(run: tuple[Path, Path]) -> None:
-    _, out = run
-    summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=6", "--sample_at_end=False"])
-    assert summary["iters"] == 6
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 6
-
-
 def test_overwrite_replaces_the_checkpoint_with_the_new_runs(run: tuple[Path, Path]) -> None:
     data, out = run
     assert load_checkpoint(out / "ckpt.pt")["config"]["seed"] == 1337
