@@ -123,31 +123,29 @@ def test_missing_input_and_failed_download_says_how_to_supply_it(script: Path, t
     assert not (out / "train.bin").exists()
 
 
-def test_missing_input_file(tmp_path: Path) -> None:
-    proc = python(CHAR, "--input", tmp_path / "nope.txt", "--out_dir", tmp_path, cwd=tmp_path)
-    assert_clean_error(proc, "nope.txt", "does not exist")
+LATIN1 = "Ceci est du français, mais en Latin-1.".encode("latin-1")
+NOT_UTF8 = ["not UTF-8", "byte 0xe7 at byte offset 16"]
 
 
-# --- bad input -----------------------------------------------------------------------------------------------------
-
-
-def test_empty_file(tmp_path: Path) -> None:
-    path = write_bytes(tmp_path, "empty.txt", b"")
-    proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "empty.txt", "is empty")
-
-
-def test_binary_file_with_nul_bytes(tmp_path: Path) -> None:
-    path = write_bytes(tmp_path, "model.bin", b"PK\x03\x04" + b"plain-looking text" * 10 + b"\x00\x01\x02")
-    proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "model.bin", "binary", "byte offset 184")
-
-
-@pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
-def test_file_that_is_not_utf8(script: Path, tmp_path: Path) -> None:
-    path = write_bytes(tmp_path, "latin1.txt", "Ceci est du français, mais en Latin-1.".encode("latin-1"))
+@pytest.mark.parametrize(
+    ("script", "name", "data", "fragments"),
+    [
+        (CHAR, "nope.txt", None, ["does not exist"]),
+        (CHAR, "empty.txt", b"", ["is empty"]),
+        (CHAR, "model.bin", b"PK\x03\x04" + b"plain-looking text" * 10 + b"\x00", ["binary", "byte offset 184"]),
+        (CHAR, "latin1.txt", LATIN1, NOT_UTF8),
+        (BPE, "latin1.txt", LATIN1, NOT_UTF8),
+    ],
+    ids=["missing", "empty", "binary", "latin1-char", "latin1-bpe"],
+)
+def test_an_input_that_is_not_text_is_named_in_one_line(
+    script: Path, name: str, data: bytes | None, fragments: list[str], tmp_path: Path
+) -> None:
+    path = tmp_path / name
+    if data is not None:
+        path.write_bytes(data)
     proc = python(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "latin1.txt", "not UTF-8", "byte 0xe7 at byte offset 16")
+    assert_clean_error(proc, name, *fragments)
 
 
 @pytest.mark.parametrize(

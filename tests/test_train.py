@@ -178,7 +178,7 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
     captured, calls = [], []
 
     def fake_capture(module: torch.nn.Module, sample: tuple[torch.Tensor, ...]) -> object:
-        captured.append((module, [t.shape for t in sample]))
+        captured.append((module, sample))
         return lambda *a: calls.append(len(a)) or module(*a)
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
@@ -191,8 +191,12 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
     cfg = dataclasses.replace(cfg, cuda_graphs=True)  # (on the command line it is refused on a CPU)
     checkpoint.make_out_dir(cfg.out_dir)
     summary = train.train(cfg, {}, "cpu", "float32", None, Dist())
-    ((module, shapes),) = captured
-    assert isinstance(module.model, train.GPT) and shapes == [torch.Size([4, 16])] * 2  # batch_size x block_size
+    ((module, sample),) = captured
+    assert isinstance(module.model, train.GPT) and [t.shape for t in sample] == [torch.Size([4, 16])] * 2  # B x T
+    # the loss alone (flattened as the capture flattens outputs): every output requiring grad gets a gradient buffer
+    # each replay fills, and the logits' would be [B, T, vocab]
+    outputs = torch.utils._pytree.tree_flatten(module(*sample))[0]
+    assert [o.requires_grad for o in outputs] == [True] and outputs[0].dim() == 0
     assert len(calls) == 3 * 2 and summary["cuda_graphs"] and math.isfinite(summary["final_val_loss"])
     # gradients accumulate into buffers of the model's own, zeroed in place, never into the graph's outputs
     assert all(p.grad is not None and not p.grad.any() for p in module.parameters())
