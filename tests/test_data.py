@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -243,7 +242,7 @@ def test_tokenizer_from_meta_rejects_unknown_kind() -> None:
 
 def test_char_tokenizer_does_not_import_tiktoken() -> None:
     code = "import sys, tokenizer; tokenizer.CharTokenizer.from_text('ab'); assert 'tiktoken' not in sys.modules"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = python("-c", code)
     assert proc.returncode == 0, proc.stderr
 
 

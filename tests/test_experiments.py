@@ -14,7 +14,7 @@ import torch
 import train
 from checkpoint import save_training_checkpoint
 from device import Dist
-from helpers import ROOT, make_dataset, subprocess_env, tiny_model
+from helpers import ROOT, make_dataset, python, tiny_model
 from layernorm import NORMS, DyT
 
 
@@ -81,14 +81,7 @@ def test_norm_placement_smoke(tmp_path, monkeypatch, capsys):
     ],
 )
 def test_missing_input_is_a_one_line_error(script, args, message):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=120,
-    )
+    proc = python(ROOT / "experiments" / script, *args)
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

@@ -7,9 +7,6 @@ it runs in a fresh Python without TRITON_INTERPRET, as on a GPU machine (nothing
 import contextlib
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ import checkpoint
 import options
 import train
 from device import Dist
-from helpers import ROOT, TRITON_SKIP, make_dataset, tiny_args
+from helpers import TRITON_SKIP, make_dataset, python, tiny_args
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
@@ -26,10 +23,7 @@ if TRITON_SKIP is not None:
 
 def without_interpreter(code: str) -> dict:
     """Run `code` in a fresh Python where Triton compiles for a GPU (no TRITON_INTERPRET); it prints one JSON line."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = python("-c", PRELUDE + code, timeout=600, drop=("TRITON_INTERPRET",))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -2,16 +2,12 @@
 why Triton cannot run. On a machine without a GPU the kernels run in Triton's interpreter (conftest.py), so the
 shapes stay small."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import layernorm
-from helpers import ROOT, TRITON_SKIP
+from helpers import TRITON_SKIP, python
 from layernorm import TritonUnavailableError, check_triton_device, make_norm
 
 if TRITON_SKIP is not None:
@@ -316,10 +312,9 @@ def test_lazy_import_and_cpu_input_without_the_interpreter():
         "except layernorm.TritonUnavailableError as e:\n"
         "    print(e)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True
-    ).stdout
+    proc = python("-c", code, timeout=300, drop=("TRITON_INTERPRET",))
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr
     assert "device cpu" in out and "CUDA" in out and "TRITON_INTERPRET=1" in out and "'builtin'" in out, out
     assert "here it is unset" in out
 

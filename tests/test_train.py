@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -373,21 +371,6 @@ def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, tiny_da
     # The same batches at every evaluation: re-evaluating the same weights gives the same numbers.
     again = train.main([f"--out_dir={tmp_path / 'rarely'}", "--init_from=resume", "--eval_only=True"])
     assert again["final_val_loss"] == rarely["final_val_loss"]
-
-
-@pytest.mark.slow
-def test_prepare_script_then_train(tmp_path: Path, shakespeare_path: Path) -> None:
-    out = tmp_path / "sc"
-    prep = subprocess.run(
-        [sys.executable, "data/shakespeare_char/prepare.py", "--input", str(shakespeare_path), "--out_dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert prep.returncode == 0, prep.stderr
-    summary = train.main(tiny_args(out, tmp_path / "out", "--max_iters=3", "--eval_interval=3"))
-    assert summary["iters"] == 3 and math.isfinite(summary["final_val_loss"])
 
 
 def test_sample_at_end_prints_text(tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
