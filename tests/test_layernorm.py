@@ -36,11 +36,14 @@ def run_impl(impl: str, x, weight, bias, eps=1e-5):
     raise AssertionError(impl)
 
 
-def reference(x, weight, bias, dy, eps=1e-5, correction=0):
-    """Forward and (dx, dweight, dbias) in float64, autograd through the formula."""
+def reference(x, weight, bias, dy, eps=1e-5, correction=0, name="layernorm"):
+    """Forward and (dx, dweight, dbias) in float64, autograd through the formula (of RMSNorm for name="rmsnorm")."""
     x, weight = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
     bias = None if bias is None else bias.detach().double().requires_grad_()
-    y = layer_norm_naive(x, weight, bias, eps, correction)
+    if name == "rmsnorm":
+        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight + bias
+    else:
+        y = layer_norm_naive(x, weight, bias, eps, correction)
     inputs = (x, weight) if bias is None else (x, weight, bias)
     grads = torch.autograd.grad(y, inputs, dy.double())
     return y.detach(), grads
@@ -177,16 +180,6 @@ def test_half_precision_within_twice_pytorch_error(impl, dtype, C):
 ONE_ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
 
-def reference_of(name, x, w, b, dy, eps=1e-5):
-    """y and (dx, dweight, dbias) in float64 through the formula of norm `name` (a LayerNorm, or RMSNorm)."""
-    x, w, b = (t.detach().double().requires_grad_() for t in (x, w, b))
-    if name == "rmsnorm":
-        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w + b
-    else:
-        y = layer_norm_naive(x, w, b, eps)
-    return y.detach(), torch.autograd.grad(y, (x, w, b), dy.double())
-
-
 @pytest.mark.parametrize("name", norm_params([*LAYERNORMS, "rmsnorm"], slow_triton=True))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_input_with_float32_parameters_matches_float64(name, dtype):
@@ -199,7 +192,7 @@ def test_half_input_with_float32_parameters_matches_float64(name, dtype):
     x = x.requires_grad_()
     y = norm(x)
     dx, dw, db = torch.autograd.grad(y, (x, norm.weight, norm.bias), dy)
-    y_ref, (dx_ref, dw_ref, db_ref) = reference_of(name, x, w, b, dy)
+    y_ref, (dx_ref, dw_ref, db_ref) = reference(x, w, b, dy, name=name)
     assert y.dtype == dx.dtype == dtype and dw.dtype == db.dtype == torch.float32
     assert close(y, y_ref, ONE_ULP[dtype]), rel_err(y, y_ref)
     assert close(dx, dx_ref, ONE_ULP[dtype], dx_scale(x, w, dy)), rel_err(dx, dx_ref)

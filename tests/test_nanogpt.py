@@ -249,7 +249,7 @@ def test_a_checkpoint_of_neither_format_names_both(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(tmp_path / "ckpt.pt")
     message = str(e.value)
-    assert "format 'layernorm-gpt/1'" in message
+    assert "is not a checkpoint of this project (a dict with format 'layernorm-gpt/1')" in message
     assert "nanoGPT's (a dict with keys model, model_args, config, iter_num)" in message
     assert "it holds a dict with keys model, model_args" in message
 
