@@ -112,17 +112,10 @@ def test_whole_runs_each_config_as_its_command_does(env, tmp_path):
 def test_measure_takes_our_figures_from_metrics_jsonl(env, tmp_path):
     records = [
         {"kind": "eval", "iter": 0, "train_loss": 4.0, "val_loss": 4.1},
-        *[
-            {
-                "kind": "train",
-                "iter": i,
-                "loss": 3.0,
-                "lr": 1e-3,
-                "ms_per_iter": 10.0 * (i + 1),
-                "tokens_per_s": 100.0 / (i + 1),
-            }
+        *[  # windows of 2 iterations
+            {"kind": "train", "iter": i, "loss": 3.0, "lr": 1e-3, "ms_per_iter": 10.0 * (i + 1), "tokens_per_s": 1.0}
             for i in range(0, 10, 2)
-        ],  # windows of 2 iterations
+        ],
         {"kind": "eval", "iter": 8, "train_loss": 2.0, "val_loss": 2.5},
         {"kind": "summary", "device": "cpu"},
     ]

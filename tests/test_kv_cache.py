@@ -107,37 +107,15 @@ def test_generate_for_a_seed_is_nanogpts_sampling_and_stream_yields_its_steps(us
     model = tiny()
     idx = prompts(2, 4, seed=6)
     steps = BLOCK - 4  # within block_size, where the cached path computes what the reference does
+    sampling = {"temperature": 0.8, "top_k": 6, "use_kv_cache": use_kv_cache}
     out, logits = model.generate(
-        idx,
-        steps,
-        temperature=0.8,
-        top_k=6,
-        use_kv_cache=use_kv_cache,
-        generator=torch.Generator().manual_seed(11),
-        return_logits=True,
+        idx, steps, **sampling, generator=torch.Generator().manual_seed(11), return_logits=True
     )
     assert torch.equal(out, reference_sampling(model, idx, steps, 0.8, 6, seed=11))
-    streamed = list(
-        model.stream(
-            idx, steps, temperature=0.8, top_k=6, use_kv_cache=use_kv_cache, generator=torch.Generator().manual_seed(11)
-        )
-    )
+    streamed = list(model.stream(idx, steps, **sampling, generator=torch.Generator().manual_seed(11)))
     assert [tuple(t.shape) for t, _ in streamed] == [(2, 1)] * steps
     assert torch.equal(torch.cat([idx, *(t for t, _ in streamed)], dim=1), out)
     assert torch.equal(torch.stack([step_logits for _, step_logits in streamed], dim=1), logits)
-    greedy = model.generate(idx, steps, temperature=0, use_kv_cache=use_kv_cache)
-    assert torch.equal(torch.cat([idx, *(t for t, _ in model.stream(idx, steps, temperature=0))], dim=1), greedy)
-
-
-def test_stream_checks_its_arguments_at_the_call_then_yields_one_step_at_a_time() -> None:
-    model = tiny()
-    idx = prompts(1, 3)
-    with pytest.raises(ValueError, match="temperature"):
-        model.stream(idx, 2, temperature=-1.0)  # raised by the call itself, before any next()
-    decoded = model.stream(idx, 3, temperature=0)
-    first, _ = next(decoded)
-    assert torch.equal(first, model.generate(idx, 1, temperature=0)[:, -1:])
-    assert len(list(decoded)) == 2  # max_new_tokens steps in all
 
 
 # --- past block_size: each path computes exactly the window it documents -------------------------------------------
@@ -184,6 +162,8 @@ def test_generate_rejects_bad_input_with_clear_errors() -> None:
     for temperature in (-0.5, float("nan")):
         with pytest.raises(ValueError, match="temperature"):
             model.generate(idx, 2, temperature=temperature)
+    with pytest.raises(ValueError, match="temperature"):
+        model.stream(idx, 2, temperature=-1.0)  # raised by the call itself, before any next()
     with pytest.raises(ValueError, match="top_k"):
         model.generate(idx, 2, top_k=0)
     with pytest.raises(ValueError, match=r"shape \[B, T\]"):

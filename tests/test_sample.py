@@ -106,18 +106,8 @@ def test_streamed_text_is_the_text_generate_returns(
     if kind == "bpe":
         request.getfixturevalue("gpt2_bpe")
     folder, prompt = (out_dir, "the king") if kind == "char" else (bpe_dir, "ROMEO: café")
-    argv = [
-        "--out_dir",
-        str(folder),
-        *CPU,
-        "--start",
-        prompt,
-        "--max_new_tokens",
-        "40",
-        "--num_samples",
-        "2",
-        *sampling,
-    ]
+    argv = ["--out_dir", str(folder), *CPU, "--start", prompt, "--max_new_tokens", "40", "--num_samples", "2"]
+    argv += sampling
     samples = sample.main(argv)
     printed = capsys.readouterr().out
     # generate itself, on the model sample.py builds, from the same seed

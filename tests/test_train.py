@@ -256,16 +256,8 @@ def test_data_shorter_than_a_block_is_refused(tmp_path: Path) -> None:
 
 
 def test_loss_goes_down(tmp_path: Path, tiny_data: Path) -> None:
-    summary = train.main(
-        tiny_args(
-            tiny_data,
-            tmp_path / "out",
-            "--max_iters=40",
-            "--eval_interval=40",
-            "--learning_rate=3e-3",
-            "--log_interval=10",
-        )
-    )
+    flags = ["--max_iters=40", "--eval_interval=40", "--learning_rate=3e-3", "--log_interval=10"]
+    summary = train.main(tiny_args(tiny_data, tmp_path / "out", *flags))
     evals = records(tmp_path / "out", "eval")
     assert [r["iter"] for r in evals] == [0, 40]
     assert evals[0]["val_loss"] == pytest.approx(math.log(VOCAB), abs=0.3)  # uniform over the characters
@@ -433,16 +425,8 @@ def test_checkpoint_with_another_vocabulary(trained: tuple[Path, dict], tmp_path
 
 
 def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
-    summary = train.main(
-        tiny_args(
-            tiny_data,
-            tmp_path / "out",
-            "--max_iters=1000000",
-            "--eval_interval=1000000",
-            "--log_interval=1000000",
-            "--max_wall_s=1.0",
-        )
-    )
+    flags = ["--max_iters=1000000", "--eval_interval=1000000", "--log_interval=1000000", "--max_wall_s=1.0"]
+    summary = train.main(tiny_args(tiny_data, tmp_path / "out", *flags))
     # checked at every iteration, not only at a log line (none comes after iteration 0 here)
     assert summary["stop_reason"] == "max_wall_s" and 0 < summary["iters"] < 1000000
     assert records(tmp_path / "out", "eval")[-1]["iter"] == summary["iters"]

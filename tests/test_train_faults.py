@@ -86,14 +86,8 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
     run with exactly the losses of an uninterrupted one."""
     out = tmp_path / "run"
-    args = tiny_args(
-        tiny_data,
-        out,
-        "--eval_interval=1000",
-        "--lr_decay_iters=200",
-        "--dropout=0.1",
-        f"--always_save_checkpoint={always_save}",
-    )
+    flags = ["--eval_interval=1000", "--lr_decay_iters=200", "--dropout=0.1", f"--always_save_checkpoint={always_save}"]
+    args = tiny_args(tiny_data, out, *flags)
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: n_train_records(out) >= 5, proc)
     proc.send_signal(sig)
