@@ -406,6 +406,15 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
     assert (bad / "ckpt.pt").read_bytes() == blob and sorted(p.name for p in bad.iterdir()) == ["ckpt.pt"]
 
 
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--n_layer=3", "--n_embd=64"], ["n_layer: 2 -> 3", "n_embd: 32 -> 64"]),
+        (["--embed_scale=true"], ["embed_scale: False -> True"]),  # a parameter more: refused, not silently dropped
+        (["--norm=rmsnorm"], ["trained with norm='builtin'", "but not with 'rmsnorm'"]),
+    ],
+    ids=["size", "embed_scale", "norm"],
+)
 def test_a_checkpoint_of_another_model_is_refused_and_left_untouched(
     trained: tuple[Path, dict], args: list[str], needles: list[str]
 ) -> None:
