@@ -375,18 +375,6 @@ def test_sample_at_end_prints_text(tmp_path: Path, tiny_data: Path, capsys: pyte
 # ---- checkpoints that cannot be resumed ----
 
 
-def test_truncated_checkpoint_is_a_clear_error(
-    trained: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out, _ = trained
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    blob = (out / "ckpt.pt").read_bytes()
-    (bad / "ckpt.pt").write_bytes(blob[: len(blob) // 2])
-    proc = train_cli(capsys, [f"--out_dir={bad}", "--init_from=resume"])
-    assert_one_line_error(proc, 1, "truncated or corrupt", str(bad / "ckpt.pt"))
-
-
 def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothing(
     trained: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
