@@ -140,19 +140,6 @@ def test_cached_overflow_refills_the_last_half_block(prompt_len: int) -> None:
     assert same and torch.allclose(plain[:, same], logits[:, same], rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("prompt_len", [6, BLOCK + 4])
-def test_uncached_overflow_slides_the_last_block(prompt_len: int) -> None:
-    model = tiny()
-    idx = prompts(2, prompt_len, seed=5)
-    steps = BLOCK + 5
-    out, logits = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)
-    assert out.shape == (2, prompt_len + steps) and torch.equal(out[:, :prompt_len], idx)
-    for step in range(steps):
-        end = prompt_len + step
-        want = last_logits(model, out[:, max(0, end - BLOCK) : end])
-        torch.testing.assert_close(logits[:, step], want, rtol=0, atol=TOL, msg=f"step {step}")
-
-
 # --- bad input -------------------------------------------------------------------------------------------------------
 
 

@@ -179,19 +179,6 @@ def test_pre_is_the_default_and_todays_model_exactly() -> None:
         assert torch.equal(pre(idx)[0], default(idx)[0])
 
 
-def test_an_old_checkpoint_without_norm_position_loads_as_pre() -> None:
-    from checkpoint import FORMAT, model_from_checkpoint
-
-    src = tiny_model("custom")
-    randomize_norms(src)
-    args = {k: v for k, v in vars(src.config).items() if k != "norm_position"}  # as saved before the option
-    loaded = model_from_checkpoint({"format": FORMAT, "model": src.state_dict(), "model_args": args})
-    assert loaded.config.norm_position == "pre"
-    idx = torch.randint(TINY.vocab_size, (2, 9))
-    with torch.no_grad():
-        assert torch.equal(loaded(idx)[0], src(idx)[0])
-
-
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
 def test_post_norm_shapes_and_where_its_norms_sit(norm: str) -> None:
     m = tiny_model(norm, norm_position="post")
