@@ -61,8 +61,7 @@ def compile_for(kernel, args, kwargs, arch):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts.__dict__)
 """
 
-# ----------------------------------------------------------------------------------------------------------------
-# layernorm_triton's triton_op (TRITON_OP: any CUDA machine), as torch.compile traces it.
+# ---- layernorm_triton's triton_op (TRITON_OP: any CUDA machine), as torch.compile traces it ----
 
 TRACE = """\
 import layernorm_triton as lt
@@ -110,8 +109,7 @@ RESULTS["trace"] = out
 """
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The backward kernel compiled for GPUs by Triton's compiler: its shared memory fits the GPU it would run on.
+# ---- The backward kernel compiled for GPUs by Triton's compiler: its shared memory fits the GPU it would run on ----
 
 SHARED_MEMORY = """\
 import layernorm_triton as lt
@@ -132,8 +130,7 @@ RESULTS["shared memory"] = out
 """
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The batch-invariant attention kernel: one compiled kernel for a full pass and for a cached step.
+# ---- The batch-invariant attention kernel: one compiled kernel for a full pass and for a cached step ----
 
 SPECIALIZATION = """\
 import batch_invariant_triton as bit
@@ -203,8 +200,7 @@ def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
         assert all(t == "i64" or t.endswith("xi64>") for t in types), (case, types)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# --cuda_graphs: what the capture is handed.
+# ---- --cuda_graphs: what the capture is handed ----
 
 
 @pytest.fixture

@@ -87,8 +87,7 @@ def make_inputs(lead, C, dtype=torch.float32, seed=0, offset=2.0):
     return tuple(t.to(device=dev, dtype=dtype) for t in (x, w, b, dy))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Every LayerNorm against float64: forward and all three gradients.
+# ---- Every LayerNorm against float64: forward and all three gradients ----
 
 
 @pytest.mark.parametrize("impl", norm_params(LAYERNORMS))
@@ -200,8 +199,7 @@ def test_half_input_with_float32_parameters_matches_float64(name, dtype):
     assert close(db, db_ref, 1e-5, natural), rel_err(db, db_ref)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The hand-written backward.
+# ---- The hand-written backward ----
 
 
 @pytest.mark.parametrize("correction", [0, 1])
@@ -224,8 +222,7 @@ def test_gradient_of_the_weight_alone():
     assert rel_err(dw, dw_ref) < 1e-5
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The seeds' examples, as executable tests.
+# ---- The seeds' examples, as executable tests ----
 
 
 def test_chapter_layernorm1d_numbers():
@@ -245,8 +242,7 @@ def test_doctests_in_layernorm_py():
     assert result.attempted >= 3 and result.failed == 0
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Numerics: offsets, constant rows, NaN.
+# ---- Numerics: offsets, constant rows, NaN ----
 
 
 @pytest.mark.parametrize("impl", norm_params(["custom", "triton"]))
@@ -326,8 +322,7 @@ def test_empty_batch(impl):
     assert torch.equal(dw, torch.zeros_like(dw)) and torch.equal(db, torch.zeros_like(db))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The modules and the registry.
+# ---- The modules and the registry ----
 
 
 def test_norms_registry():
@@ -496,8 +491,7 @@ def test_dyt_alpha_starts_by_width_or_where_given():
             make_norm(name, 8, alpha=0.5)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Bad input: clear errors.
+# ---- Bad input: clear errors ----
 
 
 def test_unknown_norm_lists_the_valid_names_and_none_is_the_identity():

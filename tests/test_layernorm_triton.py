@@ -294,8 +294,7 @@ def test_torch_compile_traces_a_model_with_the_norm(norm):
         torch.testing.assert_close(g, p.grad)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Where Triton cannot run, the error says why and what to do.
+# ---- Where Triton cannot run, the error says why and what to do ----
 
 
 @pytest.mark.slow  # a fresh interpreter

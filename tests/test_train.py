@@ -113,6 +113,7 @@ def test_flags_override_the_config_file_which_overrides_defaults(tmp_path: Path)
         (["--n_layer=2.5"], ["--n_layer=2.5", "expected int"]),
         (["--max_wall_s=soon"], ["--max_wall_s=soon", "expected float or None"]),
         (["--norm=layernorm"], ["norm='layernorm'", *options.VALID_NORMS]),
+        (["--norm_position=mid"], ["norm_position='mid' is not valid; choose one of pre, post"]),
         (["--n_embd=30", "--n_head=4"], ["divisible by n_head"]),
         (["--dropout=1.0"], ["dropout must be in [0, 1)"]),
         (["--device=gpu"], ["device='gpu'"]),
