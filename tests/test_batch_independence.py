@@ -247,14 +247,9 @@ def test_triton_unavailable_inside_a_check_skips_the_row(
 
 
 def test_triton_is_skipped_with_a_reason_when_it_cannot_run(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], triton_compiled_for_a_gpu: None
 ) -> None:
     """On the CPU without Triton's interpreter (kernels defined for a GPU), or without triton at all."""
-    if TRITON_SKIP is None:
-        import layernorm_triton
-
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-        monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
     proc = run_script(capsys, "--norms", "triton", "custom", *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skipped triton" in proc.stdout

@@ -203,13 +203,6 @@ def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
 # ---- --cuda_graphs: what the capture is handed ----
 
 
-@pytest.fixture
-def cuda_rng_is_the_cpus(monkeypatch):
-    """torch.cuda's generator state calls answered by the CPU's generator, which dropout draws from on the CPU."""
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
-
-
 def graphed_setup(tmp_path, *extra):
     """A --cuda_graphs run of the tiny model as setup() leaves it, on the CPU: (cfg, run)."""
     args = tiny_args(make_dataset(tmp_path / "data"), tmp_path / "out", "--max_iters=1", *extra)

@@ -228,14 +228,11 @@ def test_non_interchangeable_norm_is_refused(out_dir: Path) -> None:
             run(out_dir, "--norm", norm)
 
 
-def test_missing_checkpoint(tmp_path: Path) -> None:
+def test_missing_or_truncated_checkpoint(out_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"^error: no checkpoint at .*ckpt\.pt"):
         sample.main(["--out_dir", str(tmp_path / "nowhere"), *CPU])
     with pytest.raises(SystemExit, match=r"^error: no checkpoint at .*other\.pt"):
         sample.main(["--ckpt", str(tmp_path / "other.pt"), *CPU])
-
-
-def test_truncated_checkpoint(out_dir: Path, tmp_path: Path) -> None:
     data = (out_dir / "ckpt.pt").read_bytes()
     (tmp_path / "ckpt.pt").write_bytes(data[: len(data) // 2])  # an interrupted copy
     with pytest.raises(SystemExit, match=r"^error: .*ckpt\.pt is truncated or corrupt"):

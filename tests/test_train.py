@@ -139,13 +139,8 @@ def test_the_models_own_checks_are_one_line_errors(capsys: pytest.CaptureFixture
 
 @needs_triton
 def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], triton_compiled_for_a_gpu: None
 ) -> None:
-    """Kernels defined for a GPU (a Python started without TRITON_INTERPRET) cannot take CPU tensors."""
-    import layernorm_triton
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
     proc = train_cli(capsys, [f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--norm=triton"])
     assert_one_line_error(proc, 2, "error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1", "'builtin'")
     assert not (tmp_path / "out").exists()  # refused before anything was written
@@ -169,7 +164,7 @@ def test_launch_options_it_cannot_serve_are_one_line_errors(
 
 
 def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
-    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch, cuda_rng_is_the_cpus: None
 ) -> None:
     """The capture is a CUDA call; here it is replaced by a recorder that returns a wrapper, so the plumbing
     around it (what is captured, with which static inputs, and that eval and sampling use the plain model) is
@@ -180,10 +175,7 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
         captured.append((module, sample))
         return lambda *a: calls.append(len(a)) or module(*a)
 
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)
-    # wrap() keeps the CUDA generator's state across the capture: answered here by the CPU's generator
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)  # (wrap() keeps the CUDA RNG's state)
     cfg = options.build_config(
         options.parse_args(tiny_args(tiny_data, tmp_path / "out", "--max_iters=3", "--gradient_accumulation_steps=2"))
     )
