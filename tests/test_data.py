@@ -92,26 +92,19 @@ def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) ->
 # --- where the text comes from -------------------------------------------------------------------------------------
 
 
-def test_input_txt_in_out_dir_is_used(tmp_path: Path) -> None:
+def test_a_download_is_saved_as_input_txt_which_the_next_run_uses(tmp_path: Path) -> None:
     text = "To be, or not to be: that is the question.\r\nWhether 'tis nobler — in the mind — to suffer.\n"
-    write_bytes(tmp_path, "input.txt", text.encode("utf-8"))
-    proc = python(CHAR, "--out_dir", tmp_path, "--url", BAD_URL, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    meta = json.loads((tmp_path / "meta.json").read_text(encoding="utf-8"))
+    source = write_bytes(tmp_path, "remote.txt", text.encode("utf-8"))
+    out = tmp_path / "out"
+    for url in (source.as_uri(), BAD_URL):  # the second run cannot download: it reads out/input.txt
+        proc = python(CHAR, "--out_dir", out, "--url", url, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert (out / "input.txt").read_bytes() == source.read_bytes()
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     tok = tokenizer_from_meta(meta["tokenizer"])
     # \r\n is kept as is (no newline translation) and non-ASCII characters survive the JSON vocabulary.
     assert "\r" in meta["tokenizer"]["itos"] and "—" in meta["tokenizer"]["itos"]
-    decoded = tok.decode(load_bin(tmp_path / "train.bin").tolist() + load_bin(tmp_path / "val.bin").tolist())
-    assert decoded == text
-
-
-def test_download_is_saved_as_input_txt(tmp_path: Path) -> None:
-    source = write_bytes(tmp_path, "remote.txt", ("First Citizen:\nBefore we proceed any further.\n" * 5).encode())
-    out = tmp_path / "out"
-    proc = python(CHAR, "--out_dir", out, "--url", source.as_uri(), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert (out / "input.txt").read_bytes() == source.read_bytes()
-    assert (out / "meta.json").exists()
+    assert tok.decode(load_bin(out / "train.bin").tolist() + load_bin(out / "val.bin").tolist()) == text
 
 
 @pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
