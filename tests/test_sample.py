@@ -55,24 +55,16 @@ def run(out_dir: Path, *args: str) -> list[str]:
     return sample.main(["--out_dir", str(out_dir), *CPU, *args])
 
 
-def test_default_prompt_is_a_newline(out_dir: Path) -> None:
+def test_the_prompt_by_default_from_a_file_and_longer_than_block_size(out_dir: Path, tmp_path: Path) -> None:
     text = run(out_dir, "--max_new_tokens", "5")[0]
-    assert text.startswith("\n") and len(text) == 6
-
-
-def test_prompt_from_a_file(out_dir: Path, tmp_path: Path) -> None:
+    assert text.startswith("\n") and len(text) == 6  # the default prompt is a newline
     prompt = "o romeo, romeo!\nwherefore art thou? "
-    path = tmp_path / "prompt.txt"
-    path.write_text(prompt, encoding="utf-8")
-    text = run(out_dir, "--start", f"FILE:{path}", "--max_new_tokens", "10")[0]
+    (tmp_path / "prompt.txt").write_text(prompt, encoding="utf-8")
+    text = run(out_dir, "--start", f"FILE:{tmp_path / 'prompt.txt'}", "--max_new_tokens", "10")[0]
     assert text.startswith(prompt) and len(text) == len(prompt) + 10
-
-
-def test_prompt_longer_than_block_size_is_cropped(out_dir: Path) -> None:
-    prompt = "now is the winter of our discontent made glorious summer"
-    assert len(prompt) > BLOCK
+    prompt = "now is the winter of our discontent made glorious summer"  # longer than BLOCK: cropped to fit
     text = run(out_dir, "--start", prompt, "--max_new_tokens", "12", "--temperature", "0")[0]
-    assert text.startswith(prompt) and len(text) == len(prompt) + 12
+    assert len(prompt) > BLOCK and text.startswith(prompt) and len(text) == len(prompt) + 12
 
 
 def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path) -> None:
