@@ -86,3 +86,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[
 
     out = tmp_path_factory.mktemp("trained") / "out"
     return out, train.main(tiny_args(tiny_data, out, "--max_iters=12", "--eval_interval=5"))
+
+
+@pytest.fixture
+def triton_compiled_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a Python started without TRITON_INTERPRET: the Triton kernels (where triton imports) defined for a GPU,
+    unable to take CPU tensors."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    try:
+        import layernorm_triton
+    except ImportError:  # no triton here (macOS, Windows): the Triton norm cannot run at all
+        return
+    monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
+
+
+@pytest.fixture
+def cuda_rng_is_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda's generator state calls answered by the CPU's generator, which dropout draws from on the CPU."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))

@@ -255,7 +255,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str] | Run, code: in
     return err
 
 
-def save_model(path: Path, model: GPT, tokenizer: dict) -> None:
+def save_model(path: Path, model: GPT, tokenizer: dict, config: dict | None = None) -> None:
     """`model` saved at `path` in the form train.py saves it, with no training state to resume from."""
     checkpoint = {
         "format": FORMAT,
@@ -264,7 +264,7 @@ def save_model(path: Path, model: GPT, tokenizer: dict) -> None:
         "optimizer": {},
         "iter_num": 0,
         "best_val_loss": 9.9,
-        "config": {},
+        "config": config or {},
         "tokenizer": tokenizer,
         "rng": {},
     }

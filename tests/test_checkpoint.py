@@ -11,7 +11,6 @@ import torch
 import checkpoint
 from checkpoint import FORMAT, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from helpers import TINY, save_with_payload, tiny_model
-from model import GPTConfig
 
 
 def _checkpoint(norm: str = "builtin") -> dict:
@@ -80,12 +79,6 @@ def test_missing_file_says_how_to_get_one(tmp_path):
         load_checkpoint(tmp_path / "ckpt.pt")
 
 
-def test_pickled_code_is_refused(tmp_path):
-    torch.save({"format": FORMAT, "hook": GPTConfig}, tmp_path / "ckpt.pt")
-    with pytest.raises(CheckpointError, match="objects other than tensors"):
-        load_checkpoint(tmp_path / "ckpt.pt")
-
-
 @pytest.mark.parametrize("payload", ["Path.touch", "os.system"])  # os.system: torch's "blocked" message
 def test_a_payload_that_would_run_code_is_refused_and_never_runs(tmp_path, payload):
     # The payload is live: unpickled without weights_only, it writes its marker file.
@@ -100,12 +93,6 @@ def test_a_payload_that_would_run_code_is_refused_and_never_runs(tmp_path, paylo
     assert not marker.exists()
     assert "objects other than tensors" in str(e.value) and "weights_only=True" in str(e.value)
     assert "not written by this project's train.py" in str(e.value)
-
-
-def test_another_projects_file_is_refused(tmp_path):
-    torch.save({"model": {}}, tmp_path / "ckpt.pt")
-    with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
-        load_checkpoint(tmp_path / "ckpt.pt")
 
 
 @pytest.mark.parametrize(
@@ -126,13 +113,6 @@ def test_a_checkpoint_of_this_format_with_a_malformed_entry_is_refused_at_load(t
     with pytest.raises(CheckpointError, match="is incomplete or malformed") as e:
         load_checkpoint(tmp_path / "ckpt.pt")
     assert named in str(e.value) and str(tmp_path / "ckpt.pt") in str(e.value) and "\n" not in str(e.value)
-
-
-def test_layernorm_checkpoint_runs_with_another_layernorm_but_not_rmsnorm():
-    ckpt = _checkpoint("custom")
-    assert model_from_checkpoint(ckpt, norm="builtin").config.norm == "builtin"
-    with pytest.raises(CheckpointError, match="computes a different function"):
-        model_from_checkpoint(ckpt, norm="rmsnorm")
 
 
 def test_weights_that_do_not_fit_are_reported():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -93,26 +92,19 @@ def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) ->
 # --- where the text comes from -------------------------------------------------------------------------------------
 
 
-def test_input_txt_in_out_dir_is_used(tmp_path: Path) -> None:
+def test_a_download_is_saved_as_input_txt_which_the_next_run_uses(tmp_path: Path) -> None:
     text = "To be, or not to be: that is the question.\r\nWhether 'tis nobler — in the mind — to suffer.\n"
-    write_bytes(tmp_path, "input.txt", text.encode("utf-8"))
-    proc = python(CHAR, "--out_dir", tmp_path, "--url", BAD_URL, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    meta = json.loads((tmp_path / "meta.json").read_text(encoding="utf-8"))
+    source = write_bytes(tmp_path, "remote.txt", text.encode("utf-8"))
+    out = tmp_path / "out"
+    for url in (source.as_uri(), BAD_URL):  # the second run cannot download: it reads out/input.txt
+        proc = python(CHAR, "--out_dir", out, "--url", url, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert (out / "input.txt").read_bytes() == source.read_bytes()
+    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     tok = tokenizer_from_meta(meta["tokenizer"])
     # \r\n is kept as is (no newline translation) and non-ASCII characters survive the JSON vocabulary.
     assert "\r" in meta["tokenizer"]["itos"] and "—" in meta["tokenizer"]["itos"]
-    decoded = tok.decode(load_bin(tmp_path / "train.bin").tolist() + load_bin(tmp_path / "val.bin").tolist())
-    assert decoded == text
-
-
-def test_download_is_saved_as_input_txt(tmp_path: Path) -> None:
-    source = write_bytes(tmp_path, "remote.txt", ("First Citizen:\nBefore we proceed any further.\n" * 5).encode())
-    out = tmp_path / "out"
-    proc = python(CHAR, "--out_dir", out, "--url", source.as_uri(), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert (out / "input.txt").read_bytes() == source.read_bytes()
-    assert (out / "meta.json").exists()
+    assert tok.decode(load_bin(out / "train.bin").tolist() + load_bin(out / "val.bin").tolist()) == text
 
 
 @pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
@@ -123,31 +115,29 @@ def test_missing_input_and_failed_download_says_how_to_supply_it(script: Path, t
     assert not (out / "train.bin").exists()
 
 
-def test_missing_input_file(tmp_path: Path) -> None:
-    proc = python(CHAR, "--input", tmp_path / "nope.txt", "--out_dir", tmp_path, cwd=tmp_path)
-    assert_clean_error(proc, "nope.txt", "does not exist")
+LATIN1 = "Ceci est du français, mais en Latin-1.".encode("latin-1")
+NOT_UTF8 = ["not UTF-8", "byte 0xe7 at byte offset 16"]
 
 
-# --- bad input -----------------------------------------------------------------------------------------------------
-
-
-def test_empty_file(tmp_path: Path) -> None:
-    path = write_bytes(tmp_path, "empty.txt", b"")
-    proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "empty.txt", "is empty")
-
-
-def test_binary_file_with_nul_bytes(tmp_path: Path) -> None:
-    path = write_bytes(tmp_path, "model.bin", b"PK\x03\x04" + b"plain-looking text" * 10 + b"\x00\x01\x02")
-    proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "model.bin", "binary", "byte offset 184")
-
-
-@pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
-def test_file_that_is_not_utf8(script: Path, tmp_path: Path) -> None:
-    path = write_bytes(tmp_path, "latin1.txt", "Ceci est du français, mais en Latin-1.".encode("latin-1"))
+@pytest.mark.parametrize(
+    ("script", "name", "data", "fragments"),
+    [
+        (CHAR, "nope.txt", None, ["does not exist"]),
+        (CHAR, "empty.txt", b"", ["is empty"]),
+        (CHAR, "model.bin", b"PK\x03\x04" + b"plain-looking text" * 10 + b"\x00", ["binary", "byte offset 184"]),
+        (CHAR, "latin1.txt", LATIN1, NOT_UTF8),
+        (BPE, "latin1.txt", LATIN1, NOT_UTF8),
+    ],
+    ids=["missing", "empty", "binary", "latin1-char", "latin1-bpe"],
+)
+def test_an_input_that_is_not_text_is_named_in_one_line(
+    script: Path, name: str, data: bytes | None, fragments: list[str], tmp_path: Path
+) -> None:
+    path = tmp_path / name
+    if data is not None:
+        path.write_bytes(data)
     proc = python(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "latin1.txt", "not UTF-8", "byte 0xe7 at byte offset 16")
+    assert_clean_error(proc, name, *fragments)
 
 
 @pytest.mark.parametrize(
@@ -245,7 +235,7 @@ def test_tokenizer_from_meta_rejects_unknown_kind() -> None:
 
 def test_char_tokenizer_does_not_import_tiktoken() -> None:
     code = "import sys, tokenizer; tokenizer.CharTokenizer.from_text('ab'); assert 'tiktoken' not in sys.modules"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = python("-c", code)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -12,9 +12,7 @@ import pytest
 import torch
 
 import train
-from checkpoint import save_training_checkpoint
-from device import Dist
-from helpers import ROOT, make_dataset, subprocess_env, tiny_model
+from helpers import ROOT, make_dataset, python, save_model, tiny_model
 from layernorm import NORMS, DyT
 
 
@@ -23,19 +21,8 @@ from layernorm import NORMS, DyT
 def test_inside_norms_smoke(tmp_path, monkeypatch, capsys, norm_position):
     data = make_dataset(tmp_path / "data")
     model = tiny_model(n_layer=3, norm_position=norm_position)
-    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    save_training_checkpoint(
-        tmp_path / "run" / "ckpt.pt",
-        Dist(),
-        model=model,
-        optimizer=optimizer,
-        scaler=torch.amp.GradScaler("cpu", enabled=False),
-        iter_num=0,
-        best_val_loss=float("inf"),
-        config={"dataset": "tiny", "data_dir": str(data)},
-        tokenizer=json.loads((data / "meta.json").read_text())["tokenizer"],
-        data_gen=torch.Generator().manual_seed(0),
-    )
+    tokenizer = json.loads((data / "meta.json").read_text())["tokenizer"]
+    save_model(tmp_path / "run" / "ckpt.pt", model, tokenizer, config={"dataset": "tiny", "data_dir": str(data)})
     out = tmp_path / "results"
     run_experiment(
         monkeypatch, capsys, "inside_norms", f"--out_dir={tmp_path / 'run'}", "--smoke", f"--results_dir={out}"
@@ -81,14 +68,7 @@ def test_norm_placement_smoke(tmp_path, monkeypatch, capsys):
     ],
 )
 def test_missing_input_is_a_one_line_error(script, args, message):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=120,
-    )
+    proc = python(ROOT / "experiments" / script, *args)
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

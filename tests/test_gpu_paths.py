@@ -7,9 +7,6 @@ it runs in a fresh Python without TRITON_INTERPRET, as on a GPU machine (nothing
 import contextlib
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ import checkpoint
 import options
 import train
 from device import Dist
-from helpers import ROOT, TRITON_SKIP, make_dataset, tiny_args
+from helpers import TRITON_SKIP, make_dataset, python, tiny_args
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
@@ -26,16 +23,14 @@ if TRITON_SKIP is not None:
 
 def without_interpreter(code: str) -> dict:
     """Run `code` in a fresh Python where Triton compiles for a GPU (no TRITON_INTERPRET); it prints one JSON line."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = python("-c", PRELUDE + code, timeout=600, drop=("TRITON_INTERPRET",))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 PRELUDE = """\
 import json, operator, torch, triton
+RESULTS = {}
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from triton.backends.compiler import GPUTarget
@@ -66,8 +61,7 @@ def compile_for(kernel, args, kwargs, arch):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts.__dict__)
 """
 
-# ----------------------------------------------------------------------------------------------------------------
-# layernorm_triton's triton_op (TRITON_OP: any CUDA machine), as torch.compile traces it.
+# ---- layernorm_triton's triton_op (TRITON_OP: any CUDA machine), as torch.compile traces it ----
 
 TRACE = """\
 import layernorm_triton as lt
@@ -111,37 +105,11 @@ for N in (6, lt.ONE_PROGRAM_ROWS + 8):  # one backward program, and partial sums
             out[f"fwd N={N} bias={has_bias} {mode}"] = error or report(g, 0)
             g, error = trace(bwd, (dy, x, w, stats), mode)
             out[f"bwd N={N} bias={has_bias} {mode}"] = error or report(g, 1)
-print(json.dumps(out))
+RESULTS["trace"] = out
 """
 
 
-@pytest.fixture(scope="module")
-def traced() -> dict:
-    return without_interpreter(TRACE)
-
-
-@pytest.mark.slow  # a fresh interpreter compiles
-def test_the_triton_op_traces_with_symbolic_shapes(traced):
-    """torch.compile(dynamic=True), and opcheck's dynamic-shape check, trace the launchers with symbolic sizes: the
-    launch parameters' cache must be keyed by plain ints (a SymInt is unhashable)."""
-    errors = {case: r for case, r in traced.items() if "symbolic" in case and isinstance(r, str)}
-    assert not errors, errors
-
-
-@pytest.mark.slow  # the traced fixture's fresh interpreter
-@pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_traced_kernels_get_no_tensor_twice_and_dw_is_what_the_kernel_wrote(traced, direction):
-    """Functionalized (as torch.compile's AOT pass does), every tensor a kernel gets may be taken as written and
-    cloned: without a bias, the unused pointer must be a tensor of its own, or dw comes back as an unwritten clone."""
-    for case, r in traced.items():
-        if case.startswith(direction) and "fake" in case:
-            assert r["shared"] == [], (case, r)
-            if "bias=False" in case:  # (with a bias, dw and db are two slices of one buffer, both written)
-                assert r["from"] == (["Y"] if direction == "fwd" else ["DW"]), (case, r)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The backward kernel compiled for GPUs by Triton's compiler: its shared memory fits the GPU it would run on.
+# ---- The backward kernel compiled for GPUs by Triton's compiler: its shared memory fits the GPU it would run on ----
 
 SHARED_MEMORY = """\
 import layernorm_triton as lt
@@ -158,23 +126,11 @@ for name, (arch, limit) in GPUS.items():
         compiled = compile_for(kernel, args, kwargs, arch)
         out[f"{name} {dtype}"] = {"shared": compiled.metadata.shared, "limit": limit, "stages": args[-1]}
         lt.layer_norm_bwd_kernel = kernel
-print(json.dumps(out))
+RESULTS["shared memory"] = out
 """
 
 
-@pytest.mark.slow  # a fresh interpreter compiles
-def test_the_backward_kernel_fits_the_shared_memory_of_the_gpu():
-    """The one-block backward's pipelined row loop keeps a block of x and one of dy in shared memory: 128 KiB for a
-    float64 row of 8192, more than an RTX 30's 99 KiB, where the loop must not be pipelined; float32 (64 KiB) is,
-    and on an H100 both are. Compiled for each GPU by Triton (a few seconds, no GPU needed)."""
-    out = without_interpreter(SHARED_MEMORY)
-    for case, r in out.items():
-        assert r["shared"] <= r["limit"], (case, r)
-    assert out["sm_86 (RTX 30) torch.float32"]["stages"] == 2 and out["sm_90 (H100) torch.float64"]["stages"] == 2
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The batch-invariant attention kernel: one compiled kernel for a full pass and for a cached step.
+# ---- The batch-invariant attention kernel: one compiled kernel for a full pass and for a cached step ----
 
 SPECIALIZATION = """\
 import batch_invariant_triton as bit
@@ -185,17 +141,9 @@ cache = torch.randn(2, B, H, 8, D)  # model.KVCache's buffers, [B, H, block_size
 bit.attention(*qkv, counts=[1, 2, 3, 4, 5], scale=0.3)  # a full causal pass
 step = torch.randn(B, 1, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
 bit.attention(step[0], cache[0][:, :, :6], cache[1][:, :, :6], counts=[6], scale=0.3)  # a cached step
-keys = [repr(specialize(kernel, args, kwargs, 90)[1]) for _, args, kwargs in calls]
-print(json.dumps({"keys": keys}))
+RESULTS["specialization"] = [repr(specialize(kernel, args, kwargs, 90)[1]) for _, args, kwargs in calls]
+bit.attention_kernel = kernel
 """
-
-
-@pytest.mark.slow  # a fresh interpreter compiles
-def test_attention_compiles_one_kernel_for_a_full_pass_and_a_cached_step():
-    """Triton keys its compiled kernels by each argument's specialization (an integer divisible by 16, a pointer
-    16-byte aligned); a full pass and a cached step with head size 12 differ in both, and must get one kernel."""
-    full_pass, cached_step = without_interpreter(SPECIALIZATION)["keys"]
-    assert full_pass == cached_step
 
 
 OFFSETS = """\
@@ -213,29 +161,46 @@ for case, (name, call) in calls_by_case.items():
     setattr(bit, name, kernel)
     (_, args, kwargs), = calls
     products[case] = re.findall(r"arith\\.muli [^:]*: (\\S+)", compile_for(kernel, args, kwargs, 90).asm["ttir"])
-print(json.dumps(products))
+RESULTS["offsets"] = products
 """
 
 
 @pytest.mark.slow  # a fresh interpreter compiles
-def test_the_mode_kernels_compute_offsets_in_64_bits():
-    """Every product in the matrix product's and the attention's TTIR (an index times a stride) is 64-bit: in 32 bits
-    rows * stride_ym wraps once M * N reaches 2**31 (the LM head at vocabulary 50,304 over 42,692 rows), and the
-    attention's b * sqb once B * T * 3C does. Compiled by Triton for an H100 (no GPU needed)."""
-    for case, types in without_interpreter(OFFSETS).items():
+def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
+    """The four scripts above in one fresh Python, checked for all they say:
+    - torch.compile(dynamic=True), and opcheck's dynamic-shape check, trace the launchers with symbolic sizes: the
+      launch parameters' cache must be keyed by plain ints (a SymInt is unhashable);
+    - functionalized (as torch.compile's AOT pass does), every tensor a kernel gets may be taken as written and
+      cloned: without a bias, the unused pointer must be a tensor of its own, or dw comes back as an unwritten clone;
+    - the one-block backward's pipelined row loop keeps a block of x and one of dy in shared memory: 128 KiB for a
+      float64 row of 8192, more than an RTX 30's 99 KiB, where the loop must not be pipelined; float32 (64 KiB) is,
+      and on an H100 both are;
+    - Triton keys its compiled kernels by each argument's specialization (an integer divisible by 16, a pointer
+      16-byte aligned); a full pass and a cached step with head size 12 differ in both, and must get one kernel;
+    - every product in the matrix product's and the attention's TTIR (an index times a stride) is 64-bit: in 32 bits
+      rows * stride_ym wraps once M * N reaches 2**31 (the LM head at vocabulary 50,304 over 42,692 rows), and the
+      attention's b * sqb once B * T * 3C does."""
+    results = without_interpreter(TRACE + SHARED_MEMORY + SPECIALIZATION + OFFSETS + "print(json.dumps(RESULTS))\n")
+    traced = results["trace"]
+    errors = {case: r for case, r in traced.items() if "symbolic" in case and isinstance(r, str)}
+    assert not errors, errors
+    for case, r in traced.items():
+        if "fake" in case:
+            assert r["shared"] == [], (case, r)
+            if "bias=False" in case:  # (with a bias, dw and db are two slices of one buffer, both written)
+                assert r["from"] == (["Y"] if case.startswith("fwd") else ["DW"]), (case, r)
+    shared = results["shared memory"]
+    for case, r in shared.items():
+        assert r["shared"] <= r["limit"], (case, r)
+    assert shared["sm_86 (RTX 30) torch.float32"]["stages"] == 2 and shared["sm_90 (H100) torch.float64"]["stages"] == 2
+    full_pass, cached_step = results["specialization"]
+    assert full_pass == cached_step
+    for case, types in results["offsets"].items():
         assert types, case  # (the kernel has index * stride products, read here)
         assert all(t == "i64" or t.endswith("xi64>") for t in types), (case, types)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# --cuda_graphs: what the capture is handed.
-
-
-@pytest.fixture
-def cuda_rng_is_the_cpus(monkeypatch):
-    """torch.cuda's generator state calls answered by the CPU's generator, which dropout draws from on the CPU."""
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
+# ---- --cuda_graphs: what the capture is handed ----
 
 
 def graphed_setup(tmp_path, *extra):
@@ -271,31 +236,14 @@ def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(tmp_path, monk
 
     def capture(module, sample):
         graphed = make_graphed_callables(module, sample)
-        after_capture.append(torch.get_rng_state())
+        after_capture.append((module, torch.get_rng_state()))
         return graphed
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
     cfg, run = graphed_setup(tmp_path, "--dropout=0.2")
     before = torch.get_rng_state()
     train.wrap(run.model, cfg, run.data, "cpu", "float32", Dist())
-    assert not torch.equal(after_capture[0], before)  # the warm-ups drew dropout masks
+    ((module, state),) = after_capture
+    assert not torch.equal(state, before)  # the warm-ups drew dropout masks
     assert torch.equal(torch.get_rng_state(), before)
-
-
-def test_the_graphed_micro_step_returns_only_the_loss(tmp_path, monkeypatch, cuda_rng_is_the_cpus):
-    """torch.cuda.make_graphed_callables gives each output that requires grad a gradient buffer that every replay's
-    backward fills: the logits ([B, T, vocab]) would get a zero-filled one copied each micro-step. The callable it is
-    handed returns the loss alone (flattened as the capture flattens outputs: torch's pytree)."""
-    captured = []
-
-    def capture(module: torch.nn.Module, sample: tuple[torch.Tensor, ...]) -> torch.nn.Module:
-        captured.append((module, sample))
-        return module
-
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
-    cfg, run = graphed_setup(tmp_path)
-    train.wrap(run.model, cfg, run.data, "cpu", "float32", Dist())
-    ((module, sample),) = captured
-    outputs = torch.utils._pytree.tree_flatten(module(*sample))[0]
-    assert [o.requires_grad for o in outputs] == [True] and outputs[0].dim() == 0  # the loss, a scalar
-    assert {id(p) for p in module.parameters()} == {id(p) for p in run.model.parameters()}
+    assert {id(p) for p in module.parameters()} == {id(p) for p in run.model.parameters()}  # the model itself

@@ -43,15 +43,8 @@ def fake_nanogpt(folder):
 def test_the_shares_add_up_to_the_budget_of_7_minutes(shakespeare_path, tmp_path, nanogpt):
     assert re.search(r"BUDGET=\$\{GPU_SH_BUDGET_S:-\$\(\(DRY \? 1260 : 420\)\)\}", TEXT)  # 7 minutes on a GPU
     extra = ["--nanogpt", str(fake_nanogpt(tmp_path / "nanogpt"))] if nanogpt else []
-    proc = run_gpu_sh(
-        "--dry-run",
-        "--input",
-        str(shakespeare_path),
-        *extra,
-        str(tmp_path / "out"),
-        GPU_SH_STEPS="none",
-        GPU_SH_BUDGET_S="420",
-    )
+    args = ["--dry-run", "--input", str(shakespeare_path), *extra, str(tmp_path / "out")]
+    proc = run_gpu_sh(*args, GPU_SH_STEPS="none", GPU_SH_BUDGET_S="420")
     assert proc.returncode == 0, proc.stderr
     plan = re.search(r"each step's share in s: (.*); sum (\d+) s\.", proc.stdout)
     shares = {name: int(s) for name, s in (item.rsplit(" ", 1) for item in plan[1].split(", "))}
@@ -71,15 +64,8 @@ SELECTED = ["data", "tests", "decode"]
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
     out = tmp_path / "out"
     nanogpt = fake_nanogpt(tmp_path / "nanogpt")
-    proc = run_gpu_sh(
-        "--dry-run",
-        "--input",
-        str(shakespeare_path),
-        "--nanogpt",
-        str(nanogpt),
-        str(out),
-        GPU_SH_STEPS=",".join(SELECTED),
-    )
+    args = ["--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), str(out)]
+    proc = run_gpu_sh(*args, GPU_SH_STEPS=",".join(SELECTED))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(PACKED)
     results = json.loads((out / "results.json").read_text())

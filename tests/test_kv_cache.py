@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TINY, needs_triton, norm_params, randomize_norms, sharpen_logits, tiny_model
+from helpers import TINY, needs_triton, randomize_norms, sharpen_logits, tiny_model
 from layernorm import LAYERNORMS
 from model import GPT, KVCache
 
@@ -49,18 +49,6 @@ def cached_windows(prompt_len: int, steps: int, block: int) -> list[tuple[int, i
 # --- within block_size: the cache changes nothing --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm", norm_params([*LAYERNORMS, "rmsnorm"], slow_triton=True))
-def test_cached_and_uncached_greedy_decoding_agree(norm: str) -> None:
-    model = tiny(norm)
-    idx = prompts(1, 10) if norm == "triton" else prompts(2, 5)  # the Triton interpreter is slow: keep it small
-    steps = BLOCK - idx.size(1)  # prompt + new tokens == block_size: the whole range where the paths agree
-    cached, cached_logits = model.generate(idx, steps, temperature=0, return_logits=True)
-    plain, plain_logits = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)
-    assert torch.equal(cached, plain)
-    assert cached_logits.shape == (idx.size(0), steps, TINY.vocab_size)
-    torch.testing.assert_close(cached_logits, plain_logits, rtol=0, atol=TOL)
-
-
 @pytest.mark.parametrize("norm", ["custom", "builtin"])
 def test_prefill_then_single_tokens_equal_one_full_forward(norm: str) -> None:
     model = tiny(norm)
@@ -99,20 +87,6 @@ def test_a_row_alone_and_in_a_batch_decode_the_same(norm: str, use_kv_cache: boo
     assert not torch.equal(together[1:, 6:], together[:1, 6:].expand(3, -1))  # the other rows are other text
 
 
-def test_sampling_is_the_same_with_and_without_the_cache_for_one_seed() -> None:
-    model = tiny()
-    idx = prompts(2, 3, seed=3)
-    runs = [
-        model.generate(
-            idx, 12, temperature=0.9, top_k=5, use_kv_cache=cache, generator=torch.Generator().manual_seed(7)
-        )
-        for cache in (True, False, True)
-    ]
-    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
-    greedy = model.generate(idx, 12, temperature=0)
-    assert torch.equal(model.generate(idx, 12, temperature=1.0, top_k=1), greedy)  # top_k=1 is greedy
-
-
 def reference_sampling(
     model: GPT, idx: torch.Tensor, steps: int, temperature: float, top_k: int, seed: int
 ) -> torch.Tensor:
@@ -133,37 +107,15 @@ def test_generate_for_a_seed_is_nanogpts_sampling_and_stream_yields_its_steps(us
     model = tiny()
     idx = prompts(2, 4, seed=6)
     steps = BLOCK - 4  # within block_size, where the cached path computes what the reference does
+    sampling = {"temperature": 0.8, "top_k": 6, "use_kv_cache": use_kv_cache}
     out, logits = model.generate(
-        idx,
-        steps,
-        temperature=0.8,
-        top_k=6,
-        use_kv_cache=use_kv_cache,
-        generator=torch.Generator().manual_seed(11),
-        return_logits=True,
+        idx, steps, **sampling, generator=torch.Generator().manual_seed(11), return_logits=True
     )
     assert torch.equal(out, reference_sampling(model, idx, steps, 0.8, 6, seed=11))
-    streamed = list(
-        model.stream(
-            idx, steps, temperature=0.8, top_k=6, use_kv_cache=use_kv_cache, generator=torch.Generator().manual_seed(11)
-        )
-    )
+    streamed = list(model.stream(idx, steps, **sampling, generator=torch.Generator().manual_seed(11)))
     assert [tuple(t.shape) for t, _ in streamed] == [(2, 1)] * steps
     assert torch.equal(torch.cat([idx, *(t for t, _ in streamed)], dim=1), out)
     assert torch.equal(torch.stack([step_logits for _, step_logits in streamed], dim=1), logits)
-    greedy = model.generate(idx, steps, temperature=0, use_kv_cache=use_kv_cache)
-    assert torch.equal(torch.cat([idx, *(t for t, _ in model.stream(idx, steps, temperature=0))], dim=1), greedy)
-
-
-def test_stream_checks_its_arguments_at_the_call_then_yields_one_step_at_a_time() -> None:
-    model = tiny()
-    idx = prompts(1, 3)
-    with pytest.raises(ValueError, match="temperature"):
-        model.stream(idx, 2, temperature=-1.0)  # raised by the call itself, before any next()
-    decoded = model.stream(idx, 3, temperature=0)
-    first, _ = next(decoded)
-    assert torch.equal(first, model.generate(idx, 1, temperature=0)[:, -1:])
-    assert len(list(decoded)) == 2  # max_new_tokens steps in all
 
 
 # --- past block_size: each path computes exactly the window it documents -------------------------------------------
@@ -188,19 +140,6 @@ def test_cached_overflow_refills_the_last_half_block(prompt_len: int) -> None:
     assert same and torch.allclose(plain[:, same], logits[:, same], rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("prompt_len", [6, BLOCK + 4])
-def test_uncached_overflow_slides_the_last_block(prompt_len: int) -> None:
-    model = tiny()
-    idx = prompts(2, prompt_len, seed=5)
-    steps = BLOCK + 5
-    out, logits = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)
-    assert out.shape == (2, prompt_len + steps) and torch.equal(out[:, :prompt_len], idx)
-    for step in range(steps):
-        end = prompt_len + step
-        want = last_logits(model, out[:, max(0, end - BLOCK) : end])
-        torch.testing.assert_close(logits[:, step], want, rtol=0, atol=TOL, msg=f"step {step}")
-
-
 # --- bad input -------------------------------------------------------------------------------------------------------
 
 
@@ -210,6 +149,8 @@ def test_generate_rejects_bad_input_with_clear_errors() -> None:
     for temperature in (-0.5, float("nan")):
         with pytest.raises(ValueError, match="temperature"):
             model.generate(idx, 2, temperature=temperature)
+    with pytest.raises(ValueError, match="temperature"):
+        model.stream(idx, 2, temperature=-1.0)  # raised by the call itself, before any next()
     with pytest.raises(ValueError, match="top_k"):
         model.generate(idx, 2, top_k=0)
     with pytest.raises(ValueError, match=r"shape \[B, T\]"):

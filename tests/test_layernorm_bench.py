@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 import layernorm
 from bench import kernels
-from helpers import ROOT, needs_triton
+from helpers import needs_triton, python
 
 
 def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
@@ -56,18 +55,11 @@ def test_overhead_stubs_the_launches_and_puts_them_back():
 @pytest.mark.slow  # the script re-executes itself: two processes, twice
 @pytest.mark.skipif(sys.platform != "linux", reason="the allocator settings are glibc's")
 def test_script_reruns_itself_with_glibc_keeping_freed_memory(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    malloc = tuple(k for k in os.environ if k.startswith("MALLOC_"))
     modes = []
     for extra in ([], ["--system-malloc"]):
         argv = ["--device", "cpu", "--rows", "8", "--sizes", "16", "--impls", "builtin", "--reps", "1"]
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.kernels", *argv, *extra, "--out", str(tmp_path / "r.json")],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        proc = python("-m", "bench.kernels", *argv, *extra, "--out", tmp_path / "r.json", timeout=300, drop=malloc)
         assert proc.returncode == 0, proc.stderr
         modes.append(json.loads((tmp_path / "r.json").read_text())["malloc"])
     assert modes == ["steady", "system default"]

@@ -1,5 +1,5 @@
 """A new run never silently replaces another run's checkpoint: it is refused in one line that says the three ways
-on (another --out_dir, --init_from=resume, --overwrite=True); resume and an explicit overwrite still work. And what
+on (another --out_dir, --init_from=resume, --overwrite=True), and --overwrite=True replaces it. And what
 a run says at start-up about itself: where its norms sit, and a learning rate that will not decay fully."""
 
 from __future__ import annotations
@@ -10,67 +10,48 @@ import pytest
 
 import train
 from checkpoint import CheckpointError, load_checkpoint
-from helpers import assert_one_line_error, make_dataset, tiny_args, train_cli
+from helpers import assert_one_line_error, tiny_args, train_cli
 
 
-@pytest.fixture
-def run(tmp_path: Path) -> tuple[Path, Path]:
-    """A finished 4-iteration run: (data_dir, out_dir holding its ckpt.pt)."""
-    data = make_dataset(tmp_path / "data")
-    out = tmp_path / "out"
-    train.main(tiny_args(data, out, "--max_iters=4", "--eval_interval=4"))
-    return data, out
-
-
-def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line(
-    run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless_it_overwrites(
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data, out = run
+    out = tmp_path / "out"
+    train.main(tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=4"))
     before = (out / "ckpt.pt").read_bytes()
-    proc = train_cli(capsys, tiny_args(data, out, "--max_iters=2", "--seed=7"))
+    proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=2", "--seed=7"))
     err = assert_one_line_error(proc, 1, str(out / "ckpt.pt"), "--out_dir", "--init_from=resume", "--overwrite=True")
     assert err.startswith("error: ")
     assert (out / "ckpt.pt").read_bytes() == before  # untouched
     with pytest.raises(CheckpointError):  # the same from train.main, before any data or model is loaded
-        train.main(tiny_args(data / "missing", out, "--max_iters=2"))
-
-
-def test_resume_into_that_folder_still_continues_the_run(run: tuple[Path, Path]) -> None:
-    _, out = run
-    summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=6", "--sample_at_end=False"])
-    assert summary["iters"] == 6
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 6
-
-
-def test_overwrite_replaces_the_checkpoint_with_the_new_runs(run: tuple[Path, Path]) -> None:
-    data, out = run
+        train.main(tiny_args(tmp_path / "missing", out, "--max_iters=2"))
+    # --overwrite=True replaces it with the new run's
     assert load_checkpoint(out / "ckpt.pt")["config"]["seed"] == 1337
-    train.main(tiny_args(data, out, "--max_iters=2", "--eval_interval=2", "--seed=7", "--overwrite=True"))
+    train.main(tiny_args(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--seed=7", "--overwrite=True"))
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["iter_num"] == 2 and ckpt["config"]["seed"] == 7
 
 
-def test_a_new_run_into_a_folder_without_a_checkpoint_is_not_refused(tmp_path: Path) -> None:
-    data = make_dataset(tmp_path / "data")
+def test_a_new_run_into_a_folder_without_a_checkpoint_is_not_refused(tmp_path: Path, tiny_data: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine", encoding="utf-8")
-    train.main(tiny_args(data, tmp_path / "out", "--max_iters=2", "--eval_interval=2"))
+    train.main(tiny_args(tiny_data, tmp_path / "out", "--max_iters=2", "--eval_interval=2"))
     assert load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 2
 
 
 def test_start_up_says_post_norm_and_a_learning_rate_that_will_not_decay_fully(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = make_dataset(tmp_path / "data")
     # helpers.TINY decays over 40 iterations: a 3-iteration run ends far above min_lr
-    train.main(tiny_args(data, tmp_path / "post", "--max_iters=3", "--norm_position=post"))
+    train.main(tiny_args(tiny_data, tmp_path / "post", "--max_iters=3", "--norm_position=post"))
     out = capsys.readouterr().out
     assert "training from scratch: norm=builtin, post-norm," in out
     note = next(line for line in out.splitlines() if line.startswith("note: lr_decay_iters"))
     assert "lr_decay_iters=40 is past max_iters=3" in note and "--lr_decay_iters=3" in note
     ends_at = float(note.split("ends at ")[1].split(",")[0])
-    assert ends_at == pytest.approx(train.get_lr(2, train.build_config(train.parse_args(tiny_args(data, tmp_path)))))
+    cfg = train.build_config(train.parse_args(tiny_args(tiny_data, tmp_path)))
+    assert ends_at == pytest.approx(train.get_lr(2, cfg))
     assert ends_at > 5e-4  # far from min_lr (1e-4): the point of the note
-    train.main(tiny_args(data, tmp_path / "pre", "--max_iters=3", "--lr_decay_iters=3"))
+    train.main(tiny_args(tiny_data, tmp_path / "pre", "--max_iters=3", "--lr_decay_iters=3"))
     out = capsys.readouterr().out
     assert "norm=builtin, pre-norm," in out and "note: lr_decay_iters" not in out

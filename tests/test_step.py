@@ -50,36 +50,11 @@ def assert_same_parameters(a: GPT, b: GPT) -> None:
         torch.testing.assert_close(p, q, rtol=RTOL, atol=ATOL, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_configure_optimizers_fuses_on_cpu():
-    optimizer = new_model().configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    assert all(group["fused"] for group in optimizer.param_groups)
-
-
-def test_fused_adamw_resumes_the_loops_checkpoint():
-    """The loop's optimizer state (a checkpoint from before AdamW was fused on a CPU) carries on in the fused
-    kernel: the steps after it are the loop's own."""
-    model = new_model()
-    loop = loop_optimizer(model)
-    train(model, loop, 3)
-    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
-    saved_optimizer = copy.deepcopy(loop.state_dict())  # (its tensors are the live state, updated in place)
-    train(model, loop, 2, seed=2)  # the loop, uninterrupted
-
-    resumed = new_model()
-    resumed.load_state_dict(saved_model)
-    fused = resumed.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
-    data_gen = torch.Generator()
-    ckpt = {"optimizer": saved_optimizer, "rng": rng_state(data_gen), "iter_num": 3, "best_val_loss": 1.0}
-    restore_training_state(ckpt, fused, torch.amp.GradScaler("cpu", enabled=False), data_gen, Path("ckpt.pt"))
-    assert all(group["fused"] for group in fused.param_groups)  # not the saved groups' fused=False
-    train(resumed, fused, 2, seed=2)
-    assert_same_parameters(resumed, model)
-
-
-def test_the_loops_step_counters_become_the_fused_optimizers_own():
-    """torch moves each step counter onto its parameter's device, in float32, only where the saved param group says
-    fused: resumed with fused AdamW, a checkpoint of the loop gets the counters a fused optimizer makes itself, not
-    the loop's (on a GPU: on the CPU; here, where the loop ran under a float64 default dtype: float64)."""
+def test_fused_adamw_resumes_the_loops_checkpoint_with_its_steps_and_counters():
+    """configure_optimizers fuses on a CPU, and a resume keeps it fused (not the saved groups' fused=False); the
+    steps after it are the loop's own. torch moves each step counter onto its parameter's device, in float32, only
+    where the param group says fused: the loop's counters (float64 here, where it ran under a float64 default
+    dtype) become the ones a fused optimizer makes itself."""
     model = new_model()
     loop = loop_optimizer(model)
     default = torch.get_default_dtype()
@@ -88,24 +63,21 @@ def test_the_loops_step_counters_become_the_fused_optimizers_own():
         train(model, loop, 3)
     finally:
         torch.set_default_dtype(default)
-    saved = copy.deepcopy(loop.state_dict())
-    assert {s["step"].dtype for s in saved["state"].values()} == {torch.float64}
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_optimizer = copy.deepcopy(loop.state_dict())  # (its tensors are the live state, updated in place)
+    assert {s["step"].dtype for s in saved_optimizer["state"].values()} == {torch.float64}
+    train(model, loop, 2, seed=2)  # the loop, uninterrupted
 
-    fresh = new_model()
-    fresh_fused = fresh.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
-    train(fresh, fresh_fused, 1)
-    made = {(s["step"].dtype, s["step"].device) for s in fresh_fused.state.values()}
     resumed = new_model()
-    resumed.load_state_dict(model.state_dict())
+    resumed.load_state_dict(saved_model)
     fused = resumed.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
     data_gen = torch.Generator()
-    ckpt = {"optimizer": saved, "rng": rng_state(data_gen), "iter_num": 3, "best_val_loss": 1.0}
+    ckpt = {"optimizer": saved_optimizer, "rng": rng_state(data_gen), "iter_num": 3, "best_val_loss": 1.0}
     restore_training_state(ckpt, fused, torch.amp.GradScaler("cpu", enabled=False), data_gen, Path("ckpt.pt"))
-    assert (
-        {(s["step"].dtype, s["step"].device) for s in fused.state.values()}
-        == made
-        == {(torch.float32, torch.device("cpu"))}
-    )
-    assert {s["step"].item() for s in fused.state.values()} == {3.0}
-    train(resumed, fused, 1)
-    assert {s["step"].item() for s in fused.state.values()} == {4.0}
+    assert all(group["fused"] for group in fused.param_groups)
+    assert {(s["step"].dtype, s["step"].device, s["step"].item()) for s in fused.state.values()} == {
+        (torch.float32, torch.device("cpu"), 3.0)
+    }
+    train(resumed, fused, 2, seed=2)
+    assert_same_parameters(resumed, model)
+    assert {s["step"].item() for s in fused.state.values()} == {5.0}

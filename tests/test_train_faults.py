@@ -51,16 +51,7 @@ def test_kill_9_then_resume_continues_the_same_run(
     resumed = train_cli(capsys, args + ["--init_from=resume", f"--max_iters={n}"])
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming {tmp_path / 'run' / 'ckpt.pt'} at iteration {k}" in resumed.stdout
-    train.main(
-        tiny_args(
-            tiny_data,
-            tmp_path / "whole",
-            "--eval_interval=10",
-            "--lr_decay_iters=200",
-            "--dropout=0.1",
-            f"--max_iters={n}",
-        )
-    )
+    train.main([*args, f"--out_dir={tmp_path / 'whole'}", f"--max_iters={n}"])  # (a later flag wins)
     whole = train_losses(tmp_path / "whole")
     assert sorted(whole) == list(range(n))
     # metrics.jsonl of the killed-and-resumed run reads as one run: the killed tail was replaced.
@@ -95,14 +86,8 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
     run with exactly the losses of an uninterrupted one."""
     out = tmp_path / "run"
-    args = tiny_args(
-        tiny_data,
-        out,
-        "--eval_interval=1000",
-        "--lr_decay_iters=200",
-        "--dropout=0.1",
-        f"--always_save_checkpoint={always_save}",
-    )
+    flags = ["--eval_interval=1000", "--lr_decay_iters=200", "--dropout=0.1", f"--always_save_checkpoint={always_save}"]
+    args = tiny_args(tiny_data, out, *flags)
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: n_train_records(out) >= 5, proc)
     proc.send_signal(sig)
@@ -120,16 +105,7 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     n = k + 4
     resumed = run_printed_command(capsys, command, f"--max_iters={n}")
     assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed
-    train.main(
-        tiny_args(
-            tiny_data,
-            tmp_path / "whole",
-            "--eval_interval=1000",
-            "--lr_decay_iters=200",
-            "--dropout=0.1",
-            f"--max_iters={n}",
-        )
-    )
+    train.main([*args, f"--out_dir={tmp_path / 'whole'}", "--always_save_checkpoint=True", f"--max_iters={n}"])
     assert sorted(train_losses(tmp_path / "whole")) == list(range(n))
     assert train_losses(out) == train_losses(tmp_path / "whole")
 
