@@ -324,7 +324,8 @@ def _backward(
     x2, stride_x = _rows(x, C)
     dy2, stride_dy = _rows(dy, C)
     if stride_dy == 0:  # an expanded dy (stride 0 over rows) is written out: the kernel reads each of its rows
-        dy2, stride_dy = dy2.contiguous(), C
+        dy2 = dy2.contiguous()
+        stride_dy = C
     N = x2.numel() // C
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     block, one_block, warps = _block_config(int(C), max_block)

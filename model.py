@@ -99,9 +99,9 @@ class KVCache:
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
-        start, end = self.length, self.length + k.size(2)
-        self.keys[layer][:, :, start:end] = k
-        self.values[layer][:, :, start:end] = v
+        end = self.length + k.size(2)
+        self.keys[layer][:, :, self.length : end] = k
+        self.values[layer][:, :, self.length : end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
@@ -267,7 +267,8 @@ class GPT(nn.Module):
         Returns the tokens [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled
         from, [B, max_new_tokens, vocab_size]: the steps of `stream`. Past block_size: see the module docstring.
         """
-        tokens, all_logits = [idx], []
+        tokens = [idx]
+        all_logits = []
         for next_tokens, logits in self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator):
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
@@ -317,7 +318,8 @@ class GPT(nn.Module):
             # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
             # the start (as much of the prompt as fits), half a block when a full cache overflows.
             keep = block if cache.length == 0 else max(1, block // 2)
-            cache.length, cache.start = 0, idx.size(1) - keep  # forget it all; cache again from token `start`
+            cache.length = 0  # forget it all; cache again from token `start`
+            cache.start = idx.size(1) - keep
         new_tokens = idx[:, cache.start + cache.length :]
         return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
 

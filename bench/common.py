@@ -61,7 +61,8 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
     timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), proc.kill()))
     if timeout_s:
         timer.start()  # kills a child that has gone silent, too
-    t0, lines = time.perf_counter(), []
+    t0 = time.perf_counter()
+    lines = []
     assert proc.stdout is not None
     for raw in proc.stdout:
         lines.append(raw.rstrip("\n"))

@@ -30,7 +30,8 @@ from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
 PATHS = ("uncached", "cached", "mode", "linears")
-MATMUL_ROWS, MATMUL_WIDTHS = (1, 2, 4, 8, 16, 32, 64), (384, 1536)
+MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
+MATMUL_WIDTHS = (384, 1536)
 
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
@@ -141,7 +142,8 @@ def decode_table(result: dict[str, Any]) -> str:
     paths = result["paths"]
     rows = []
     for r in result["runs"]:
-        tps, cached = r["tokens_per_s"], r["tokens_per_s"].get("cached")
+        tps = r["tokens_per_s"]
+        cached = tps.get("cached")
         rates = [f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths]
         ratios = [ratio(cached, tps.get("uncached"), "x"), ratio(cached, tps.get("mode"), "x")]
         checks = [r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]]
@@ -158,7 +160,8 @@ def decode_table(result: dict[str, Any]) -> str:
 def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows: tuple[int, ...]) -> list[dict]:
     """F.linear stock and in the mode, M rows against a K x K weight: microseconds per call, and how far the M rows
     are from the same rows computed among 64 (0: the row does not depend on its company)."""
-    out, gen = [], torch.Generator().manual_seed(0)
+    out = []
+    gen = torch.Generator().manual_seed(0)
     for dtype in dtypes:
         for k in widths:
             w = (torch.randn(k, k, generator=gen) / k**0.5).to(device, dtype)
@@ -217,7 +220,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.matmul:
             dtypes = [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else [])
             runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
-            result, table = {"device": device, "matmul": runs}, matmul_table(runs, device)
+            result = {"device": device, "matmul": runs}
+            table = matmul_table(runs, device)
         else:
             args.paths = paths_here(args.paths, device)
             settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}

@@ -32,13 +32,15 @@ def weight_gap(a: Path, b: Path) -> float:
     """The largest absolute difference between two checkpoints' weights."""
     from checkpoint import load_checkpoint
 
-    wa, wb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    wa = load_checkpoint(a)["model"]
+    wb = load_checkpoint(b)["model"]
     return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
 
 
 def compare(straight: Path, resumed: Path, rtol: float) -> dict[str, Any]:
     """The two runs' logged losses side by side, their largest relative gap, the final weights' largest gap."""
-    a, b = logged(straight), logged(resumed)
+    a = logged(straight)
+    b = logged(resumed)
     rows = [[kind, it, a[kind, it], b.get((kind, it))] for kind, it in sorted(a)]
     gaps = [abs(x - y) / abs(x) if y is not None else float("inf") for _, _, x, y in rows]
     gap = max(gaps, default=float("inf"))
@@ -53,7 +55,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     flags = [args.config, f"--device={args.device}", *(f"--{item}" for item in args.set)]  # --set device=X wins
     flags += [f"--eval_interval={CUT}", "--log_interval=1", "--sample_at_end=False"]
     with tempfile.TemporaryDirectory(prefix="bench_resume_") as work:
-        straight, resumed = Path(work, "straight"), Path(work, "resumed")
+        straight = Path(work, "straight")
+        resumed = Path(work, "resumed")
         for cmd in (  # the resumed run as a user resumes one: its options are the checkpoint's
             [*flags, f"--out_dir={straight}", f"--max_iters={ITERS}"],
             [*flags, f"--out_dir={resumed}", f"--max_iters={CUT}"],
