@@ -6,10 +6,7 @@ alone at decoding shapes, stock F.linear against the mode's.
     python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
     python -m bench.decoding --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --norms builtin,custom  # nanoGPT's
 
-Random-init models of each --sizes config (seed 1337), or a checkpoint (--out_dir or --ckpt; this project's or
-nanoGPT's) with each of --norms; the paths alternate after a warm-up. Checked on the way: cached and uncached agree
-up to block_size (past it they keep different windows: model.py's docstring), the mode's tokens equal stock's, and
-every norm decodes the first's tokens. bench/README.md says the rest.
+What is timed and checked on the way (cached against uncached, the mode's tokens against stock's): bench/README.md.
 """
 
 from __future__ import annotations

@@ -4,11 +4,8 @@
     python -m bench.kernels --device cuda --out layernorm_gpu.json     # CUDA: bf16 and fp32, C 768..8192, 32768 rows
     python -m bench.kernels --overhead --repeats 9 --out bench/results/triton_overhead_cpu.json  # us per call, [8, 384]
 
-naive (autograd through the formula) is what the hand-written backward must beat. A perfect forward moves 2 * rows *
-C elements (read x, write y), forward+backward 5 (also read dy, write dx): GB/s is that over the time. On the CPU
-the implementations take turns call by call, so a drifting machine shifts them alike. With --overhead on the CPU the
-kernel launches are no-ops, so what is timed is the Python around them; on a GPU a call that small is the CPU's
-side too. bench/README.md says the rest.
+naive (autograd through the formula) is what the hand-written backward must beat. How each figure is timed and
+what GB/s counts: bench/README.md.
 """
 
 from __future__ import annotations

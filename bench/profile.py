@@ -27,10 +27,8 @@ from options import TrainConfig
 from step import train_step
 
 STEPS = 10  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
-# Each profiled op goes to the first category that its own name or one of its callers' names (outermost first)
-# matches. Callers: this profile's ranges (data, norm), torch's autograd nodes and optimizer ranges. The clip's ops
-# are known by name (clip_grad_norm_: _foreach_norm, stack, linalg_vector_norm, reciprocal, clamp, _foreach_mul_);
-# its few scalar adds and casts stay in everything else.
+# An op goes to the first category its own name or a caller's (outermost first) matches (bench/README.md); the
+# clip's ops by name: _foreach_norm, stack, linalg_vector_norm, reciprocal, clamp, _foreach_mul_.
 CATEGORIES = {
     "matrix products": re.compile(r"^aten::(linear|mm|addmm|bmm|baddbmm|matmul)$|: (Mm|Addmm|Bmm|Baddbmm)Backward"),
     "attention": re.compile(r"scaled_dot_product|ScaledDotProduct|^aten::_softmax|SoftmaxBackward"),

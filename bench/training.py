@@ -4,10 +4,8 @@
     python -m bench.training --compare --out bench/results/compare_norms_cpu/table.json   # every norm, val_loss.png
     python -m bench.training --whole --norms builtin --nanogpt ../nanogpt --repeats 3   # the whole run, wall and RSS
 
-Each run is a fresh child process (no allocator, thread pool or compiled kernel leaks into the next); the sides (norm
-x --modes, and nanoGPT) alternate, A B C A B C, --repeats times. ms/iter is the median over the timed steps, evals
-left out on both sides; "train s to val" sums the step times up to the first eval at or below --target_val. How
-each figure is read, on each side: bench/README.md.
+Each run is a fresh child process, so no allocator, thread pool or compiled kernel leaks into the next. How the
+sides alternate and how each figure is read, on each side: bench/README.md.
 """
 
 from __future__ import annotations
