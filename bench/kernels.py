@@ -200,12 +200,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if (
-        sys.platform == "linux"
-        and "--system-malloc" not in sys.argv
-        and any(os.environ.get(k) != v for k, v in STEADY_MALLOC.items())
-    ):
-        os.execve(
-            sys.executable, [sys.executable, "-m", "bench.kernels", *sys.argv[1:]], {**os.environ, **STEADY_MALLOC}
-        )
+    steady = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())
+    if sys.platform == "linux" and "--system-malloc" not in sys.argv and not steady:
+        argv = [sys.executable, "-m", "bench.kernels", *sys.argv[1:]]
+        os.execve(sys.executable, argv, {**os.environ, **STEADY_MALLOC})
     main()
