@@ -66,10 +66,8 @@ def paths_here(paths: list[str], device: str) -> list[str]:
 
 
 def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
-    """steps -> None: the model's Linear layers, in a cached step's order, on one token per row, `steps` times.
-
-    A cached step runs these same matrix products and more, so their speed alone is the most that decoding can
-    reach without computing them differently; at batch 1 each one streams its whole weight from memory."""
+    """steps -> None: the model's Linear layers, in a cached step's order, on one token per row, `steps` times
+    (LINEARS_NOTE says what that measures)."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(batch, 1, m.in_features, device=device) for m in layers]
 
