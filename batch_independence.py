@@ -232,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, state, source = base_weights(args)
     except (DeviceError, ValueError) as e:  # a bad device, or a config file that is not a model (GPTConfig says why)
         raise SystemExit(f"error: --{'device' if isinstance(e, DeviceError) else 'config'}: {e}") from None
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 computed as float32
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 computed as float32
+    torch.backends.cudnn.allow_tf32 = False
     notes = []  # from here on, args.prompt_len and args.new_tokens are what ran
     if args.prompt_len + args.new_tokens > config.block_size:  # check (2) compares within one block (see model.py)
         args.prompt_len = min(args.prompt_len, max(1, config.block_size // 2))

@@ -55,7 +55,8 @@ def category(event: Any) -> str:
 
 def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
     """GFLOP/s of the step's own matrix products (each op and input shape), each timed alone, FLOP-weighted."""
-    total_flops = total_s = 0.0
+    total_flops = 0.0
+    total_s = 0.0
     for (name, dims), (count, flops) in shapes.items():
         args = [torch.randn(d, device=device) for d in dims]
         op = getattr(torch, name.removeprefix("aten::"))
