@@ -2,11 +2,8 @@
 Linear layers alone as a cached step runs them (the ceiling for these matrix products); and the matrix product
 alone at decoding shapes, stock F.linear against the mode's.
 
-    python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, every path
-    python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
-    python -m bench.decoding --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --norms builtin,custom  # nanoGPT's
-
-What is timed and checked on the way (cached against uncached, the mode's tokens against stock's): bench/README.md.
+The commands, what is timed and what is checked on the way (cached against uncached, the mode's tokens against
+stock's): bench/README.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The LayerNorms alone: forward, and forward+backward, per implementation at [rows, C]; or the Python cost per call.
 
-    python -m bench.kernels --out bench/results/layernorm_cpu.json     # CPU: C 128, 384, 768, 4096 at 16384 rows
-    python -m bench.kernels --device cuda --out layernorm_gpu.json     # CUDA: bf16 and fp32, C 768..8192, 32768 rows
-    python -m bench.kernels --overhead --repeats 9 --out bench/results/triton_overhead_cpu.json  # us per call, [8, 384]
-
-naive (autograd through the formula) is what the hand-written backward must beat. How each figure is timed and
-what GB/s counts: bench/README.md.
+naive (autograd through the formula) is what the hand-written backward must beat. The commands, how each figure
+is timed and what GB/s counts: bench/README.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Where a training step goes: a few steps per norm under torch.profiler, in this process, as train.py takes them.
 
-    python -m bench.profile --norms builtin,triton --config configs/shakespeare_char.json --out profile.json
-    OMP_NUM_THREADS=1 python -m bench.profile --norms builtin --out bench/results/step_cpu/profile_cpu.json
-
-Each step is a batch of the prepared data and step.train_step, then the loss read back as at a log line. What is
-reported, and the figure beside --out: bench/README.md.
+Each step is a batch of the prepared data and step.train_step, then the loss read back as at a log line. The
+commands, what is reported, and the figure beside --out: bench/README.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Does a resumed run continue the run it was cut from? 2 + 2 iterations of train.py, the second two resumed from
 the first two's checkpoint, against 4 straight, every other option the same.
 
-    python -m bench.resume --config configs/shakespeare_char.json --set cuda_graphs=True --set dropout=0.2
-
 Both runs evaluate at 2, where the first part stops, so both draw alike. Exits 1 if the losses differ by more than
---rtol (0: bit-identical, as on a CPU), or a run failed; what is compared: bench/README.md.
+--rtol (0: bit-identical, as on a CPU), or a run failed; the command and what is compared: bench/README.md.
 """
 
 from __future__ import annotations

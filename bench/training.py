@@ -1,11 +1,7 @@
 """Training speed: train.py per norm and per mode, beside nanoGPT; the norm comparison (--compare); the whole run.
 
-    python -m bench.training --norms custom,builtin --nanogpt ../nanogpt --out bench/results/train_cpu.json
-    python -m bench.training --compare --out bench/results/compare_norms_cpu/table.json   # every norm, val_loss.png
-    python -m bench.training --whole --norms builtin --nanogpt ../nanogpt --repeats 3   # the whole run, wall and RSS
-
-Each run is a fresh child process, so no allocator, thread pool or compiled kernel leaks into the next. How the
-sides alternate and how each figure is read, on each side: bench/README.md.
+Each run is a fresh child process, so no allocator, thread pool or compiled kernel leaks into the next. The
+commands, how the sides alternate and how each figure is read, on each side: bench/README.md.
 """
 
 from __future__ import annotations
