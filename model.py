@@ -15,13 +15,10 @@ activations of shape [B, 1, C]. That is the same computation as re-running the w
 norm here takes its statistics from each token's own features (batch_independence.py shows it, and BatchNorm
 breaking it).
 
-Past block_size tokens the context must be cut (the model learned absolute positions 0..block_size-1), and a cut
-shifts every kept token to a new position, so cached keys go stale. Without the cache (nanoGPT's way) every step
-sees the last block_size tokens: a window sliding by one. With the cache, when it is full, the last block_size // 2
-tokens are prefilled afresh at positions 0..block_size//2-1 and decoding goes on: a window jumping by half a block,
-so a step sees between block_size // 2 and block_size tokens (sliding by one with a cache would recompute the whole
-window every step, what the uncached path already does). Each is an exact computation of the model on the context
-it keeps; tests/test_kv_cache.py checks that, and that the two agree up to block_size tokens in all.
+Past block_size tokens the context must be cut (the model learned positions 0..block_size-1), and a cut moves
+every kept token, so cached keys go stale. Without the cache every step sees the last block_size tokens (nanoGPT's
+sliding window); with it, a full cache is prefilled afresh from the last block_size // 2 tokens, since sliding by
+one would recompute the whole window every step. Each is exact on the context it keeps (tests/test_kv_cache.py).
 """
 
 from __future__ import annotations
