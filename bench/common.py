@@ -48,14 +48,9 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
     process's size when it started the child: the kernel carries that over fork and exec)."""
     from device import maxrss_bytes
 
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        list(cmd),
-        cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
+        list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
     killed = threading.Event()
     timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), proc.kill()))
