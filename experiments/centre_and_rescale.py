@@ -167,18 +167,9 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
     ax.grid(alpha=0.3)
     ax.legend()
     common.save_figure(fig, results / "centre_and_rescale.png")
-    common.write_json(
-        results / "centre_and_rescale.json",
-        args.argv,
-        {
-            "config": CONFIG,
-            "eval_interval": args.eval_interval,
-            "eval_batches": args.eval_batches,
-            "this_invocation_s": round(run_time, 1),
-            "table": table,
-            "runs": runs,
-        },
-    )
+    record = {"config": CONFIG, "eval_interval": args.eval_interval, "eval_batches": args.eval_batches}
+    record |= {"this_invocation_s": round(run_time, 1), "table": table, "runs": runs}
+    common.write_json(results / "centre_and_rescale.json", args.argv, record)
     print(text)
 
 
