@@ -226,16 +226,9 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
     sched = schedule(args, cfg)
     names = [f"{n} {m}" for n, m in sides] + (["nanogpt"] if args.nanogpt else [])
     plan = [(rep, name, side) for rep in range(args.repeats) for name, side in zip(names, [*sides, None], strict=False)]
-    result = {
-        "device": device,
-        "config": {"config": args.config, **dataclasses.asdict(cfg)},
-        "schedule": sched,
-        "repeats": args.repeats,
-        "target_val": args.target_val,
-        "skipped": skipped,
-        "sides": {},
-        "runs": {name: [] for name in names},
-    }
+    result = {"device": device, "config": {"config": args.config, **dataclasses.asdict(cfg)}, "schedule": sched}
+    result |= {"repeats": args.repeats, "target_val": args.target_val, "skipped": skipped}
+    result |= {"sides": {}, "runs": {name: [] for name in names}}  # filled run by run
     if args.nanogpt:
         result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
