@@ -160,8 +160,7 @@ def run_row(
         # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over the sequences
         cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
         if not batch_error:  # the last chosen token is never fed back
-            tokens, cached = batch[0][:, :-1], batch[1]
-            cached_vs_full = compare(lambda: (model(tokens)[0][:, prompts.size(1) - 1 :], cached))
+            cached_vs_full = compare(lambda: (model(batch[0][:, :-1])[0][:, prompts.size(1) - 1 :], batch[1]))
         ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
         norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
     checks = (alone_vs_batch, cached_vs_full, norm_alone)  # the mode promises the same bits: tolerance 0
@@ -179,9 +178,11 @@ def run_row(
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """One world's rows as aligned text lines."""
-    cells, diff = [HEADER], lambda d: "error" if d is None else "bit-exact" if d == 0 else f"{d:.1e}"
+    cells = [HEADER]
+    diff = lambda d: "error" if d is None else "bit-exact" if d == 0 else f"{d:.1e}"
     for r in rows:
-        ab, steps = r["alone_vs_batch"], len(r["alone_vs_batch"]["per_step_max_abs_diff"])
+        ab = r["alone_vs_batch"]
+        steps = len(ab["per_step_max_abs_diff"])
         tokens = f"{steps}/{steps} agree"  # if they agree, every step was compared
         if ab["first_divergent_step"] is not None:
             tokens = f"differ from step {ab['first_divergent_step']}"
@@ -231,18 +232,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, state, source = base_weights(args)
     except (DeviceError, ValueError) as e:  # a bad device, or a config file that is not a model (GPTConfig says why)
         raise SystemExit(f"error: --{'device' if isinstance(e, DeviceError) else 'config'}: {e}") from None
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 computed as float32
-    notes, worlds = [], list(WORLDS)  # from here on, args.prompt_len and args.new_tokens are what ran
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 computed as float32
+    torch.backends.cudnn.allow_tf32 = False
+    notes = []  # from here on, args.prompt_len and args.new_tokens are what ran
     if args.prompt_len + args.new_tokens > config.block_size:  # check (2) compares within one block (see model.py)
         args.prompt_len = min(args.prompt_len, max(1, config.block_size // 2))
         args.new_tokens = max(1, config.block_size - args.prompt_len)
         notes.append(f"prompt {args.prompt_len} + new {args.new_tokens} tokens, to fit block_size {config.block_size}")
     if why := refusal(device):  # the mode refuses a device it has no implementation for
-        notes, worlds = [*notes, f"no batch-invariant rows: {why}"], ["rows"]
+        notes.append(f"no batch-invariant rows: {why}")
     gen = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(config.vocab_size, (args.batch_size, args.prompt_len), generator=gen).to(device)
     x = (torch.randn(args.batch_size, args.prompt_len, config.n_embd, generator=gen) * 2 + 1).to(device)
-    rows, skipped = {world: [] for world in worlds}, {}
+    worlds = ["rows"] if why else list(WORLDS)
+    rows = {world: [] for world in worlds}
+    skipped = {}
     for name in args.rows:  # the Triton norm refuses to build, or its first forward refuses, where it cannot run
         try:
             for world in worlds:

@@ -121,9 +121,9 @@ def attention(
         for i, n in enumerate(counts):
             # All heads at once, on the same shapes and memory layout whether cached or not: [nh, 1, hs] queries,
             # [nh, n, hs] keys and values (copies of a prefix that would otherwise be strided by S)
-            keys, values = k[b, :, :n].contiguous(), v[b, :, :n].contiguous()
+            keys = k[b, :, :n].contiguous()
             weights = torch.softmax(q[b, i].unsqueeze(1) @ keys.transpose(1, 2), dim=-1)  # [nh, 1, n]
-            out.append(weights @ values)  # [nh, 1, hs]
+            out.append(weights @ v[b, :, :n].contiguous())  # [nh, 1, hs]
     return torch.stack(out).view(B, T, nh, hs).transpose(1, 2)
 
 

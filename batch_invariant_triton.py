@@ -106,7 +106,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(
             f"batch_invariant() linear takes {', '.join(map(str, LINEAR_TILES))} inputs of one dtype, got {got}"
         )
-    K, N = x.size(-1), weight.size(0)
+    K = x.size(-1)
+    N = weight.size(0)
     x2 = x.reshape(-1, K)  # a view where it can be; strides are read as they are
     y = torch.empty(x2.size(0), N, dtype=x.dtype, device=x.device)
     block_m, block_n, block_k, warps = LINEAR_TILES[x.dtype]
@@ -160,7 +161,8 @@ def attention_kernel(
     BLOCK_D: tl.constexpr,
 ):
     i = tl.program_id(0).to(tl.int64)  # 64-bit indices: b * sqb cannot wrap once B * T * 3C passes 2**31
-    b, h = tl.program_id(1).to(tl.int64) // H, tl.program_id(1).to(tl.int64) % H
+    b = tl.program_id(1).to(tl.int64) // H
+    h = tl.program_id(1).to(tl.int64) % H
     d = tl.arange(0, BLOCK_D)
     q = tl.load(Q + b * sqb + h * sqh + i * sqt + d, mask=d < D, other=0.0).to(tl.float32) * scale
     K += b * skb + h * skh
@@ -188,7 +190,8 @@ def attention_kernel(
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int], scale: float) -> torch.Tensor:
     """Attention for q [B, H, T, D] over k, v [B, H, S, D], query i over its first counts[i] keys, where each query
     sees one key more than the one before it up to S (causal, or causal after a cache: every mask model.py makes)."""
-    offset, S = counts[0] - 1, k.size(2)
+    offset = counts[0] - 1
+    S = k.size(2)
     if counts != [min(offset + i + 1, S) for i in range(len(counts))]:
         raise ValueError(
             f"batch_invariant() Triton attention needs query i to see one key more than query i - 1 "

@@ -167,7 +167,8 @@ def model_from_checkpoint(
         config = replace(config, norm=norm)
     model = GPT(config)
     state = checkpoint_weights(checkpoint)
-    missing, unexpected = sorted(model.state_dict().keys() - state), sorted(state.keys() - model.state_dict())
+    missing = sorted(model.state_dict().keys() - state)
+    unexpected = sorted(state.keys() - model.state_dict())
     if missing or unexpected:
         raise CheckpointError(
             f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
@@ -260,7 +261,7 @@ def restore_training_state(
     """Load the optimizer, the scaler and this process's RNG states from `ckpt`; return (iter_num, best_val_loss).
     Each process gets back its own dropout stream; from a checkpoint of another number of processes (or of a
     version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration."""
-    rank, world = (dist.rank, dist.world_size) if dist else (0, 1)
+    dist = dist or Dist()
     try:
         # The saved moments and step counts, under today's OPTIMIZER_NOW (the same unless given explicitly, or saved
         # by an older version), put into the saved groups before loading: torch moves each step counter onto its
@@ -275,10 +276,10 @@ def restore_training_state(
             scaler.load_state_dict(ckpt["scaler"])
         data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
         ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
-        if len(ranks) == world or rank == 0:
-            _set_rng(ranks[rank] if len(ranks) == world else ranks[0])
+        if len(ranks) == dist.world_size or dist.master:
+            _set_rng(ranks[dist.rank] if len(ranks) == dist.world_size else ranks[0])
         else:
-            torch.manual_seed(int(ckpt["config"]["seed"]) + rank + 7919 * int(ckpt["iter_num"]))
+            torch.manual_seed(int(ckpt["config"]["seed"]) + dist.rank + 7919 * int(ckpt["iter_num"]))
         return int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(

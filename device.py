@@ -211,7 +211,8 @@ class StopRequest:
                 return
             signal.signal(signum, signal.SIG_DFL)
             raise KeyboardInterrupt
-        self.signum, self._time = signum, time.monotonic()
+        self.signum = signum
+        self._time = time.monotonic()
         if self.announce:
             os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
 

@@ -52,11 +52,9 @@ TRITON_OP = hasattr(torch.library, "triton_op") and not INTERPRET
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Forward: one program normalizes one row. It saves mean_s, the mean of x - x_0 (not of x), and rstd, in one
-# buffer [2, N]: the backward re-reads x_0 and centres the row exactly as the forward did. (A float32 mean of a row
-# at 1e4 is off by up to 5e-4, which x - mean would inherit.) A row that fits one block is loaded once and stays
-# in registers; a wider row is read in blocks of BLOCK_SIZE columns, once per pass (the re-reads come from cache).
-# Arithmetic is in the dtype of the statistics: float32, or float64 for a float64 input.
+# Forward: one program normalizes one row and saves mean_s (the mean of x - x_0, not of x) and rstd in stats [2, N],
+# so that the backward centres the row exactly as the forward did (docs/02-triton.md reads it). A wider row than one
+# block is read in blocks, once per pass. Arithmetic is in the statistics' dtype: float32, float64 for float64.
 
 
 @triton.jit
@@ -165,12 +163,10 @@ def _forward(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Backward. Program p takes a contiguous group of rows. For each row it recomputes the forward's
-# xhat = (x - x_0 - mean_s) * rstd, forms g = dy * w, and writes dx, while it adds dy * xhat (and dy, with a bias)
-# into its own partial sums: row p of the [programs, C] slabs DW and DB of one buffer [2, programs, C]. The
-# launcher sums the buffer over programs in one reduction: deterministic, no atomics, no locks. A backward of at
-# most ONE_PROGRAM_ROWS rows (of one block) runs as one program, which writes dw and db themselves, in the
-# weight's dtype: no reduction launched at all.
+# Backward: program p takes a contiguous group of rows, recomputes each one's xhat = (x - x_0 - mean_s) * rstd,
+# writes dx, and adds dy * xhat (and dy) into row p of the slabs DW, DB of one buffer [2, programs, C], which the
+# launcher sums in one reduction: deterministic, no atomics. At most ONE_PROGRAM_ROWS rows of one block run as one
+# program, which writes dw and db themselves, in the weight's dtype.
 
 
 @triton.jit
@@ -324,7 +320,8 @@ def _backward(
     x2, stride_x = _rows(x, C)
     dy2, stride_dy = _rows(dy, C)
     if stride_dy == 0:  # an expanded dy (stride 0 over rows) is written out: the kernel reads each of its rows
-        dy2, stride_dy = dy2.contiguous(), C
+        dy2 = dy2.contiguous()
+        stride_dy = C
     N = x2.numel() // C
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     block, one_block, warps = _block_config(int(C), max_block)
@@ -484,13 +481,7 @@ def layer_norm_triton(
     out_dtype = _out_dtype(x, feeds_linear)
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]
-    if not _wants_grad(x, weight, bias):  # (decoding, evaluation): the forward alone, nothing for autograd to record
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if not wants_grad:  # (decoding, evaluation): the forward alone, nothing for autograd to record
         return _forward(x, weight, bias, float(eps), out_dtype)[0]
     return _LayerNormTriton.apply(x, weight, bias, float(eps), out_dtype)
-
-
-def _wants_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether autograd would record the Function: grad mode is on and an input requires a gradient."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    )

@@ -15,13 +15,10 @@ activations of shape [B, 1, C]. That is the same computation as re-running the w
 norm here takes its statistics from each token's own features (batch_independence.py shows it, and BatchNorm
 breaking it).
 
-Past block_size tokens the context must be cut (the model learned absolute positions 0..block_size-1), and a cut
-shifts every kept token to a new position, so cached keys go stale. Without the cache (nanoGPT's way) every step
-sees the last block_size tokens: a window sliding by one. With the cache, when it is full, the last block_size // 2
-tokens are prefilled afresh at positions 0..block_size//2-1 and decoding goes on: a window jumping by half a block,
-so a step sees between block_size // 2 and block_size tokens (sliding by one with a cache would recompute the whole
-window every step, what the uncached path already does). Each is an exact computation of the model on the context
-it keeps; tests/test_kv_cache.py checks that, and that the two agree up to block_size tokens in all.
+Past block_size tokens the context must be cut (the model learned positions 0..block_size-1), and a cut moves
+every kept token, so cached keys go stale. Without the cache every step sees the last block_size tokens (nanoGPT's
+sliding window); with it, a full cache is prefilled afresh from the last block_size // 2 tokens, since sliding by
+one would recompute the whole window every step. Each is exact on the context it keeps (tests/test_kv_cache.py).
 """
 
 from __future__ import annotations
@@ -99,9 +96,9 @@ class KVCache:
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
-        start, end = self.length, self.length + k.size(2)
-        self.keys[layer][:, :, start:end] = k
-        self.values[layer][:, :, start:end] = v
+        end = self.length + k.size(2)
+        self.keys[layer][:, :, self.length : end] = k
+        self.values[layer][:, :, self.length : end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
@@ -267,7 +264,8 @@ class GPT(nn.Module):
         Returns the tokens [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled
         from, [B, max_new_tokens, vocab_size]: the steps of `stream`. Past block_size: see the module docstring.
         """
-        tokens, all_logits = [idx], []
+        tokens = [idx]
+        all_logits = []
         for next_tokens, logits in self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator):
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
@@ -317,7 +315,8 @@ class GPT(nn.Module):
             # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
             # the start (as much of the prompt as fits), half a block when a full cache overflows.
             keep = block if cache.length == 0 else max(1, block // 2)
-            cache.length, cache.start = 0, idx.size(1) - keep  # forget it all; cache again from token `start`
+            cache.length = 0  # forget it all; cache again from token `start`
+            cache.start = idx.size(1) - keep
         new_tokens = idx[:, cache.start + cache.length :]
         return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
 

@@ -56,10 +56,7 @@ class TrainConfig:
         "pre", "pre: x + f(norm(x)), as GPT-2; post: norm(x + f(x)), as the original Transformer", ("pre", "post")
     )
     norm_alpha: float | None = opt(None, "DyT's starting alpha; None: its recipe by width (layernorm.DyT)")
-    embed_scale: bool | None = opt(
-        None,
-        "embeddings times a learned scalar from sqrt(n_embd); None: on with dyt (its recipe), off with the other norms",
-    )
+    embed_scale: bool | None = opt(None, "embeddings times a learned scalar from sqrt(n_embd); None: on with dyt only")
     # optimizer and schedule
     learning_rate: float = opt(1e-3, "peak learning rate")
     max_iters: int = opt(2000, "optimizer steps in the whole run")
@@ -79,14 +76,8 @@ class TrainConfig:
         ("auto", "float32", "bfloat16", "float16"),
     )
     compile: bool = opt(False, "wrap the model in torch.compile")
-    compile_mode: str = opt(
-        "default", "torch.compile's mode (with compile=True)", ("default", "reduce-overhead", "max-autotune")
-    )
-    cuda_graphs: bool = opt(
-        False,
-        "capture the training micro-step (forward and backward) in a CUDA graph once "
-        "and replay it (CUDA; one process; not with compile: use compile_mode=reduce-overhead)",
-    )
+    compile_mode: str = opt("default", "torch.compile's mode", ("default", "reduce-overhead", "max-autotune"))
+    cuda_graphs: bool = opt(False, "capture the micro-step in a CUDA graph, replay it (one process, no compile)")
     seed: int = opt(1337, "seeds the weights, dropout, the data stream and the eval batches")
     max_wall_s: float | None = opt(None, "stop (evaluate, checkpoint) once training has run this many seconds")
     # logging and sampling

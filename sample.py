@@ -39,9 +39,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Sample text from a checkpoint written by train.py or nanoGPT's.")
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt (default: out)")
     p.add_argument("--ckpt", help="path of a checkpoint file (this project's or nanoGPT's); overrides --out_dir")
-    p.add_argument(
-        "--meta", help="a nanoGPT checkpoint's meta.pkl (default: beside it, else nanoGPT's data/<dataset>/)"
-    )
+    p.add_argument("--meta", help="a nanoGPT checkpoint's meta.pkl (default: beside it, else its data/<dataset>/)")
     p.add_argument("--start", default="\n", help="prompt, or FILE:path to read it from a UTF-8 file (default: newline)")
     p.add_argument("--num_samples", type=int, default=1, help="how many samples to draw (default 1)")
     p.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample (default 500)")

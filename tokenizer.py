@@ -5,9 +5,6 @@ Two kinds, both stored as plain JSON (never pickle) under meta.json's "tokenizer
 - ``{"kind": "char", "itos": ["\\n", " ", "!", ...]}``: one token per character, token id i is ``itos[i]``; the
   vocabulary is the sorted set of characters of the training text.
 - ``{"kind": "tiktoken", "encoding": "r50k_base"}``: GPT-2's byte-level BPE, through tiktoken (imported only then).
-
-Both have ``vocab_size``, ``encode``, ``decode`` (refusing ids outside the vocabulary), ``decode_stream`` (the text
-as the ids arrive, for printing while a model generates) and ``to_meta``.
 """
 
 from __future__ import annotations

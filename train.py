@@ -71,9 +71,7 @@ class Interrupted(TrainError):
 
 @dataclass
 class Run:
-    """A run as the loop trains it: its options, where it computes (device, autocast dtype, processes), the data,
-    the model (new, or the checkpoint's), its optimizer and loss scaler, the data stream's own generator, and the
-    iteration and best val loss to start from."""
+    """A run as the loop trains it, from its first iteration (new, or as the checkpoint left it: setup())."""
 
     cfg: TrainConfig
     device: str

@@ -48,20 +48,16 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
     process's size when it started the child: the kernel carries that over fork and exec)."""
     from device import maxrss_bytes
 
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        list(cmd),
-        cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        bufsize=1,
+        list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     )
     killed = threading.Event()
     timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), proc.kill()))
     if timeout_s:
         timer.start()  # kills a child that has gone silent, too
-    t0, lines = time.perf_counter(), []
+    t0 = time.perf_counter()
+    lines = []
     assert proc.stdout is not None
     for raw in proc.stdout:
         lines.append(raw.rstrip("\n"))

@@ -2,14 +2,8 @@
 Linear layers alone as a cached step runs them (the ceiling for these matrix products); and the matrix product
 alone at decoding shapes, stock F.linear against the mode's.
 
-    python -m bench.decoding --out decode.json        # both sizes, batch 1 and 8, every path
-    python -m bench.decoding --matmul --out mm.json   # M = 1..64 rows against K = N = 384, 1536
-    python -m bench.decoding --ckpt ../nanoGPT/out-shakespeare-char/ckpt.pt --norms builtin,custom  # nanoGPT's
-
-Random-init models of each --sizes config (seed 1337), or a checkpoint (--out_dir or --ckpt; this project's or
-nanoGPT's) with each of --norms; the paths alternate after a warm-up. Checked on the way: cached and uncached agree
-up to block_size (past it they keep different windows: model.py's docstring), the mode's tokens equal stock's, and
-every norm decodes the first's tokens. bench/README.md says the rest.
+The commands, what is timed and what is checked on the way (cached against uncached, the mode's tokens against
+stock's): bench/README.md.
 """
 
 from __future__ import annotations
@@ -30,7 +24,8 @@ from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
 PATHS = ("uncached", "cached", "mode", "linears")
-MATMUL_ROWS, MATMUL_WIDTHS = (1, 2, 4, 8, 16, 32, 64), (384, 1536)
+MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
+MATMUL_WIDTHS = (384, 1536)
 
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
@@ -68,10 +63,8 @@ def paths_here(paths: list[str], device: str) -> list[str]:
 
 
 def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
-    """steps -> None: the model's Linear layers, in a cached step's order, on one token per row, `steps` times.
-
-    A cached step runs these same matrix products and more, so their speed alone is the most that decoding can
-    reach without computing them differently; at batch 1 each one streams its whole weight from memory."""
+    """steps -> None: the model's Linear layers, in a cached step's order, on one token per row, `steps` times
+    (LINEARS_NOTE says what that measures)."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(batch, 1, m.in_features, device=device) for m in layers]
 
@@ -141,7 +134,8 @@ def decode_table(result: dict[str, Any]) -> str:
     paths = result["paths"]
     rows = []
     for r in result["runs"]:
-        tps, cached = r["tokens_per_s"], r["tokens_per_s"].get("cached")
+        tps = r["tokens_per_s"]
+        cached = tps.get("cached")
         rates = [f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths]
         ratios = [ratio(cached, tps.get("uncached"), "x"), ratio(cached, tps.get("mode"), "x")]
         checks = [r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]]
@@ -158,7 +152,8 @@ def decode_table(result: dict[str, Any]) -> str:
 def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows: tuple[int, ...]) -> list[dict]:
     """F.linear stock and in the mode, M rows against a K x K weight: microseconds per call, and how far the M rows
     are from the same rows computed among 64 (0: the row does not depend on its company)."""
-    out, gen = [], torch.Generator().manual_seed(0)
+    out = []
+    gen = torch.Generator().manual_seed(0)
     for dtype in dtypes:
         for k in widths:
             w = (torch.randn(k, k, generator=gen) / k**0.5).to(device, dtype)
@@ -217,7 +212,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.matmul:
             dtypes = [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else [])
             runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
-            result, table = {"device": device, "matmul": runs}, matmul_table(runs, device)
+            result = {"device": device, "matmul": runs}
+            table = matmul_table(runs, device)
         else:
             args.paths = paths_here(args.paths, device)
             settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}

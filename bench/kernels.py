@@ -1,14 +1,7 @@
 """The LayerNorms alone: forward, and forward+backward, per implementation at [rows, C]; or the Python cost per call.
 
-    python -m bench.kernels --out bench/results/layernorm_cpu.json     # CPU: C 128, 384, 768, 4096 at 16384 rows
-    python -m bench.kernels --device cuda --out layernorm_gpu.json     # CUDA: bf16 and fp32, C 768..8192, 32768 rows
-    python -m bench.kernels --overhead --repeats 9 --out bench/results/triton_overhead_cpu.json  # us per call, [8, 384]
-
-naive (autograd through the formula) is what the hand-written backward must beat. A perfect forward moves 2 * rows *
-C elements (read x, write y), forward+backward 5 (also read dy, write dx): GB/s is that over the time. On the CPU
-the implementations take turns call by call, so a drifting machine shifts them alike. With --overhead on the CPU the
-kernel launches are no-ops, so what is timed is the Python around them; on a GPU a call that small is the CPU's
-side too. bench/README.md says the rest.
+naive (autograd through the formula) is what the hand-written backward must beat. The commands, how each figure
+is timed and what GB/s counts: bench/README.md.
 """
 
 from __future__ import annotations
@@ -203,12 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if (
-        sys.platform == "linux"
-        and "--system-malloc" not in sys.argv
-        and any(os.environ.get(k) != v for k, v in STEADY_MALLOC.items())
-    ):
-        os.execve(
-            sys.executable, [sys.executable, "-m", "bench.kernels", *sys.argv[1:]], {**os.environ, **STEADY_MALLOC}
-        )
+    steady = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())
+    if sys.platform == "linux" and "--system-malloc" not in sys.argv and not steady:
+        argv = [sys.executable, "-m", "bench.kernels", *sys.argv[1:]]
+        os.execve(sys.executable, argv, {**os.environ, **STEADY_MALLOC})
     main()

@@ -1,10 +1,7 @@
 """Where a training step goes: a few steps per norm under torch.profiler, in this process, as train.py takes them.
 
-    python -m bench.profile --norms builtin,triton --config configs/shakespeare_char.json --out profile.json
-    OMP_NUM_THREADS=1 python -m bench.profile --norms builtin --out bench/results/step_cpu/profile_cpu.json
-
-Each step is a batch of the prepared data and step.train_step, then the loss read back as at a log line. What is
-reported, and the figure beside --out: bench/README.md.
+Each step is a batch of the prepared data and step.train_step, then the loss read back as at a log line. The
+commands, what is reported, and the figure beside --out: bench/README.md.
 """
 
 from __future__ import annotations
@@ -27,10 +24,8 @@ from options import TrainConfig
 from step import train_step
 
 STEPS = 10  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
-# Each profiled op goes to the first category that its own name or one of its callers' names (outermost first)
-# matches. Callers: this profile's ranges (data, norm), torch's autograd nodes and optimizer ranges. The clip's ops
-# are known by name (clip_grad_norm_: _foreach_norm, stack, linalg_vector_norm, reciprocal, clamp, _foreach_mul_);
-# its few scalar adds and casts stay in everything else.
+# An op goes to the first category its own name or a caller's (outermost first) matches (bench/README.md); the
+# clip's ops by name: _foreach_norm, stack, linalg_vector_norm, reciprocal, clamp, _foreach_mul_.
 CATEGORIES = {
     "matrix products": re.compile(r"^aten::(linear|mm|addmm|bmm|baddbmm|matmul)$|: (Mm|Addmm|Bmm|Baddbmm)Backward"),
     "attention": re.compile(r"scaled_dot_product|ScaledDotProduct|^aten::_softmax|SoftmaxBackward"),
@@ -57,7 +52,8 @@ def category(event: Any) -> str:
 
 def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
     """GFLOP/s of the step's own matrix products (each op and input shape), each timed alone, FLOP-weighted."""
-    total_flops = total_s = 0.0
+    total_flops = 0.0
+    total_s = 0.0
     for (name, dims), (count, flops) in shapes.items():
         args = [torch.randn(d, device=device) for d in dims]
         op = getattr(torch, name.removeprefix("aten::"))

@@ -1,13 +1,7 @@
 """Training speed: train.py per norm and per mode, beside nanoGPT; the norm comparison (--compare); the whole run.
 
-    python -m bench.training --norms custom,builtin --nanogpt ../nanogpt --out bench/results/train_cpu.json
-    python -m bench.training --compare --out bench/results/compare_norms_cpu/table.json   # every norm, val_loss.png
-    python -m bench.training --whole --norms builtin --nanogpt ../nanogpt --repeats 3   # the whole run, wall and RSS
-
-Each run is a fresh child process (no allocator, thread pool or compiled kernel leaks into the next); the sides (norm
-x --modes, and nanoGPT) alternate, A B C A B C, --repeats times. ms/iter is the median over the timed steps, evals
-left out on both sides; "train s to val" sums the step times up to the first eval at or below --target_val. How
-each figure is read, on each side: bench/README.md.
+Each run is a fresh child process, so no allocator, thread pool or compiled kernel leaks into the next. The
+commands, how the sides alternate and how each figure is read, on each side: bench/README.md.
 """
 
 from __future__ import annotations
@@ -65,7 +59,8 @@ HEADERS = (
 
 def plan_sides(args: argparse.Namespace, device: str) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """[(norm, mode)] to run, and {side: why it is skipped}."""
-    sides, skipped = [], {}
+    sides = []
+    skipped = {}
     for mode in args.modes:
         for norm, _, only in (item.partition(":") for item in args.norms.split(",") if item):
             if norm not in (*NORMS, NO_NORM):
@@ -139,7 +134,8 @@ def measure(
         evals = [{k: r[k] for k in ("iter", "train_loss", "val_loss")} for r in records if r["kind"] == "eval"]
         summary = next((r for r in records if r["kind"] == "summary"), {})
         kept = [r for r in train[1:] if r["iter"] >= warmup]  # the first window holds the start-up
-        timed, tok_s = [r["ms_per_iter"] for r in kept], [r["tokens_per_s"] for r in kept]
+        timed = [r["ms_per_iter"] for r in kept]
+        tok_s = [r["tokens_per_s"] for r in kept]
         steps = [(r["iter"], r["ms_per_iter"]) for r in train]
     return {
         "ok": child.ok and (side is None or bool(summary)),
@@ -175,12 +171,15 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    sides, c, s = result["sides"], result["config"], result["schedule"]
+    sides = result["sides"]
+    c = result["config"]
+    s = result["schedule"]
     base = sides.get("builtin eager", {}).get("ms_per_iter")
     nano = sides.get("nanogpt", {}).get("ms_per_iter")
     rows = []
     for name, v in sides.items():  # in HEADERS' order
-        ms, cuda = v["ms_per_iter"], v["cuda_peak_bytes"]
+        ms = v["ms_per_iter"]
+        cuda = v["cuda_peak_bytes"]
         figures = [fmt(ms), "-".join(fmt(x) for x in v["ms_spread"] or [None]), fmt(v["tokens_per_s"], ".0f")]
         figures += [fmt(v["max_rss_mib"], ".0f"), fmt(cuda and cuda / 2**20, ".0f"), fmt(v["final_val_loss"], ".4f")]
         figures += [fmt(v["best_val_loss"], ".4f"), fmt(v["train_s_to_target"], ".1f"), fmt(v["wall_s"], ".1f")]
@@ -227,21 +226,15 @@ def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
     sched = schedule(args, cfg)
     names = [f"{n} {m}" for n, m in sides] + (["nanogpt"] if args.nanogpt else [])
     plan = [(rep, name, side) for rep in range(args.repeats) for name, side in zip(names, [*sides, None], strict=False)]
-    result = {
-        "device": device,
-        "config": {"config": args.config, **dataclasses.asdict(cfg)},
-        "schedule": sched,
-        "repeats": args.repeats,
-        "target_val": args.target_val,
-        "skipped": skipped,
-        "sides": {},
-        "runs": {name: [] for name in names},
-    }
+    result = {"device": device, "config": {"config": args.config, **dataclasses.asdict(cfg)}, "schedule": sched}
+    result |= {"repeats": args.repeats, "target_val": args.target_val, "skipped": skipped}
+    result |= {"sides": {}, "runs": {name: [] for name in names}}  # filled run by run
     if args.nanogpt:
         result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
-    work, t0 = Path(tempfile.mkdtemp(prefix="bench_training_")), time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="bench_training_"))
+    t0 = time.perf_counter()
     try:
         for done, (rep, name, side) in enumerate(plan):
             out_dir = work / f"{name.replace(' ', '_')}_{rep}"

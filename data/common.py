@@ -114,10 +114,8 @@ def split_text(text: str, train_fraction: float = TRAIN_FRACTION) -> tuple[str, 
 def run_prepare(
     argv: Sequence[str] | None, *, description: str | None, script_file: str, make_tokenizer: Callable[[str], Any]
 ) -> dict[str, Any]:
-    """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``), 90/10 split, files.
-
-    ``make_tokenizer`` returns an object with ``encode``, ``vocab_size`` and ``to_meta`` (see tokenizer.py);
-    it may raise ValueError/RuntimeError with a message (e.g. tiktoken's ranks file missing offline)."""
+    """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``: see tokenizer.py; a ValueError
+    or RuntimeError it raises is the message), 90/10 split, files."""
     script_dir = Path(script_file).resolve().parent
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, help="a UTF-8 text file (default: <out_dir>/input.txt, else downloaded)")

@@ -162,27 +162,14 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
             first = r["seed"] in every_row
             style = {"alpha": 1, "lw": 1.5, "label": f"{row} ({ROWS[row][0]})"} if first else {"alpha": 0.35, "lw": 1}
             ax.plot(*zip(*r["evals"], strict=True), color=f"C{i}", **style)
-    ax.set(
-        xlabel="iteration",
-        ylabel=f"val loss ({args.eval_batches} batches)",
-        ylim=(1.4, 4.3),
-        title=f"{CONFIG}: {cfg.max_iters} iterations, seed {min(every_row, default='-')} (faint: other seeds)",
-    )
+    title = f"{CONFIG}: {cfg.max_iters} iterations, seed {min(every_row, default='-')} (faint: other seeds)"
+    ax.set(xlabel="iteration", ylabel=f"val loss ({args.eval_batches} batches)", ylim=(1.4, 4.3), title=title)
     ax.grid(alpha=0.3)
     ax.legend()
     common.save_figure(fig, results / "centre_and_rescale.png")
-    common.write_json(
-        results / "centre_and_rescale.json",
-        args.argv,
-        {
-            "config": CONFIG,
-            "eval_interval": args.eval_interval,
-            "eval_batches": args.eval_batches,
-            "this_invocation_s": round(run_time, 1),
-            "table": table,
-            "runs": runs,
-        },
-    )
+    record = {"config": CONFIG, "eval_interval": args.eval_interval, "eval_batches": args.eval_batches}
+    record |= {"this_invocation_s": round(run_time, 1), "table": table, "runs": runs}
+    common.write_json(results / "centre_and_rescale.json", args.argv, record)
     print(text)
 
 

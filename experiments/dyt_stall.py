@@ -154,17 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     plot(results, args, results_dir / "dyt_stall.png")
     run_time = time.perf_counter() - t0
-    common.write_json(
-        results_dir / "dyt_stall.json",
-        argv,
-        {
-            "train_commands": commands,
-            "iters": args.iters,
-            "batches": args.batches,
-            "run_time_s": round(run_time, 1),
-            "results": results,
-        },
-    )
+    record = {"train_commands": commands, "iters": args.iters, "batches": args.batches}
+    record |= {"run_time_s": round(run_time, 1), "results": results}
+    common.write_json(results_dir / "dyt_stall.json", argv, record)
     print(f"wrote {results_dir}/dyt_stall.json and dyt_stall.png; total time {run_time:.0f} s")
 
 

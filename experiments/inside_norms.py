@@ -26,13 +26,8 @@ from data.common import DataError, PreparedData
 def stats(values: torch.Tensor) -> dict[str, float]:
     """Mean, RMS, min, max and percentiles of a flat set of numbers."""
     v = values.detach().double().flatten().numpy()
-    out = {
-        "mean": v.mean(),
-        "rms": np.sqrt((v**2).mean()),
-        "min": v.min(),
-        "max": v.max(),
-        **{f"p{q}": np.percentile(v, q) for q in (5, 10, 25, 50, 75, 90, 95)},
-    }
+    out = {"mean": v.mean(), "rms": np.sqrt((v**2).mean()), "min": v.min(), "max": v.max()}
+    out |= {f"p{q}": np.percentile(v, q) for q in (5, 10, 25, 50, 75, 90, 95)}
     return {k: round(float(x), 6) for k, x in out.items()}
 
 

@@ -174,18 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     final = {
         name: None if r["diverged"] or not r["summary"] else r["summary"]["final_val_loss"] for name, r in runs.items()
     }
-    common.write_json(
-        results / "norm_placement.json",
-        argv,
-        {
-            "args": vars(args),
-            "run_time_s": run_time,
-            "grad_norms_at_init": grads,
-            "grad_norm_ratio_last_over_first": ratios,
-            "final_val_loss": final,
-            "runs": runs,
-        },
-    )
+    record = {"args": vars(args), "run_time_s": run_time, "grad_norms_at_init": grads}
+    record |= {"grad_norm_ratio_last_over_first": ratios, "final_val_loss": final, "runs": runs}
+    common.write_json(results / "norm_placement.json", argv, record)
     for p in POSITIONS:
         print(f"{p}-norm gradient norm, last block / first: attn {ratios[p]['attn']:.2f}, mlp {ratios[p]['mlp']:.2f}")
     for name, loss in final.items():
