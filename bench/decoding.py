@@ -162,7 +162,7 @@ def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows
                 row = {"dtype": str(dtype).removeprefix("torch."), "K=N": k, "M": m}
                 for name in ("stock", "mode"):
                     with batch_invariant(enabled=name == "mode"):
-                        fn = lambda m=m, x=x, w=w: F.linear(x[:m], w)  # noqa: E731
+                        fn = lambda m=m, x=x, w=w: F.linear(x[:m], w)
                         fn()
                         row[f"{name}_us"] = median([timed(fn, device, calls=20) * 1e6 for _ in range(7)])
                         row[f"{name}_diff"] = (F.linear(x[:m], w) - F.linear(x, w)[:m]).abs().max().item()

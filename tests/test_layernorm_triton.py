@@ -13,9 +13,9 @@ from layernorm import make_norm
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
-from triton.compiler.compiler import CompiledKernel, driver  # noqa: E402  (after the skip: triton is there)
+from triton.compiler.compiler import CompiledKernel, driver
 
-import layernorm_triton as lt  # noqa: E402
+import layernorm_triton as lt
 
 layer_norm_triton = lt.layer_norm_triton
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tokenizer.py and data/common.py
 
-from data.common import run_prepare  # noqa: E402
-from tokenizer import TiktokenTokenizer  # noqa: E402
+from data.common import run_prepare
+from tokenizer import TiktokenTokenizer
 
 if __name__ == "__main__":
     run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=lambda text: TiktokenTokenizer())

@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tokenizer.py and data/common.py
 
-from data.common import run_prepare  # noqa: E402
-from tokenizer import CharTokenizer  # noqa: E402
+from data.common import run_prepare
+from tokenizer import CharTokenizer
 
 if __name__ == "__main__":
     run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text)
