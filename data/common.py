@@ -236,7 +236,7 @@ class PreparedData:
         import torch  # only here: the prepare scripts never need it
 
         if split not in self._files:
-            self._files[split] = open(self.dir / f"{split}.bin", "rb", buffering=0)
+            self._files[split] = open(self.dir / f"{split}.bin", "rb", buffering=0)  # close() closes it
         raw = bytearray()
         for i in starts.view(-1).tolist():
             self._files[split].seek(2 * i)
