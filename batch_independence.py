@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for world in worlds:
                 rows[world].append(run_row(name, config, state, prompts, x, args, world != "rows"))
-        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with layernorm's message
+        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with its message
             skipped[name] = str(e)
     missing = [n for n in args.require or [] if n in skipped]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]

@@ -1,5 +1,6 @@
 """Where a run computes: the device (--device), the autocast dtype (--dtype), this process's place among
-torchrun's processes with their process group, and the stop that SIGINT/SIGTERM request. train.py, sample.py and
+torchrun's processes with their process group, the stop that SIGINT/SIGTERM request, and whether the Triton norm
+can run here. train.py, sample.py and
 batch_independence.py all choose their device here, by one rule."""
 
 from __future__ import annotations
