@@ -164,9 +164,9 @@ def _forward(
 
 # ----------------------------------------------------------------------------------------------------------------
 # Backward: program p takes a contiguous group of rows, recomputes each one's xhat = (x - x_0 - mean_s) * rstd,
-# writes dx, and adds dy * xhat (and dy) into row p of the slabs DW, DB of one buffer [2, programs, C], which the
-# launcher sums in one reduction: deterministic, no atomics. At most ONE_PROGRAM_ROWS rows of one block run as one
-# program, which writes dw and db themselves, in the weight's dtype.
+# writes dx, and adds dy * xhat (and dy) into row p of the slabs DW, DB of one buffer [2, programs, C] (without a
+# bias [1, programs, C]), which the launcher sums in one reduction: deterministic, no atomics. At most
+# ONE_PROGRAM_ROWS rows of one block run as one program, which writes dw and db themselves, in the weight's dtype.
 
 
 @triton.jit
