@@ -57,8 +57,9 @@ def test_prefill_then_single_tokens_equal_one_full_forward(norm: str) -> None:
         full = model(idx)[0]
         cache = KVCache(model.config, 3, idx.device, torch.float32)
         pieces = [model(idx[:, :4], kv_cache=cache)[0]]  # prefill
-        pieces.append(model(idx[:, 4:7], kv_cache=cache)[0])  # a chunk on top of a filled cache (masked)
-        pieces += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(7, BLOCK)]  # one token at a time
+        pieces.append(model(idx[:, 4:6], kv_cache=cache)[0])  # chunks on top of a filled cache (masked): of two,
+        pieces.append(model(idx[:, 6:9], kv_cache=cache)[0])  # then of three tokens
+        pieces += [model(idx[:, t : t + 1], kv_cache=cache)[0] for t in range(9, BLOCK)]  # one token at a time
     assert cache.length == BLOCK
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=TOL)
 

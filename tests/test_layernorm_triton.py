@@ -65,6 +65,18 @@ def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N):
     torch.testing.assert_close(stats1[1], stats[1], rtol=1e-6, atol=0)  # rstd
 
 
+def test_the_compiled_paths_backward_sums_every_programs_partials():
+    """Under torch.compile (traced=True) dweight and dbias come from two reductions instead of one: at 40 rows
+    (several programs) they are the eager path's, to the bit."""
+    x, w, b, dy = inputs(40, 24)
+    _, stats = lt._forward(x, w, b, 1e-5)
+    assert lt._backward_programs(40, x.device) > 1
+    eager = lt._backward(dy, x, w, stats)
+    traced = lt._backward(dy, x, w, stats, traced=True)
+    for got, expected in zip(traced, eager, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 def test_feature_size_beyond_65536():
     x, w, b, dy = inputs(2, 65537)
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))

@@ -199,6 +199,16 @@ def test_post_norm_shapes_and_where_its_norms_sit(norm: str) -> None:
         assert not torch.allclose(m(idx)[0], pre(idx)[0])  # a different function from the same kind of weights
 
 
+def test_a_post_norm_block_normalizes_after_each_residual_add() -> None:
+    """x = ln_1(x + attn(x)); x = ln_2(x + mlp(x)), written out against the block."""
+    block = randomize_norms(tiny_model("custom", norm_position="post")).transformer.h[0]
+    x = torch.randn(2, 5, TINY.n_embd, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        h = block.ln_1(x + block.attn(x))
+        expected = block.ln_2(h + block.mlp(h))
+        torch.testing.assert_close(block(x), expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm"])
 def test_post_norm_kv_cache_decoding_agrees_with_uncached(norm: str) -> None:
     m = tiny_model(norm, norm_position="post")
