@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +85,14 @@ class Run:
     iter_num: int = 0
     best_val: float = math.inf
     last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
+    amp: Any = field(init=False)  # the autocast context (a no-op in float32), built once, entered at every step
+
+    def __post_init__(self) -> None:
+        self.amp = autocast(self.device, self.dtype)
 
     @property
     def ckpt_path(self) -> Path:
         return checkpoint.checkpoint_path(self.cfg.out_dir)
-
-    @property
-    def amp(self) -> Any:
-        return autocast(self.device, self.dtype)
 
 
 def setup(
