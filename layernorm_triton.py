@@ -8,7 +8,7 @@ statistics in float32 (float64 for a float64 input), and the backward derived th
 What fusing buys: each kernel reads its inputs once and writes its outputs once, with every intermediate (the
 centred row, xhat, g) kept in registers, where the torch version makes a pass over memory per operation.
 
-A leaf: it imports only torch and triton; `layernorm.TritonLayerNorm` imports it and checks the inputs. Kernels run
+A leaf: it imports only torch and triton; `layernorm.TritonLayerNorm` checks the inputs and calls it. Kernels run
 on CUDA tensors, or on CPU tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before this module
 was imported (triton.jit chooses interpreter or compiler when a kernel is defined; INTERPRET records which).
 
@@ -481,7 +481,9 @@ def layer_norm_triton(
     out_dtype = _out_dtype(x, feeds_linear)
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]
-    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    wants_grad = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
     if not wants_grad:  # (decoding, evaluation): the forward alone, nothing for autograd to record
         return _forward(x, weight, bias, float(eps), out_dtype)[0]
     return _LayerNormTriton.apply(x, weight, bias, float(eps), out_dtype)
