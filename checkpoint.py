@@ -195,16 +195,26 @@ def rng_state(data_gen: Generator) -> dict[str, Any]:
 
 
 def save_training_checkpoint(
-    path: Path, dist: Dist, *, model: GPT, optimizer: Optimizer, scaler: GradScaler, data_gen: Generator, **entries: Any
+    path: Path,
+    dist: Dist,
+    *,
+    model: GPT,
+    optimizer: Optimizer,
+    scaler: GradScaler,
+    data_gen: Generator,
+    iter_num: int,
+    best_val_loss: float,
+    config: dict[str, Any],
+    tokenizer: dict[str, Any] | None,
 ) -> None:
     """Every process calls it: their RNG states are gathered (each has its own dropout stream), and rank 0 writes
-    the whole state of the run, with the plain `entries` (iter_num, best_val_loss, config, tokenizer: see the
-    module's docstring): enough to go on as if it had never stopped."""
+    the whole state of the run (see the module's docstring): enough to go on as if it had never stopped."""
     rng = rng_state(data_gen)
     ranks = dist.gather(rng)
     if not dist.master:
         return
     state = {"model": model.state_dict(), "model_args": asdict(model.config), "optimizer": optimizer.state_dict()}
+    entries = {"iter_num": iter_num, "best_val_loss": best_val_loss, "config": config, "tokenizer": tokenizer}
     ckpt = {"format": FORMAT, **state, **entries, "rng": rng}
     if dist.enabled:
         ckpt["rng_ranks"] = ranks
