@@ -237,10 +237,11 @@ class PreparedData:
 
         if split not in self._files:
             self._files[split] = open(self.dir / f"{split}.bin", "rb", buffering=0)  # close() closes it
+        f = self._files[split]
         raw = bytearray()
         for i in starts.view(-1).tolist():
-            self._files[split].seek(2 * i)
-            raw += self._files[split].read(2 * (self.block_size + 1))
+            f.seek(2 * i)
+            raw += f.read(2 * (self.block_size + 1))
         windows = np.frombuffer(raw, dtype=np.uint16).reshape(*starts.shape, self.block_size + 1)
         x = torch.from_numpy(windows[..., :-1].astype(np.int64))
         y = torch.from_numpy(windows[..., 1:].astype(np.int64))
