@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 matplotlib.use("Agg")  # figures are written to files; no window opens
+
+import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 from bench.common import machine_info, train_config  # noqa: E402 (the root is on sys.path from here)
 from data.common import DataError, PreparedData  # noqa: E402
