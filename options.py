@@ -77,7 +77,11 @@ class TrainConfig:
     )
     compile: bool = opt(False, "wrap the model in torch.compile")
     compile_mode: str = opt("default", "torch.compile's mode", ("default", "reduce-overhead", "max-autotune"))
-    cuda_graphs: bool = opt(False, "capture the micro-step in a CUDA graph, replay it (one process, no compile)")
+    cuda_graphs: bool = opt(
+        False,
+        "capture the micro-step in a CUDA graph, replay it (CUDA, one process; not with compile: use compile_mode="
+        "reduce-overhead)",
+    )
     seed: int = opt(1337, "seeds the weights, dropout, the data stream and the eval batches")
     max_wall_s: float | None = opt(None, "stop (evaluate, checkpoint) once training has run this many seconds")
     # logging and sampling

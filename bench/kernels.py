@@ -156,10 +156,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=lambda v: comma_list()(v)[0], help="rows = B * T (default 16384; CUDA 32768)")
     p.add_argument("--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those here)")
     p.add_argument("--reps", type=int, default=10, help="timed calls per measurement on the CPU (median)")
-    p.add_argument("--overhead", action="store_true", help="the Python cost per call instead (see above)")
+    p.add_argument("--overhead", action="store_true", help="the Python cost per call instead (bench/README.md)")
     p.add_argument("--calls", type=int, default=1000, help="--overhead: calls per round")
     p.add_argument("--repeats", type=int, default=7, help="--overhead: rounds")
-    p.add_argument("--system-malloc", action="store_true", help="keep glibc's allocator defaults (see above)")
+    p.add_argument("--system-malloc", action="store_true", help="keep glibc's allocator defaults (bench/README.md)")
     args = parse(p, argv)
     if args.overhead and args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: CPU tensors pass; launches are stubbed
