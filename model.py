@@ -18,7 +18,8 @@ breaking it).
 Past block_size tokens the context must be cut (the model learned positions 0..block_size-1), and a cut moves
 every kept token, so cached keys go stale. Without the cache every step sees the last block_size tokens (nanoGPT's
 sliding window); with it, a full cache is prefilled afresh from the last block_size // 2 tokens, since sliding by
-one would recompute the whole window every step. Each is exact on the context it keeps (tests/test_kv_cache.py).
+one would recompute the whole window every step. Each is exact on the context it keeps (tests/test_kv_cache.py,
+tests/test_nanogpt.py).
 """
 
 from __future__ import annotations

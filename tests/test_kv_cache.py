@@ -1,6 +1,6 @@
 """Decoding with the KV cache: the same computation as without it, per row independent of the batch, and past
-block_size exactly the window model.py documents (the cached path refills the last block_size // 2 tokens, the
-uncached path slides the last block_size tokens)."""
+block_size exactly the window model.py documents for the cached path (it refills the last block_size // 2 tokens;
+the uncached path's sliding window is nanoGPT's, checked in test_nanogpt.py)."""
 
 from __future__ import annotations
 
