@@ -1,7 +1,7 @@
 """Training speed: train.py per norm and per mode, beside nanoGPT; the norm comparison (--compare); the whole run.
 
-Each run is a fresh child process, so no allocator, thread pool or compiled kernel leaks into the next. The
-commands, how the sides alternate and how each figure is read, on each side: bench/README.md.
+Each run is a fresh child process, so no allocator, thread pool or compiled kernel leaks into the next; the
+commands, how the sides alternate and how each figure is read: bench/README.md.
 """
 
 from __future__ import annotations
@@ -10,29 +10,14 @@ import argparse
 import dataclasses
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    ROOT,
-    Child,
-    comma_list,
-    fmt,
-    markdown_table,
-    median,
-    output_of,
-    parse,
-    parser,
-    progress,
-    run_child,
-    spread,
-    train_config,
-    write_results,
-)
+from bench import common
+from bench.common import Child, comma_list, fmt, markdown_table, median, spread
 from layernorm import NO_NORM, NORMS
 from options import TrainConfig
 from runlog import read_metrics
@@ -57,7 +42,7 @@ HEADERS = (
 ).split("|")
 
 
-def plan_sides(args: argparse.Namespace, device: str) -> tuple[list[tuple[str, str]], dict[str, str]]:
+def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """[(norm, mode)] to run, and {side: why it is skipped}."""
     sides = []
     skipped = {}
@@ -67,9 +52,9 @@ def plan_sides(args: argparse.Namespace, device: str) -> tuple[list[tuple[str, s
                 raise SystemExit(f"error: --norms: {norm!r} is not a norm; choose from {', '.join(NORMS)}, {NO_NORM}")
             if only and only != mode:
                 continue
-            if mode != "eager" and device != "cuda":
+            if mode != "eager" and args.device != "cuda":
                 skipped[f"{norm} {mode}"] = "needs a CUDA device"
-            elif norm == "triton" and device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            elif norm == "triton" and args.device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
                 skipped[f"{norm} {mode}"] = "no CUDA device (on a CPU: TRITON_INTERPRET=1, Triton's slow interpreter)"
             else:
                 sides.append((norm, mode))
@@ -89,20 +74,20 @@ def commands(
 ) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None). --whole: each side's
     checkpoints as its config saves them, and our sample at the end, as its command runs it."""
-    common = {**sched, "out_dir": out_dir, "device": device}
+    both = {**sched, "out_dir": out_dir, "device": device}
     if not args.whole:  # no checkpoint beyond the best one
-        common["always_save_checkpoint"] = False
+        both["always_save_checkpoint"] = False
     if side is None:
-        values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **common}
+        values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **both}
         if device != "cuda":
             values.update(compile=False, dtype="float32")  # on CUDA its own defaults: compile on, bfloat16
         flags = [f"--{k}={v}" for k, v in values.items()]
         return [sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], Path(args.nanogpt)
     norm, mode = side
-    ours = {**common, "norm": norm, **({} if args.whole else {"sample_at_end": False})}
+    ours = {**both, "norm": norm, **({} if args.whole else {"sample_at_end": False})}
     ours.update({"data_dir": args.data_dir} if args.data_dir else {})
     flags = [*(f"--{item}" for item in args.set), *(f"--{k}={v}" for k, v in ours.items()), *MODES[mode]]
-    return [sys.executable, "train.py", args.config, *flags], ROOT
+    return [sys.executable, "train.py", args.config, *flags], common.ROOT
 
 
 def to_target(steps: list[tuple[int, float]], evals: list[dict[str, Any]], target: float | None) -> float | None:
@@ -137,37 +122,24 @@ def measure(
         timed = [r["ms_per_iter"] for r in kept]
         tok_s = [r["tokens_per_s"] for r in kept]
         steps = [(r["iter"], r["ms_per_iter"]) for r in train]
-    return {
-        "ok": child.ok and (side is None or bool(summary)),
-        "returncode": child.returncode,
-        "timed_out": child.timed_out,
-        "steps_timed": len(timed),
-        "ms_per_iter": median(timed),
-        "ms_range": spread(timed),
-        "tokens_per_s": median(tok_s),
-        "max_rss_bytes": child.max_rss_bytes,
-        "wall_s": child.wall_s,
-        "cuda_peak_bytes": summary.get("peak_memory_bytes") if summary.get("device", "").startswith("cuda") else None,
-        "evals": evals,
-        "best_val_loss": min((e["val_loss"] for e in evals), default=None),
-        "final_val_loss": evals[-1]["val_loss"] if evals else None,
-        "train_s_to_target": to_target(steps, evals, target),
-        "tail": child.lines[-5:] if not child.ok else [],
-    }
+    run = {"ok": child.ok and (side is None or bool(summary)), "returncode": child.returncode}
+    run |= {"timed_out": child.timed_out, "steps_timed": len(timed), "ms_per_iter": median(timed)}
+    run |= {"ms_range": spread(timed), "tokens_per_s": median(tok_s), "max_rss_bytes": child.max_rss_bytes}
+    cuda = summary.get("device", "").startswith("cuda")
+    run |= {"wall_s": child.wall_s, "cuda_peak_bytes": summary.get("peak_memory_bytes") if cuda else None}
+    val = [e["val_loss"] for e in evals]
+    run |= {"evals": evals, "best_val_loss": min(val, default=None), "final_val_loss": val[-1] if val else None}
+    return run | {"train_s_to_target": to_target(steps, evals, target), "tail": [] if child.ok else child.lines[-5:]}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     good = [r for r in runs if r["ok"] or r["steps_timed"]]  # a run cut by its time limit still timed its steps
     ms = [r["ms_per_iter"] for r in good if r["ms_per_iter"] is not None]
     medians = ("tokens_per_s", "cuda_peak_bytes", "final_val_loss", "best_val_loss", "train_s_to_target", "wall_s")
-    return {
-        "runs_ok": sum(r["ok"] for r in runs),
-        "runs": len(runs),
-        "ms_per_iter": median(ms),
-        "ms_spread": spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None,
-        "max_rss_mib": median([r["max_rss_bytes"] / 2**20 for r in good]),
-        **{k: median([r[k] for r in good if r[k] is not None]) for k in medians},
-    }
+    side = {"runs_ok": sum(r["ok"] for r in runs), "runs": len(runs), "ms_per_iter": median(ms)}
+    side["ms_spread"] = spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None
+    side["max_rss_mib"] = median([r["max_rss_bytes"] / 2**20 for r in good])
+    return side | {k: median([r[k] for r in good if r[k] is not None]) for k in medians}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -186,26 +158,22 @@ def table(result: dict[str, Any]) -> str:
         figures += [fmt(ms and to and ms / to, ".3f") for to in (base, nano)]
         rows.append([name, f"{v['runs_ok']}/{v['runs']}", *figures])
     rows += [[name, f"skipped: {why}", *[""] * 11] for name, why in result["skipped"].items()]
-    title = (
-        f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
-        f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every "
-        f"{s['eval_interval']} on {s['eval_iters']} batches, {result['repeats']} alternating repeats"
-    )
+    title = f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
+    title += f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every {s['eval_interval']} "
+    title += f"on {s['eval_iters']} batches, {result['repeats']} alternating repeats"
     headers = [h.format(result["target_val"] or "--target_val") for h in HEADERS]
     return f"{title}\n\n{markdown_table(headers, rows)}"
 
 
 def write_curves(out: Path, result: dict[str, Any]) -> None:
     """evals.csv (norm, iter, train_loss, val_loss) and val_loss.png: every side's curve, and its second half."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     curves = {name.split()[0]: runs[0]["evals"] for name, runs in result["runs"].items()}
     lines = [f"{n},{e['iter']},{e['train_loss']},{e['val_loss']}\n" for n, evals in curves.items() for e in evals]
     (out.parent / "evals.csv").write_text("norm,iter,train_loss,val_loss\n" + "".join(lines))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    axes = fig.subplots(1, 2)
     halves = ((0, "val loss"), (result["schedule"]["max_iters"] // 2, "second half"))
     for ax, (start, title) in zip(axes, halves, strict=True):
         for norm, evals in curves.items():
@@ -218,43 +186,40 @@ def write_curves(out: Path, result: dict[str, Any]) -> None:
     fig.savefig(out.parent / "val_loss.png", dpi=120)
 
 
-def run_all(args: argparse.Namespace, device: str) -> dict[str, Any]:
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every planned run, the sides alternating; with --out, the results written after every run, so that a
     benchmark cut short keeps what it measured."""
-    cfg = train_config(args.config, args.set)
-    sides, skipped = plan_sides(args, device)
+    cfg = common.train_config(args.config, args.set)
+    sides, skipped = plan_sides(args)
     sched = schedule(args, cfg)
     names = [f"{n} {m}" for n, m in sides] + (["nanogpt"] if args.nanogpt else [])
     plan = [(rep, name, side) for rep in range(args.repeats) for name, side in zip(names, [*sides, None], strict=False)]
-    result = {"device": device, "config": {"config": args.config, **dataclasses.asdict(cfg)}, "schedule": sched}
+    result = {"device": args.device, "config": {"config": args.config, **dataclasses.asdict(cfg)}, "schedule": sched}
     result |= {"repeats": args.repeats, "target_val": args.target_val, "skipped": skipped}
     result |= {"sides": {}, "runs": {name: [] for name in names}}  # filled run by run
     if args.nanogpt:
-        result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
+        result["nanogpt_commit"] = common.output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
-    work = Path(tempfile.mkdtemp(prefix="bench_training_"))
     t0 = time.perf_counter()
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench_training_", ignore_cleanup_errors=True) as work:
         for done, (rep, name, side) in enumerate(plan):
-            out_dir = work / f"{name.replace(' ', '_')}_{rep}"
-            cmd, cwd = commands(side, cfg, sched, out_dir, device, args)
+            out_dir = Path(work, f"{name.replace(' ', '_')}_{rep}")
+            cmd, cwd = commands(side, cfg, sched, out_dir, args.device, args)
             print(f"== {name}, repeat {rep + 1}/{args.repeats}: {' '.join(cmd[1:])}", flush=True)
-            child = run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
+            child = common.run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
             run = measure(side, child, out_dir, cfg, args.warmup, args.target_val)
             result["runs"][name].append(run)
             result["sides"][name] = summarise(result["runs"][name])
             failed = "" if run["ok"] else ", FAILED: " + " | ".join(run["tail"])
             figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
-            print(f"   {name}: {figures}; {progress(done + 1, len(plan), t0)}", flush=True)
-            write_results(args, "bench.training", result, table(result))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            print(f"   {name}: {figures}; {common.progress(done + 1, len(plan), t0)}", flush=True)
+            common.write_results(args, "bench.training", result, table(result))
     return result
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = parser(__doc__, config=True)
+    p = common.parser(__doc__, config=True)
     p.add_argument("--norms", default="custom,builtin", help="comma list of norms; NORM:MODE runs it in that mode only")
     p.add_argument("--modes", default=["eager"], type=comma_list(MODES), help=f"comma list from {', '.join(MODES)}")
     p.add_argument("--nanogpt", help="a nanoGPT checkout with data/shakespeare_char prepared, run beside ours")
@@ -269,22 +234,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time_limit", type=float, default=None, help="seconds before a run is killed")
     p.add_argument("--data_dir", help="our train.py's --data_dir (default: the config's dataset)")
     p.add_argument("--verbose", action="store_true", help="echo every line of the runs")
-    args = parse(p, argv)
+    args = common.parse(p, argv)
     args.curves = args.curves or args.whole or args.compare
     if args.compare:
         args.repeats = 1
         args.norms = args.norms if "--norms" in args.argv else ",".join((*NORMS, NO_NORM))
     if args.nanogpt and not (Path(args.nanogpt) / "data" / "shakespeare_char" / "train.bin").exists():
-        raise SystemExit(
-            f"error: --nanogpt {args.nanogpt}: no data/shakespeare_char/train.bin there; put Tiny "
-            f"Shakespeare in its data/shakespeare_char/input.txt and run its prepare.py there"
-        )
+        why = "no data/shakespeare_char/train.bin there; put Tiny Shakespeare in its data/shakespeare_char/input.txt"
+        raise SystemExit(f"error: --nanogpt {args.nanogpt}: {why} and run its prepare.py there")
     return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    result = run_all(args, args.device)
+    result = run_all(args)
     if args.out and args.compare:
         write_curves(args.out, result)
     print("\n" + table(result))
