@@ -1,9 +1,5 @@
-"""Decoding: tokens/s of GPT.generate uncached, cached, and cached in the batch-invariant mode, beside the model's
-Linear layers alone as a cached step runs them (the ceiling for these matrix products); and the matrix product
-alone at decoding shapes, stock F.linear against the mode's.
-
-The commands, what is timed and what is checked on the way (cached against uncached, the mode's tokens against
-stock's): bench/README.md.
+"""Decoding: tokens/s of GPT.generate uncached, cached and cached in the batch-invariant mode, beside the model's
+Linear layers alone; --matmul: F.linear alone at decoding shapes, stock against the mode's (bench/README.md).
 """
 
 from __future__ import annotations
@@ -25,26 +21,24 @@ from model import GPT, GPTConfig
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
 PATHS = ("uncached", "cached", "mode", "linears")
 MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
-MATMUL_WIDTHS = (384, 1536)
 
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
     """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) with each of --norms."""
     from device import check_triton_device
 
-    if "triton" in args.norms.split(","):
+    norms = args.norms.split(",")
+    if "triton" in norms:
         check_triton_device(device)  # one line saying what to do, before a model is loaded
     if args.checkpoint:
         from checkpoint import load_checkpoint, model_from_checkpoint
 
         ckpt = load_checkpoint(args.checkpoint, map_location=device)
-        return [
-            (f"{args.checkpoint} norm={norm}", model_from_checkpoint(ckpt, norm=norm, device=device).eval())
-            for norm in args.norms.split(",")
-        ]
+        loaded = [model_from_checkpoint(ckpt, norm=norm, device=device).eval() for norm in norms]
+        return [(f"{args.checkpoint} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
     out = []
     for path in args.sizes.split(","):
-        config = GPTConfig.from_options(options.read_config_file(path), norm=args.norms.split(",")[0])
+        config = GPTConfig.from_options(options.read_config_file(path), norm=norms[0])
         torch.manual_seed(1337)
         out.append((Path(path).stem, GPT(config).to(device).eval()))
     return out
@@ -92,28 +86,22 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
 
     for name in args.paths:  # warm-up: the allocator, the kernels
         run(name, min(8, args.new_tokens))
-    rounds = []  # the paths take turns, A B C A B C; tokens/s of each, round by round
+    rates = {name: [] for name in args.paths}  # the paths take turns, A B C A B C: tokens/s of each, round by round
     for _ in range(args.repeats):
-        rounds.append({})
         for name in args.paths:
             seconds = timed(lambda name=name: run(name, args.new_tokens), device)
-            rounds[-1][name] = batch * args.new_tokens / seconds
+            rates[name].append(batch * args.new_tokens / seconds)
     block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
 
     def agree(a: str, b: str, n: int | None = None) -> bool | None:
         return bool(torch.equal(new[a][:, :n], new[b][:, :n])) if {a, b} <= new.keys() else None
 
     sizes = {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "block_size")}
-    return {
-        "model": label,
-        **sizes,
-        "batch": batch,
-        "tokens_per_s": {k: median([r[k] for r in rounds]) for k in args.paths},
-        "spread": {k: spread([r[k] for r in rounds]) for k in args.paths},
-        "cached_equals_uncached_up_to_block": agree("cached", "uncached", block),
-        "mode_equals_cached": agree("mode", "cached"),
-        "tokens": next(iter(new.values())).tolist() if new else None,
-    }
+    record = {"model": label, **sizes, "batch": batch, "tokens_per_s": {k: median(v) for k, v in rates.items()}}
+    record["spread"] = {k: spread(v) for k, v in rates.items()}
+    record["cached_equals_uncached_up_to_block"] = agree("cached", "uncached", block)
+    record["mode_equals_cached"] = agree("mode", "cached")
+    return record | {"tokens": next(iter(new.values())).tolist() if new else None}
 
 
 def ratio(a: float | None, b: float | None, unit: str = "") -> str:
@@ -149,16 +137,16 @@ def decode_table(result: dict[str, Any]) -> str:
     return f"{title}\n\n{LINEARS_NOTE if 'linears' in paths else ''}{markdown_table(headers, rows)}"
 
 
-def matmul(device: str, dtypes: list[torch.dtype], widths: tuple[int, ...], rows: tuple[int, ...]) -> list[dict]:
-    """F.linear stock and in the mode, M rows against a K x K weight: microseconds per call, and how far the M rows
-    are from the same rows computed among 64 (0: the row does not depend on its company)."""
+def matmul(device: str, widths: list[int]) -> list[dict]:
+    """F.linear stock and in the mode, M rows against a K x K weight (float32; on CUDA bfloat16 too): us per call,
+    and how far the M rows are from the same rows computed among 64 (0: the row does not depend on its company)."""
     out = []
     gen = torch.Generator().manual_seed(0)
-    for dtype in dtypes:
+    for dtype in [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else []):
         for k in widths:
             w = (torch.randn(k, k, generator=gen) / k**0.5).to(device, dtype)
-            x = torch.randn(max(rows), k, generator=gen).to(device, dtype)
-            for m in rows:
+            x = torch.randn(max(MATMUL_ROWS), k, generator=gen).to(device, dtype)
+            for m in MATMUL_ROWS:
                 row = {"dtype": str(dtype).removeprefix("torch."), "K=N": k, "M": m}
                 for name in ("stock", "mode"):
                     with batch_invariant(enabled=name == "mode"):
@@ -195,7 +183,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new_tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--matmul", action="store_true", help="the matrix product alone instead of decoding")
-    p.add_argument("--widths", default=",".join(map(str, MATMUL_WIDTHS)), help="--matmul's K = N values")
+    p.add_argument("--widths", default=[384, 1536], type=comma_list(), help="--matmul's K = N (default 384,1536)")
     args = parse(p, argv)
     args.checkpoint = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt" if args.out_dir else None
     return args
@@ -210,8 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = args.device
     try:
         if args.matmul:
-            dtypes = [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else [])
-            runs = matmul(device, dtypes, tuple(int(k) for k in args.widths.split(",")), MATMUL_ROWS)
+            runs = matmul(device, args.widths)
             result = {"device": device, "matmul": runs}
             table = matmul_table(runs, device)
         else:
