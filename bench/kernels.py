@@ -1,14 +1,12 @@
 """The LayerNorms alone: forward, and forward+backward, per implementation at [rows, C]; or the Python cost per call.
 
-naive (autograd through the formula) is what the hand-written backward must beat. The commands, how each figure
-is timed and what GB/s counts: bench/README.md.
+The implementations, the commands, how each figure is timed and what GB/s counts: bench/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +14,7 @@ from typing import Any
 import torch
 
 import layernorm
-from bench.common import comma_list, fmt, markdown_table, parse, parser, timed, write_results
+from bench.common import comma_list, fmt, markdown_table, median, parse, parser, spread, timed, write_results
 
 IMPLS = ("custom", "builtin", "triton", "naive")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,9 +33,10 @@ def implementation(name: str, C: int, dtype: torch.dtype, device: str) -> tuple[
     with torch.no_grad():
         module.weight.normal_(1, 0.1)
         module.bias.normal_(0, 0.1)
+    params = [module.weight, module.bias]
     if name == "naive":
-        return (lambda x: layernorm.layer_norm_naive(x, module.weight, module.bias)), [module.weight, module.bias]
-    return module, [module.weight, module.bias]
+        return (lambda x: layernorm.layer_norm_naive(x, *params)), params
+    return module, params
 
 
 def time_ms(fns: dict[str, Callable[[], Any]], device: str, reps: int) -> dict[str, float]:
@@ -47,40 +46,30 @@ def time_ms(fns: dict[str, Callable[[], Any]], device: str, reps: int) -> dict[s
 
         return {k: triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median") for k, fn in fns.items()}
     times = [[timed(fn, device) * 1e3 for fn in fns.values()] for _ in range(reps + 2)][2:]  # 2 to warm up
-    return {k: statistics.median(t[i] for t in times) for i, k in enumerate(fns)}
+    return {k: median([t[i] for t in times]) for i, k in enumerate(fns)}
 
 
 def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[str], reps: int) -> list[dict]:
     x = (torch.randn(rows, C, device=device) * 2 + 1).to(dtype).requires_grad_()
     dy = torch.randn(rows, C, device=device).to(dtype)
-    fns = {}
-    params = {}
-    for name in impls:
-        fns[name], params[name] = implementation(name, C, dtype, device)
+    made = {name: implementation(name, C, dtype, device) for name in impls}  # name -> (fn, [weight, bias])
     copy = torch.empty_like(x)
     copy_ms = time_ms({"copy": lambda: copy.copy_(x.detach())}, device, reps)["copy"]
     with torch.no_grad():
-        reference = fns[impls[0] if "builtin" not in fns else "builtin"](x).float()
-        errors = {name: (fn(x).float() - reference).abs().max().item() for name, fn in fns.items()}
-    fwd = time_ms({name: lambda fn=fn: fn(x) for name, fn in fns.items()}, device, reps)
-    grads = {name: lambda fn=fn, p=params[name]: torch.autograd.grad(fn(x), [x, *p], dy) for name, fn in fns.items()}
+        reference = made.get("builtin", made[impls[0]])[0](x).float()
+        errors = {name: (fn(x).float() - reference).abs().max().item() for name, (fn, _) in made.items()}
+    fwd = time_ms({name: lambda fn=fn: fn(x) for name, (fn, _) in made.items()}, device, reps)
+    grads = {name: lambda fn=fn, p=p: torch.autograd.grad(fn(x), [x, *p], dy) for name, (fn, p) in made.items()}
     fwd_bwd = time_ms(grads, device, reps)
     size = rows * C * x.element_size() / 1e9  # GB per pass
     where = {"rows": rows, "C": C, "dtype": str(dtype).removeprefix("torch."), "device": device}
-    return [
-        {
-            "impl": name,
-            **where,
-            "max_abs_err_vs_builtin": errors[name],
-            "fwd_ms": fwd[name],
-            "fwd_bwd_ms": fwd_bwd[name],
-            "bwd_ms": fwd_bwd[name] - fwd[name],
-            "fwd_gbps": 2 * size / (fwd[name] / 1e3),
-            "fwd_bwd_gbps": 5 * size / (fwd_bwd[name] / 1e3),
-            "copy_gbps": 2 * size / (copy_ms / 1e3),
-        }
-        for name in impls
-    ]
+    out = []
+    for name in impls:
+        row = {"impl": name, **where, "max_abs_err_vs_builtin": errors[name], "fwd_ms": fwd[name]}
+        row |= {"fwd_bwd_ms": fwd_bwd[name], "bwd_ms": fwd_bwd[name] - fwd[name]}
+        row |= {"fwd_gbps": 2 * size / (fwd[name] / 1e3), "fwd_bwd_gbps": 5 * size / (fwd_bwd[name] / 1e3)}
+        out.append(row | {"copy_gbps": 2 * size / (copy_ms / 1e3)})
+    return out
 
 
 KERNELS_HEADERS = (
@@ -123,19 +112,14 @@ def overhead(device: str, calls: int, repeats: int) -> list[dict]:
     x = torch.randn(8, 384, device=device, requires_grad=True)
     dy = torch.randn(8, 384, device=device)
     modules = {name: layernorm.make_norm(name, 384).to(device) for name in ("builtin", "triton")}
-    fns = {
-        **{f"{k} fwd": lambda m=m: m(x) for k, m in modules.items()},
-        **{f"{k} fwd+bwd": lambda m=m: torch.autograd.grad(m(x), [x, *m.parameters()], dy) for k, m in modules.items()},
-    }
+    fns = {(k, "fwd"): lambda m=m: m(x) for k, m in modules.items()}
+    fns |= {(k, "fwd+bwd"): lambda m=m: torch.autograd.grad(m(x), [x, *m.parameters()], dy) for k, m in modules.items()}
     try:  # the first round warms up
         rounds = [[timed(fn, device, calls) * 1e6 for fn in fns.values()] for _ in range(repeats + 1)][1:]
     finally:
         vars(layernorm_triton).update(kernels)
-    times = {k: [r[i] for r in rounds] for i, k in enumerate(fns)}
-    return [
-        {"impl": k.split()[0], "what": k.split()[1], "us": statistics.median(v), "spread": [min(v), max(v)]}
-        for k, v in times.items()
-    ]
+    times = {key: [r[i] for r in rounds] for i, key in enumerate(fns)}
+    return [{"impl": impl, "what": what, "us": median(us), "spread": spread(us)} for (impl, what), us in times.items()]
 
 
 def overhead_table(rows: list[dict], device: str, calls: int, repeats: int) -> str:
@@ -149,9 +133,7 @@ def overhead_table(rows: list[dict], device: str, calls: int, repeats: int) -> s
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
-    p.add_argument(
-        "--dtype", type=comma_list(DTYPES), help="comma list of dtypes (default float32; CUDA bfloat16,float32)"
-    )
+    p.add_argument("--dtype", type=comma_list(DTYPES), help="comma list (default float32; on CUDA bfloat16,float32)")
     p.add_argument("--sizes", type=comma_list(), help=f"comma list of C (default {CPU_SIZES}; CUDA {CUDA_SIZES})")
     p.add_argument("--rows", type=lambda v: comma_list()(v)[0], help="rows = B * T (default 16384; CUDA 32768)")
     p.add_argument("--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those here)")
