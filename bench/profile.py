@@ -1,7 +1,6 @@
 """Where a training step goes: a few steps per norm under torch.profiler, in this process, as train.py takes them.
 
-Each step is a batch of the prepared data and step.train_step, then the loss read back as at a log line. The
-commands, what is reported, and the figure beside --out: bench/README.md.
+What a step is, what is reported, and the figure beside --out: bench/README.md.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from options import TrainConfig
 from step import train_step
 
 STEPS = 10  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
-# An op goes to the first category its own name or a caller's (outermost first) matches (bench/README.md); the
-# clip's ops by name: _foreach_norm, stack, linalg_vector_norm, reciprocal, clamp, _foreach_mul_.
+# An op goes to the first category its own name or a caller's (outermost first) matches; the clip's ops by name.
 CATEGORIES = {
     "matrix products": re.compile(r"^aten::(linear|mm|addmm|bmm|baddbmm|matmul)$|: (Mm|Addmm|Bmm|Baddbmm)Backward"),
     "attention": re.compile(r"scaled_dot_product|ScaledDotProduct|^aten::_softmax|SoftmaxBackward"),
@@ -51,16 +49,17 @@ def category(event: Any) -> str:
 
 
 def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
-    """GFLOP/s of the step's own matrix products (each op and input shape), each timed alone, FLOP-weighted."""
+    """GFLOP/s of the step's own matrix products, each op and input shape timed alone, FLOP-weighted; shapes holds
+    {(op, input shapes): each call's FLOPs}."""
     total_flops = 0.0
     total_s = 0.0
-    for (name, dims), (count, flops) in shapes.items():
+    for (name, dims), flops in shapes.items():
         args = [torch.randn(d, device=device) for d in dims]
         op = getattr(torch, name.removeprefix("aten::"))
         op(*args)
         seconds = median([timed(lambda op=op, args=args: op(*args), device, calls=20) for _ in range(5)])
-        total_flops += flops
-        total_s += seconds * count
+        total_flops += sum(flops)
+        total_s += seconds * len(flops)
     return total_flops / total_s / 1e9 if total_s else None
 
 
@@ -111,10 +110,8 @@ def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None)
         by_category[category(e)] += e.self_cpu_time_total / STEPS
         if e.name in MATMUL_OPS and e.flops:
             dims = tuple(tuple(d) for d in e.input_shapes if d)[:3]  # the tensors (addmm's scalars left out)
-            entry = shapes.setdefault((e.name, dims), [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.flops
-    matmul_flops = sum(f for _, f in shapes.values()) / STEPS
+            shapes.setdefault((e.name, dims), []).append(e.flops)
+    matmul_flops = sum(sum(flops) for flops in shapes.values()) / STEPS
     return {
         "ms_per_step": wall_us / 1000 / STEPS,
         "kernels_per_step": len(kernels) / STEPS if kernels else None,
@@ -156,12 +153,10 @@ def tables(rows: dict[str, dict[str, Any]], device: str) -> str:
 def plot(png: Path, rows: dict[str, dict[str, Any]], title: str) -> None:
     """One bar per norm: the step's CPU ms by category; beside it the GFLOP/s of the whole step, of its matrix
     products inside it, and of the same products alone (the machine's rate)."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 1.8 + 0.7 * len(rows)), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig = Figure(figsize=(12, 1.8 + 0.7 * len(rows)))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
     for y, r in enumerate(rows.values()):
         x = 0.0
         for i, cat in enumerate(COLUMNS):
