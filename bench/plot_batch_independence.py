@@ -1,8 +1,5 @@
 """Draw batch_independence.py's JSON: per decoding step, how far a prompt decoded alone is from the same prompt
-decoded in a batch, for each norm, with PyTorch's kernels and in the batch-invariant mode.
-
-    python -m bench.plot_batch_independence       # bench/results/batch_independence_cpu.json -> .png beside it
-    python -m bench.plot_batch_independence --json results.json --out results.png
+decoded in a batch, for each norm, with PyTorch's kernels and in the batch-invariant mode (bench/README.md).
 """
 
 from __future__ import annotations
@@ -16,13 +13,11 @@ WORLDS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant 
 
 
 def plot(result: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     worlds = [w for w in WORLDS if w in result]
-    fig, axes = plt.subplots(1, len(worlds), figsize=(5.5 * len(worlds), 4), sharey=True, squeeze=False)
+    fig = Figure(figsize=(5.5 * len(worlds), 4))
+    axes = fig.subplots(1, len(worlds), sharey=True, squeeze=False)
     for ax, world in zip(axes[0], worlds, strict=True):
         for row in result[world]:
             steps = row["alone_vs_batch"]["per_step_max_abs_diff"]
@@ -36,20 +31,18 @@ def plot(result: dict, out: Path) -> None:
     axes[0][0].set_ylabel("max |logit difference|, alone vs in a batch")
     axes[0][-1].legend(fontsize=8, loc="center right")
     m = result["model"]
-    fig.suptitle(
-        f"{'a trained checkpoint' if result['source'].startswith('checkpoint') else 'a random model'}: "
-        f"{m['n_layer']} layers, {m['n_embd']} wide; {result['dtype']}; {result['new_tokens']} greedy tokens; "
-        f"a batch of {result['batch_size']} prompts",
-        fontsize=9,
-    )
+    source = "a trained checkpoint" if result["source"].startswith("checkpoint") else "a random model"
+    title = f"{source}: {m['n_layer']} layers, {m['n_embd']} wide; {result['dtype']}; {result['new_tokens']} greedy"
+    fig.suptitle(f"{title} tokens; a batch of {result['batch_size']} prompts", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", type=Path, default=Path("bench/results/batch_independence_cpu.json"))
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument(
+        "--json", type=Path, default=Path("bench/results/batch_independence_cpu.json"), help="default %(default)s"
+    )
     p.add_argument("--out", type=Path, help="the PNG (default: beside --json)")
     args = p.parse_args(argv)
     out = args.out or args.json.with_suffix(".png")

@@ -1,8 +1,5 @@
 """Does a resumed run continue the run it was cut from? 2 + 2 iterations of train.py, the second two resumed from
-the first two's checkpoint, against 4 straight, every other option the same.
-
-Both runs evaluate at 2, where the first part stops, so both draw alike. Exits 1 if the losses differ by more than
---rtol (0: bit-identical, as on a CPU), or a run failed; the command and what is compared: bench/README.md.
+the first two's checkpoint, against 4 straight, every other option the same; exits 1 if they differ (bench/README.md).
 """
 
 from __future__ import annotations
@@ -25,23 +22,18 @@ def logged(out_dir: Path) -> dict[tuple[str, int], float]:
     return {(r["kind"], r["iter"]): r["loss"] if r["kind"] == "train" else r["val_loss"] for r in records}
 
 
-def weight_gap(a: Path, b: Path) -> float:
-    """The largest absolute difference between two checkpoints' weights."""
-    from checkpoint import load_checkpoint
-
-    wa = load_checkpoint(a)["model"]
-    wb = load_checkpoint(b)["model"]
-    return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
-
-
 def compare(straight: Path, resumed: Path, rtol: float) -> dict[str, Any]:
     """The two runs' logged losses side by side, their largest relative gap, the final weights' largest gap."""
+    from checkpoint import load_checkpoint
+
     a = logged(straight)
     b = logged(resumed)
     rows = [[kind, it, a[kind, it], b.get((kind, it))] for kind, it in sorted(a)]
     gaps = [abs(x - y) / abs(x) if y is not None else float("inf") for _, _, x, y in rows]
     gap = max(gaps, default=float("inf"))
-    weights = weight_gap(straight / "ckpt.pt", resumed / "ckpt.pt")
+    wa = load_checkpoint(straight / "ckpt.pt")["model"]
+    wb = load_checkpoint(resumed / "ckpt.pt")["model"]
+    weights = max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
     return {"losses": rows, "max_relative_loss_gap": gap, "max_weight_gap": weights, "rtol": rtol, "same": gap <= rtol}
 
 
@@ -50,6 +42,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rtol", type=float, default=0.0, help="the losses' largest relative gap allowed (default 0)")
     args = parse(p, argv)
     flags = [args.config, f"--device={args.device}", *(f"--{item}" for item in args.set)]  # --set device=X wins
+    # Both runs evaluate at CUT, where the first part stops, so both draw alike.
     flags += [f"--eval_interval={CUT}", "--log_interval=1", "--sample_at_end=False"]
     with tempfile.TemporaryDirectory(prefix="bench_resume_") as work:
         straight = Path(work, "straight")
