@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 ZERO = 1e-9  # a difference of exactly 0 is drawn here, on the axis labelled "0" (a log scale has no 0)
+RESULT = Path("bench/results/batch_independence_cpu.json")  # the figure README.md and docs/03 show
 WORLDS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant mode"}
 
 
@@ -40,9 +41,7 @@ def plot(result: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument(
-        "--json", type=Path, default=Path("bench/results/batch_independence_cpu.json"), help="default %(default)s"
-    )
+    p.add_argument("--json", type=Path, default=RESULT, help=f"batch_independence.py's JSON (default {RESULT})")
     p.add_argument("--out", type=Path, help="the PNG (default: beside --json)")
     args = p.parse_args(argv)
     out = args.out or args.json.with_suffix(".png")
