@@ -1,8 +1,6 @@
-"""What the benchmarks share: the machine, a child process with its peak memory, Markdown tables, result files.
+"""What the benchmarks share (bench/README.md); torch is imported where it is used, so that the packing takes none.
 
 python -m bench.common RESULTS_DIR OUT_DIR    # bench/gpu.sh, after every step: RESULTS_DIR as the files of PACKED
-
-torch is imported where it is used, so that the packing after each of gpu.sh's steps takes no torch import.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ class Child:
 
 def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = None, echo: str | None = None) -> Child:
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
-    outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (on Linux at least this
-    process's size when it started the child: the kernel carries that over fork and exec)."""
+    outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (bench/README.md)."""
     from device import maxrss_bytes
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -136,9 +133,8 @@ def comma_list(choices: Sequence[str] | None = None) -> Callable[[str], list]:
         items = [v for v in text.split(",") if v] if choices else [int(v) for v in text.split(",")]
         bad = [v for v in items if (v not in choices if choices else v < 1)]
         if bad:
-            raise argparse.ArgumentTypeError(
-                f"{bad[0]!r} is not one of {', '.join(choices)}" if choices else f"{bad[0]} is not a positive integer"
-            )
+            what = f"one of {', '.join(choices)}" if choices else "a positive integer"
+            raise argparse.ArgumentTypeError(f"{bad[0]!r} is not {what}")
         return items
 
     return parse
@@ -182,17 +178,11 @@ def machine_info() -> dict[str, Any]:
         triton = metadata.version("triton")
     except metadata.PackageNotFoundError:
         triton = None
-    info = {
-        "commit": output_of("git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": cpu[0] if cpu else platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "triton": triton,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
+    commit = output_of("git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7")
+    info = {"commit": commit, "platform": platform.platform(), "python": platform.python_version()}
+    info |= {"cpu": cpu[0] if cpu else platform.processor(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    info |= {"torch_threads": torch.get_num_threads(), "triton": triton}
+    info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     if info["gpu"]:
         query = "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version"
         info["nvidia_smi"] = output_of("nvidia-smi", query, "--format=csv,noheader") or ""
@@ -205,24 +195,18 @@ def output_of(*cmd: str) -> str | None:
     return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file's contents; None if it is not (yet) whole JSON, as a step's file cut short by its time limit."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def pack(res: Path, out: Path) -> None:
     """bench/gpu.sh's results so far as PACKED: summary.md (the plan, each step's exit code and seconds, then its
     Markdown table or the end of its log), results.json (every JSON under its step's name) and the whole folder as
     a tarball. Each file is written beside its name and then renamed, so a run cut at any moment leaves whole files."""
     steps = [line.split("\t") for line in (res / "steps.tsv").read_text().splitlines()]
-    machine = read_json(res / "machine.json") or {}
-    results = {
-        "steps": [dict(zip(("step", "rc", "seconds", "limit_s"), s, strict=True)) for s in steps],
-        **{path.stem: read_json(path) for path in sorted(res.glob("*.json"))},
-    }
+    results = {"steps": [dict(zip(("step", "rc", "seconds", "limit_s"), s, strict=True)) for s in steps]}
+    for path in sorted(res.glob("*.json")):
+        try:
+            results[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # not (yet) whole JSON, as a step's file cut short by its time limit
+            results[path.stem] = None
+    machine = results.get("machine") or {}
     plan = (res / "plan.txt").read_text(encoding="utf-8").strip() if (res / "plan.txt").exists() else ""
     versions = f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}"
     summary = [f"# bench/gpu.sh at commit {machine.get('commit')}", "", versions, "", *([plan, ""] if plan else [])]
