@@ -4,10 +4,8 @@
 #   bash bench/gpu.sh [--dry-run] [--input TINY_SHAKESPEARE.txt] [--nanogpt NANOGPT_CHECKOUT] [OUT_DIR]
 #
 # PY: the python that has torch (default python3). SHARES: each step's seconds of the 420-s budget, in the order the
-# steps run (what no GPU has run first, so that a run cut short keeps it), "report" being the checks and the packing
-# after each step; each step runs under `timeout` with its share, or with what is left if that is less. nanoGPT's
-# step, when given, takes the 12 x 768 grid's share. GPU_SH_BUDGET_S scales every share (default 420 s, 1260 s with
-# --dry-run); GPU_SH_STEPS="data,tests ...": run only those steps (the others: not selected).
+# steps run. GPU_SH_BUDGET_S scales every share (default 420 s, 1260 s with --dry-run); GPU_SH_STEPS="data,tests ...":
+# run only those steps (the others: not selected).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 DRY=0 INPUT=${TINY_SHAKESPEARE:-data/shakespeare_char/input.txt} NANOGPT=${NANOGPT:-} OUT_DIR=${OUT:-bench/results/gpu}
@@ -81,15 +79,11 @@ pack
 # console and $RES/NAME.log, its exit code and seconds to $RES/steps.tsv; then the three files again.
 step() {
     local name=$1 limit && limit=$(share "$1") && shift
-    local left=$((BUDGET - $(share report) / 2 - $(date +%s) + START)) t0=$SECONDS
-    if [[ -n ${GPU_SH_STEPS:-} && " ${GPU_SH_STEPS//,/ } " != *" $name "* ]]; then
-        printf "%s\tskipped (not selected)\t0\t0\n" "$name" >>"$RES/steps.tsv" && return
-    fi
+    local left=$((BUDGET - $(share report) / 2 - $(date +%s) + START)) t0=$SECONDS why=""
     ((left < limit)) && limit=$left
-    if ((limit < 5)); then
-        local why="budget spent" && [[ " ${SHARES[*]} " == *" $name:0 "* ]] && why="no share"
-        printf "%s\tskipped (%s)\t0\t0\n" "$name" "$why" >>"$RES/steps.tsv" && return
-    fi
+    ((limit < 5)) && why="budget spent" && [[ " ${SHARES[*]} " == *" $name:0 "* ]] && why="no share"
+    [[ -n ${GPU_SH_STEPS:-} && " ${GPU_SH_STEPS//,/ } " != *" $name "* ]] && why="not selected"
+    [[ -n $why ]] && printf "%s\tskipped (%s)\t0\t0\n" "$name" "$why" >>"$RES/steps.tsv" && return
     echo "=== $name (at most ${limit} s; $(($(date +%s) - START)) of ${BUDGET} s spent): $*"
     timeout -s INT -k 5 "$limit" "$@" 2>&1 | tee "$RES/$name.log"
     printf "%s\t%s\t%s\t%s\n" "$name" "${PIPESTATUS[0]}" $((SECONDS - t0)) "$limit" >>"$RES/steps.tsv"
