@@ -16,6 +16,8 @@ from torch.nn import functional as F
 import options
 from batch_invariant import batch_invariant, refusal
 from bench.common import comma_list, fmt, markdown_table, median, parse, parser, progress, spread, timed, write_results
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from device import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
@@ -25,14 +27,10 @@ MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
     """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) with each of --norms."""
-    from device import check_triton_device
-
     norms = args.norms.split(",")
     if "triton" in norms:
         check_triton_device(device)  # one line saying what to do, before a model is loaded
     if args.checkpoint:
-        from checkpoint import load_checkpoint, model_from_checkpoint
-
         ckpt = load_checkpoint(args.checkpoint, map_location=device)
         loaded = [model_from_checkpoint(ckpt, norm=norm, device=device).eval() for norm in norms]
         return [(f"{args.checkpoint} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
@@ -129,10 +127,8 @@ def decode_table(result: dict[str, Any]) -> str:
         checks = [r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]]
         model = f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})"
         rows.append([model, r["batch"], *rates, *ratios, ratio(cached, tps.get("linears")), *checks])
-    title = (
-        f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
-        f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
-    )
+    title = f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
+    title += f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
     headers = ["model", "batch", *[f"{p} tok/s" for p in paths], *DECODE_HEADERS]
     return f"{title}\n\n{LINEARS_NOTE if 'linears' in paths else ''}{markdown_table(headers, rows)}"
 
@@ -190,9 +186,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from checkpoint import CheckpointError
-    from device import TritonUnavailableError
-
     args = parse_args(argv)
     t0 = time.perf_counter()
     device = args.device
