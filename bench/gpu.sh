@@ -45,20 +45,18 @@ if ((DRY)); then
     NORMS=(--norms builtin,triton:eager) WIDE=(--norms builtin) DEMO=(--norms builtin --prompt_len 4 --new_tokens 4)
     TESTS=(--collect-only) DECODE=(--sizes configs/shakespeare_char_cpu.json --batches 1 --new_tokens 3 --repeats 1)
     MATMUL=(--widths 32) KERNELS=(--sizes 32 --rows 16 --reps 1) OVERHEAD=(--calls 10 --repeats 1)
-    PROFILE=(--config configs/shakespeare_char_cpu.json "${TINY[@]}" --norms builtin)
+    PROFILE=(--config configs/shakespeare_char_cpu.json "${TINY[@]}" --norms builtin) GRAPHS=() COMPILE=()
     SMOKE=(--n_layer=1 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --max_iters=2 --eval_interval=2
         --eval_iters=1) RESUME=(--config configs/shakespeare_char_cpu.json "${TINY[@]}" --set eval_iters=1)
-    GRAPHS=() COMPILE=()
 else
     "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || fail "no CUDA device here; try --dry-run"
     unset TRITON_INTERPRET  # the kernels must compile for the GPU
     DEV=cuda GRID=(--config configs/shakespeare_char.json --warmup 10 --iters 30 --eval_iters 5 --time_limit 60)
     FULL=(--config configs/shakespeare_char.json) NORMS=(--norms builtin,triton,custom:eager)
     WIDE=(--set n_layer=12 --set n_head=12 --set n_embd=768 --norms builtin,triton --modes eager,graphs)
-    PROFILE=(--config configs/shakespeare_char.json --norms builtin,triton)
+    PROFILE=(--config configs/shakespeare_char.json --norms builtin,triton) COMPILE=(--compile=True)
     DEMO=() TESTS=() DECODE=() MATMUL=() KERNELS=() OVERHEAD=()
     SMOKE=(--max_iters=20 --eval_interval=20 --eval_iters=2) GRAPHS=(--cuda_graphs=True --dtype=float16)
-    COMPILE=(--compile=True)
     RESUME=(--config configs/shakespeare_char.json --set cuda_graphs=True --set dtype=float32 --set eval_iters=2
         --rtol 1e-4)  # float32: a GPU's atomic additions still differ in the last bits, run to run
 fi
