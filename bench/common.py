@@ -158,8 +158,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 
 def write_results(args: argparse.Namespace, module: str, result: dict[str, Any], table: str) -> None:
-    """With --out: the result as JSON there (with the machine and `python -m module` with the command line) and the
-    Markdown table beside it (.md)."""
+    """With --out: the result as JSON there, with the machine and the command (python -m module); the table beside."""
     if not args.out:
         return
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -196,9 +195,8 @@ def output_of(*cmd: str) -> str | None:
 
 
 def pack(res: Path, out: Path) -> None:
-    """bench/gpu.sh's results so far as PACKED: summary.md (the plan, each step's exit code and seconds, then its
-    Markdown table or the end of its log), results.json (every JSON under its step's name) and the whole folder as
-    a tarball. Each file is written beside its name and then renamed, so a run cut at any moment leaves whole files."""
+    """bench/gpu.sh's results so far as PACKED (bench/README.md). Each file is written beside its name and then
+    renamed, so a run cut at any moment leaves whole files."""
     steps = [line.split("\t") for line in (res / "steps.tsv").read_text().splitlines()]
     results = {"steps": [dict(zip(("step", "rc", "seconds", "limit_s"), s, strict=True)) for s in steps]}
     for path in sorted(res.glob("*.json")):

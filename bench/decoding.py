@@ -55,8 +55,7 @@ def paths_here(paths: list[str], device: str) -> list[str]:
 
 
 def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
-    """steps -> None: the model's Linear layers, in a cached step's order, on one token per row, `steps` times
-    (LINEARS_NOTE says what that measures)."""
+    """steps -> None: the model's Linear layers in a cached step's order, one token per row, `steps` times."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(batch, 1, m.in_features, device=device) for m in layers]
 
@@ -134,8 +133,7 @@ def decode_table(result: dict[str, Any]) -> str:
 
 
 def matmul(device: str, widths: list[int]) -> list[dict]:
-    """F.linear stock and in the mode, M rows against a K x K weight (float32; on CUDA bfloat16 too): us per call,
-    and how far the M rows are from the same rows computed among 64 (0: the row does not depend on its company)."""
+    """F.linear at MATMUL_ROWS rows, stock and in the mode: us per call, and the gap to the same rows among 64."""
     out = []
     gen = torch.Generator().manual_seed(0)
     for dtype in [torch.float32] + ([torch.bfloat16] if device.startswith("cuda") else []):

@@ -49,8 +49,7 @@ def category(event: Any) -> str:
 
 
 def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
-    """GFLOP/s of the step's own matrix products, each op and input shape timed alone, FLOP-weighted; shapes holds
-    {(op, input shapes): each call's FLOPs}."""
+    """GFLOP/s of the step's matrix products ({(op, input shapes): each call's FLOPs}), each shape timed alone."""
     total_flops = 0.0
     total_s = 0.0
     for (name, dims), flops in shapes.items():

@@ -72,8 +72,7 @@ def schedule(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
 def commands(
     side: tuple[str, str] | None, cfg: TrainConfig, sched: dict, out_dir: Path, device: str, args: argparse.Namespace
 ) -> tuple[list[str], Path]:
-    """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None). --whole: each side's
-    checkpoints as its config saves them, and our sample at the end, as its command runs it."""
+    """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None)."""
     both = {**sched, "out_dir": out_dir, "device": device}
     if not args.whole:  # no checkpoint beyond the best one
         both["always_save_checkpoint"] = False
