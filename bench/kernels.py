@@ -24,6 +24,7 @@ CUDA_SIZES = "768,1024,2048,4096,8192"
 # costs more than a LayerNorm of [16384, 384] and varies with the allocator's state (builtin's fwd+bwd there: 5-7 ms
 # with freed memory kept, 12-14 ms without, 2-core EPYC), so the timings keep freed memory; --system-malloc does not.
 STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}
+STEADY = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())  # glibc reads them as the process starts
 
 
 def implementation(name: str, C: int, dtype: torch.dtype, device: str) -> tuple[Callable, list[torch.Tensor]]:
@@ -165,8 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_results(args, "bench.kernels", result, table)
         print(table)
         return result
-    malloc = "steady" if all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items()) else "system default"
-    result = {"device": args.device, "malloc": malloc, "results": []}
+    result = {"device": args.device, "malloc": "steady" if STEADY else "system default", "results": []}
     rows = args.rows or (32768 if args.device.startswith("cuda") else 16384)
     for dtype in args.dtype:
         for C in args.sizes:
@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    steady = all(os.environ.get(k) == v for k, v in STEADY_MALLOC.items())
-    if sys.platform == "linux" and "--system-malloc" not in sys.argv and not steady:
+    if sys.platform == "linux" and "--system-malloc" not in sys.argv and not STEADY:
         argv = [sys.executable, "-m", "bench.kernels", *sys.argv[1:]]
         os.execve(sys.executable, argv, {**os.environ, **STEADY_MALLOC})
     main()

@@ -103,9 +103,7 @@ def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None)
     ops = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:8]
     by_category = dict.fromkeys(COLUMNS, 0.0)
     shapes: dict[tuple, list[float]] = {}
-    for e in events:
-        if e.device_type.name != "CPU":
-            continue
+    for e in [e for e in events if e.device_type.name == "CPU"]:
         by_category[category(e)] += e.self_cpu_time_total / STEPS
         if e.name in MATMUL_OPS and e.flops:
             dims = tuple(tuple(d) for d in e.input_shapes if d)[:3]  # the tensors (addmm's scalars left out)

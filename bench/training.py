@@ -73,9 +73,8 @@ def commands(
     side: tuple[str, str] | None, cfg: TrainConfig, sched: dict, out_dir: Path, device: str, args: argparse.Namespace
 ) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None)."""
-    both = {**sched, "out_dir": out_dir, "device": device}
-    if not args.whole:  # no checkpoint beyond the best one
-        both["always_save_checkpoint"] = False
+    timing = {} if args.whole else {"always_save_checkpoint": False}  # no checkpoint beyond the best one
+    both = {**sched, "out_dir": out_dir, "device": device, **timing}
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **both}
         if device != "cuda":
