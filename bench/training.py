@@ -1,7 +1,6 @@
 """Training speed: train.py per norm and per mode, beside nanoGPT; the norm comparison (--compare); the whole run.
 
-Each run is a fresh child process, so no allocator, thread pool or compiled kernel leaks into the next; the
-commands, how the sides alternate and how each figure is read: bench/README.md.
+Each run is a fresh child process: no allocator, thread pool or compiled kernel leaks into the next (bench/README.md).
 """
 
 from __future__ import annotations
