@@ -1,11 +1,6 @@
-"""Tokenizers the data, training and sampling scripts share, rebuilt from a dataset's meta.json.
-
-Two kinds, both stored as plain JSON (never pickle) under meta.json's "tokenizer" key:
-
-- ``{"kind": "char", "itos": ["\\n", " ", "!", ...]}``: one token per character, token id i is ``itos[i]``; the
-  vocabulary is the sorted set of characters of the training text.
-- ``{"kind": "tiktoken", "encoding": "r50k_base"}``: GPT-2's byte-level BPE, through tiktoken (imported only then).
-"""
+"""Tokenizers the data, training and sampling scripts share: characters, or GPT-2's byte-level BPE through tiktoken
+(imported only then). Each is stored as plain JSON (never pickle) under the "tokenizer" key of a dataset's meta.json
+(data/README.md shows both kinds) and of a checkpoint, and rebuilt from it by tokenizer_from_meta."""
 
 from __future__ import annotations
 
@@ -26,8 +21,6 @@ def _check_ids(ids: Sequence[int], vocab_size: int) -> None:
 class CharTokenizer:
     """Character-level tokenizer: token id i stands for the character ``itos[i]``."""
 
-    kind = "char"
-
     def __init__(self, itos: Sequence[str]) -> None:
         self.itos = list(itos)
         for i, ch in enumerate(self.itos):
@@ -38,15 +31,12 @@ class CharTokenizer:
         if not self.itos:
             raise ValueError("char vocabulary is empty")
         self.stoi = {ch: i for i, ch in enumerate(self.itos)}
+        self.vocab_size = len(self.itos)
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
         """The vocabulary of ``text``: its distinct characters, sorted by code point."""
         return cls(sorted(set(text)))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.itos)
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -66,13 +56,11 @@ class CharTokenizer:
         return (self.decode([i]) for i in ids)  # a token is a whole character
 
     def to_meta(self) -> dict[str, Any]:
-        return {"kind": self.kind, "itos": list(self.itos)}
+        return {"kind": "char", "itos": list(self.itos)}
 
 
 class TiktokenTokenizer:
     """Byte-level BPE through tiktoken: GPT-2's (GPT2_ENCODING) unless another encoding is named."""
-
-    kind = "tiktoken"
 
     def __init__(self, encoding: str = GPT2_ENCODING) -> None:
         try:
@@ -112,7 +100,7 @@ class TiktokenTokenizer:
         yield utf8.decode(b"", final=True)  # bytes that never became a character: U+FFFD, as decode gives
 
     def to_meta(self) -> dict[str, Any]:
-        return {"kind": self.kind, "encoding": self.encoding}
+        return {"kind": "tiktoken", "encoding": self.encoding}
 
 
 def tokenizer_from_meta(tok: dict[str, Any]) -> CharTokenizer | TiktokenTokenizer:
