@@ -9,8 +9,7 @@ Its GPT has this repository's parameter names and layout, and its LayerNorm is P
 weights load as they are: a compiled run's "_orig_mod." prefixes come off (checkpoint.checkpoint_weights), and the
 causal-mask buffers an older PyTorch made it keep ("attn.bias") are dropped. The vocabulary of a character-level
 dataset is in data/<dataset>/meta.pkl, a pickle written by its prepare.py: {"vocab_size": int, "itos": {int: str},
-"stoi": {str: int}}. Without one, nanoGPT's sample.py assumes GPT-2's BPE; so does this module, when the model has
-that many tokens.
+"stoi": {str: int}}; without one, GPT-2's BPE (tokenizer_meta), as nanoGPT's sample.py assumes.
 """
 
 from __future__ import annotations
@@ -49,26 +48,22 @@ def to_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class _NotPlainData(Exception):
-    """What _PlainDataUnpickler raises for anything but plain data."""
-
-
 class _PlainDataUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, strings and numbers, which need no global; any class or function is refused, so no
-    pickled code can run (every call a pickle makes goes through find_class for its callable)."""
+    """Builds dicts, lists, strings and numbers, which need no global; any class or function is refused (MetaError),
+    so no pickled code can run (every call a pickle makes goes through find_class for its callable)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise _NotPlainData(f"it names {module}.{name}")
+        raise MetaError(f"it names {module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise _NotPlainData("it refers to an object outside the file")
+        raise MetaError("it refers to an object outside the file")
 
 
 def read_meta(path: Path) -> dict[str, Any]:
     """The char tokenizer entry (tokenizer.py) of the meta.pkl at `path`; MetaError if it is not nanoGPT's."""
     try:
         meta = _PlainDataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except _NotPlainData as e:
+    except MetaError as e:
         raise MetaError(
             f"{path} holds more than the dicts, strings and ints of nanoGPT's meta.pkl ({e}), so it is not read "
             f"and nothing in it ran: give the meta.pkl that nanoGPT's prepare.py wrote"
