@@ -1,9 +1,6 @@
 """Prepared data (data/README.md: train.bin, val.bin and meta.json), written by the ``data/*/prepare.py`` scripts
-(find the text, check it, split 90/10, tokenize, write) and read back by train.py through ``PreparedData``.
-
-Bad input to a prepare script stops with ``SystemExit("error: ...")``: a one-line message, exit status 1, no
-traceback. A dataset train.py cannot use raises ``DataError`` with a message that says how to prepare it.
-"""
+(find the text, check it, split 90/10, tokenize, write: run_prepare) and read back by train.py through
+``PreparedData``."""
 
 from __future__ import annotations
 
@@ -113,7 +110,7 @@ def split_text(text: str, train_fraction: float = TRAIN_FRACTION) -> tuple[str, 
 
 def run_prepare(
     argv: Sequence[str] | None, *, description: str | None, script_file: str, make_tokenizer: Callable[[str], Any]
-) -> dict[str, Any]:
+) -> None:
     """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``: see tokenizer.py; a ValueError
     or RuntimeError it raises is the message), 90/10 split, files."""
     script_dir = Path(script_file).resolve().parent
@@ -162,7 +159,6 @@ def run_prepare(
     print(f"tokenizer: {meta['tokenizer']['kind']}, vocab size {tok.vocab_size:,}")
     print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
     print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}", flush=True)
-    return {"out_dir": str(out_dir), "source": source, **meta}
 
 
 # ---- reading it back (train.py) ----
@@ -208,10 +204,8 @@ class PreparedData:
         self._files: dict[str, Any] = {}  # opened at first use
 
     def describe(self) -> str:
-        return (
-            f"data {self.dir}: {self.tokens['train']:,} train / {self.tokens['val']:,} val tokens, "
-            f"vocab {self.vocab_size}"
-        )
+        tokens = f"{self.tokens['train']:,} train / {self.tokens['val']:,} val tokens"
+        return f"data {self.dir}: {tokens}, vocab {self.vocab_size}"
 
     def tokenizer(self) -> Any:
         """The dataset's tokenizer (tokenizer.py, from meta.json); DataError if it cannot be built here."""
