@@ -5,13 +5,11 @@
     python sample.py --ckpt=path/to/ckpt.pt --start=FILE:prompt.txt
     python sample.py --out_dir=../nanoGPT/out-shakespeare-char --temperature=0 --norm=custom   # nanoGPT's checkpoint
 
-The checkpoint's "tokenizer" entry turns text into tokens; a nanoGPT checkpoint's characters come from its dataset's
-meta.pkl (--meta, else where nanogpt.meta_paths looks), else GPT-2's BPE, as nanoGPT's sample.py does. `--norm` runs
-the same weights with another LayerNorm (custom, builtin, triton); a norm that computes a different function
-(rmsnorm, batchnorm) is refused. Each sample streams: the prompt, the text of each token as soon as it is whole
-(GPT.stream), then a line of dashes. Greedy decoding (--temperature=0) gives nanoGPT's --top_k=1 text up to
-block_size tokens in all; past it, --no_kv_cache slides the window one token at a time as nanoGPT does (model.py).
-Errors are one line, "error: ...", exit status 1.
+The checkpoint's tokenizer (a nanoGPT checkpoint's: nanogpt.tokenizer_meta) turns text into tokens; `--norm` runs
+the same weights with another LayerNorm (checkpoint.model_from_checkpoint refuses the others). Each sample streams:
+the prompt, the text of each token as soon as it is whole (GPT.stream), then a line of dashes. Greedy decoding
+(--temperature=0) gives nanoGPT's --top_k=1 text; past block_size tokens in all, --no_kv_cache slides the window as
+nanoGPT does (model.py). Errors are one line, "error: ...", exit status 1.
 """
 
 from __future__ import annotations
@@ -55,31 +53,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args  # --max_new_tokens, --temperature and --top_k: GPT.stream checks them
 
 
-def load_model(args: argparse.Namespace, device: str) -> tuple[GPT, dict]:
-    """The checkpoint and its model, with --norm swapped in, in eval mode."""
-    ckpt_path = checkpoint_path(args.out_dir, args.ckpt)
+def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | TiktokenTokenizer]:
+    """The checkpoint's model, with --norm swapped in, in eval mode, and its tokenizer (for a nanoGPT checkpoint, its
+    meta.pkl's characters or GPT-2's BPE)."""
+    path = checkpoint_path(args.out_dir, args.ckpt)
     try:
-        checkpoint = load_checkpoint(ckpt_path, map_location="cpu")
+        checkpoint = load_checkpoint(path, map_location="cpu")
         if (args.norm or checkpoint["model_args"].get("norm")) == "triton":
             check_triton_device(device)  # refuse before building, with what to do instead
         model = model_from_checkpoint(checkpoint, norm=args.norm, device=device)
     except CheckpointError as e:
         fail(str(e))
     except (ValueError, RuntimeError) as e:  # e.g. Triton not installed
-        fail(f"cannot build the model from {ckpt_path}: {str(e).splitlines()[0]}")
-    return model, checkpoint
-
-
-def load_tokenizer(args: argparse.Namespace, checkpoint: dict) -> CharTokenizer | TiktokenTokenizer:
-    """The checkpoint's tokenizer; for a nanoGPT checkpoint, its meta.pkl's characters or GPT-2's BPE."""
-    path = checkpoint_path(args.out_dir, args.ckpt)
-    if checkpoint["format"] == nanogpt.FORMAT:
-        return tokenizer_from_meta(nanogpt.tokenizer_meta(path, checkpoint, args.meta))
-    if args.meta is not None:
+        fail(f"cannot build the model from {path}: {str(e).splitlines()[0]}")
+    nanogpt_format = checkpoint["format"] == nanogpt.FORMAT
+    if args.meta is not None and not nanogpt_format:
         fail(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
-    if "tokenizer" not in checkpoint:
+    if "tokenizer" not in checkpoint and not nanogpt_format:
         fail("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
-    return tokenizer_from_meta(checkpoint["tokenizer"])
+    try:
+        meta = nanogpt.tokenizer_meta(path, checkpoint, args.meta) if nanogpt_format else checkpoint["tokenizer"]
+        return model, tokenizer_from_meta(meta)
+    except (ValueError, TypeError, RuntimeError) as e:  # nanogpt.MetaError, a malformed entry, tiktoken's ranks
+        fail(str(e))
 
 
 def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
@@ -103,11 +99,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         fail(f"--device: {e}")
     # the prompt: --start itself, or the UTF-8 file named after 'FILE:' (read as the prepare scripts do)
     prompt = read_text_file(Path(args.start.removeprefix("FILE:"))) if args.start.startswith("FILE:") else args.start
-    model, checkpoint = load_model(args, device)
-    try:
-        tokenizer = load_tokenizer(args, checkpoint)
-    except (ValueError, TypeError, RuntimeError) as e:  # nanogpt.MetaError, a malformed entry, tiktoken's ranks
-        fail(str(e))
+    model, tokenizer = load(args, device)
     try:
         ids = tokenizer.encode(prompt)
     except ValueError as e:  # a character the vocabulary lacks

@@ -91,7 +91,7 @@ def test_the_checkpoints_weights_are_loaded_as_saved(nanogpt_run: tuple[Path, GP
     out_dir, model = nanogpt_run
     ckpt = load_checkpoint(out_dir / "ckpt.pt")
     assert ckpt["format"] == nanogpt.FORMAT and ckpt["model_args"]["norm"] == "builtin"
-    loaded = sample.load_model(sample.parse_args(["--out_dir", str(out_dir)]), "cpu")[0]
+    loaded = sample.load(sample.parse_args(["--out_dir", str(out_dir)]), "cpu")[0]
     assert loaded.state_dict().keys() == model.state_dict().keys()  # no mask buffers, no prefixes; c_attn.bias kept
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name

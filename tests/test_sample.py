@@ -21,7 +21,7 @@ from helpers import (
     tiny_model,
 )
 from model import GPT
-from tokenizer import TiktokenTokenizer, tokenizer_from_meta
+from tokenizer import TiktokenTokenizer
 
 ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
 BLOCK = 32
@@ -104,8 +104,7 @@ def test_streamed_text_is_the_text_generate_returns(
     printed = capsys.readouterr().out
     # generate itself, on the model sample.py builds, from the same seed
     args = sample.parse_args(argv)
-    model, checkpoint = sample.load_model(args, "cpu")
-    tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
+    model, tokenizer = sample.load(args, "cpu")
     sample.restrict_to_vocab(model, tokenizer.vocab_size)
     ids = tokenizer.encode(prompt)
     torch.manual_seed(args.seed)
