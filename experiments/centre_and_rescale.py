@@ -33,7 +33,6 @@ from model import GPT, GPTConfig
 from options import TrainConfig
 from step import get_lr, train_step
 
-CONFIG = common.CPU_CONFIG
 ROWS = {  # name: (what it does, the registry norm it is built with)
     "layernorm": ("centre and rescale", "builtin"),
     "rmsnorm": ("rescale only", "rmsnorm"),
@@ -72,7 +71,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
-    """train.py's options for this row: CONFIG, the row's norm (with its defaults: DyT's recipe) and the seed."""
+    """train.py's options for this row: CPU_CONFIG, the row's norm (with its defaults: DyT's recipe) and the seed."""
     return common.cpu_config(f"--norm={ROWS[row][1]}", f"--seed={seed}", *args.extra)
 
 
@@ -88,28 +87,22 @@ def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
     return model
 
 
-@torch.no_grad()
-def val_loss(model: GPT, batches: list) -> float:
-    """The mean loss over fixed batches: the same for every row and seed (train.estimate_loss draws its batches
-    from the run's seed)."""
-    model.eval()
-    loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
-    model.train()
-    return loss
-
-
 def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Namespace, clock: dict) -> dict:
     """One run: {"row", "seed", "evals": [[iter, val loss]], "final_val_loss", "wall_s", "diverged"}."""
     t0 = time.perf_counter()
     model = build(row, cfg, data.vocab_size)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
-    val = common.fixed_batches(data, "val", cfg.batch_size, args.eval_batches, seed=0)  # for every row and seed
+    # the val loss on fixed batches, the same for every row and seed (train.estimate_loss draws from the run's seed)
+    val = common.fixed_batches(data, "val", cfg.batch_size, args.eval_batches, seed=0)
     torch.manual_seed(cfg.seed)  # dropout's stream, and the data stream's own generator, as train.py seeds them
     data_gen = torch.Generator().manual_seed(cfg.seed)
     evals = []
     for it in range(cfg.max_iters + 1):
         if it % args.eval_interval == 0 or it == cfg.max_iters:
-            evals.append([it, val_loss(model, val)])
+            model.eval()
+            with torch.no_grad():
+                evals.append([it, sum(model(x, y)[1].item() for x, y in val) / len(val)])
+            model.train()
             if not math.isfinite(evals[-1][1]):
                 break
             done = clock["done"] + it  # iterations of this invocation so far
@@ -162,12 +155,11 @@ def write(runs: list[dict], results: Path, cfg: TrainConfig, args: argparse.Name
             first = r["seed"] in every_row
             style = {"alpha": 1, "lw": 1.5, "label": f"{row} ({ROWS[row][0]})"} if first else {"alpha": 0.35, "lw": 1}
             ax.plot(*zip(*r["evals"], strict=True), color=f"C{i}", **style)
-    title = f"{CONFIG}: {cfg.max_iters} iterations, seed {min(every_row, default='-')} (faint: other seeds)"
+    title = f"{common.CPU_CONFIG}: {cfg.max_iters} iterations, seed {min(every_row, default='-')} (faint: other seeds)"
     ax.set(xlabel="iteration", ylabel=f"val loss ({args.eval_batches} batches)", ylim=(1.4, 4.3), title=title)
-    ax.grid(alpha=0.3)
     ax.legend()
     common.save_figure(fig, results / "centre_and_rescale.png")
-    record = {"config": CONFIG, "eval_interval": args.eval_interval, "eval_batches": args.eval_batches}
+    record = {"config": common.CPU_CONFIG, "eval_interval": args.eval_interval, "eval_batches": args.eval_batches}
     record |= {"this_invocation_s": round(run_time, 1), "table": table, "runs": runs}
     common.write_json(results / "centre_and_rescale.json", args.argv, record)
     print(text)

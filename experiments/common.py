@@ -46,12 +46,13 @@ def cpu_config(*flags: str) -> Any:
     return train_config(str(ROOT / CPU_CONFIG), [], *flags)
 
 
-def open_data(data_dir: str, block_size: int) -> PreparedData:
-    """The prepared Tiny Shakespeare in data_dir; a missing or broken one exits with a one-line error."""
+def open_data(data_dir: str | None, block_size: int, dataset: str = DATASET, hint: str = "") -> PreparedData:
+    """The prepared dataset in data_dir (Tiny Shakespeare's by default); a missing or broken one exits with a one-line
+    error, `hint` at its end."""
     try:
-        return PreparedData(data_dir, DATASET, block_size)
+        return PreparedData(data_dir, dataset, block_size)
     except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise SystemExit(f"error: {e}{hint}") from None
 
 
 def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, seed: int) -> list[tuple[Any, Any]]:
@@ -72,7 +73,9 @@ def train(flags: list[str], data_dir: str, out_dir: Path) -> subprocess.Complete
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
-    """fig as a PNG at path, then closed."""
+    """fig, with a faint grid on every plot, as a PNG at path, then closed."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -117,8 +117,6 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
     axes[3].set(title="DyT: share of elements tanh saturates (|alpha x| > 2)", ylim=(-0.02, 1.02))
     for ax, labels in ((axes[0], names), (axes[1], [*names, "logits"]), (axes[3], names)):
         ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
-    for ax in axes:
-        ax.grid(alpha=0.3)
     for ax in axes[:3]:
         ax.set_yscale("log")
     axes[2].legend(fontsize=7)
@@ -144,10 +142,8 @@ def main(argv: list[str] | None = None) -> None:
             init = measure(new_model(flags, vocab_size), batches)
             spent = time.perf_counter() - t0
             left = f", about {spent / i * (len(MODELS) - i):.0f} s left" if i else ""
-            at_init = (
-                f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"
-            )
-            line = f"[{i + 1}/{len(MODELS)}] {name}: at init {at_init}; training {args.iters} iterations"
+            rms = f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"
+            line = f"[{i + 1}/{len(MODELS)}] {name}: at init {rms}; training {args.iters} iterations"
             print(f"{line} ({spent:.0f} s so far{left})", flush=True)
             trained = measure(trained_model(flags, args, Path(tmp) / str(i)), batches)
             results[name] = {"flags": flags, "init": init, "trained": trained}

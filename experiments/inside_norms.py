@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from data.common import DataError, PreparedData
 
 
 def stats(values: torch.Tensor) -> dict[str, float]:
@@ -50,10 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {e}") from None
     cfg = model.config
     train_cfg = ckpt.get("config") or {}
-    try:  # the checkpoint's dataset, unless --data_dir names another
-        data = PreparedData(args.data_dir or train_cfg.get("data_dir"), train_cfg.get("dataset", ""), cfg.block_size)
-    except DataError as e:
-        raise SystemExit(f"error: {e}; or give --data_dir") from None
+    data_dir = args.data_dir or train_cfg.get("data_dir")  # the checkpoint's dataset, unless --data_dir names another
+    data = common.open_data(data_dir, cfg.block_size, train_cfg.get("dataset", ""), "; or give --data_dir")
     if ckpt.get("tokenizer") is not None and data.meta.get("tokenizer") != ckpt["tokenizer"]:
         raise SystemExit(f"error: {data.dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
     sizes = f"{cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}"
@@ -128,12 +125,8 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
             ax.errorbar(list(pts), mid, [mid - low, high - mid], fmt="o-", color=color, capsize=3, label=label)
     ax.axhline(1, color="gray", ls=":", lw=1)
     ax.set_xticks(range(n + 1), [*map(str, range(n)), "final"])
-    ax.set(
-        yscale="log",
-        xlabel="block (the stream after the last block enters ln_f)",
-        ylabel="per-token RMS over features (log scale)",
-        title="Residual stream and norm outputs",
-    )
+    ax.set(yscale="log", title="Residual stream and norm outputs", ylabel="per-token RMS over features (log scale)")
+    ax.set_xlabel("block (the stream after the last block enters ln_f)")
     ax.legend(fontsize=8)
     for ax, pname in zip(axes[1:], ("weight", "bias"), strict=True):
         names = [k for k, m in norms.items() if getattr(m, pname, None) is not None]

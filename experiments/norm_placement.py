@@ -129,7 +129,6 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         for position, style in zip(POSITIONS, ("o-", "s--"), strict=True):
             ax.plot(layers, grads[position][part], style, label=f"{position}-norm")
         ax.set(title=f"{part} weights", xlabel="block (1 = next to the input)", yscale="log")
-        ax.grid(alpha=0.3)
     axes[0].set_ylabel("gradient norm at init")
     axes[0].legend()
     fig.suptitle(
@@ -149,8 +148,6 @@ def plot(args: argparse.Namespace, grads: dict, runs: dict, results: Path) -> No
         axes[1].plot(*evals, style, color=color, marker=".", label=label)
     axes[0].set(title="train loss (one batch)", xlabel="iteration", ylabel="loss")
     axes[1].set(title="val loss", xlabel="iteration")
-    for ax in axes:
-        ax.grid(alpha=0.3)
     axes[1].legend()
     fig.suptitle(
         f"{args.train_n_layer} layers, {args.n_embd} wide, peak lr {args.learning_rate:g}, "
