@@ -39,6 +39,7 @@ CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
 # logits, or the norm's output): some 80 float32 roundings, or 6 of bfloat16's (its 8 bits are 2**16 times coarser)
 TOLERANCE = {"float32": 1e-5, "bfloat16": 5e-2}
 WORLDS = {"rows": "With PyTorch's kernels:", "batch_invariant_rows": "In batch_invariant.py's mode (tolerance 0):"}
+SUFFIX = {"rows": "", "batch_invariant_rows": " (batch-invariant)"}  # after a row's name among errors and failures
 HEADER = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
 LEGEND = (
     "(1) alone vs batch: max |logit difference| over every step, a prompt decoded alone vs in row 0 of the batch.",
@@ -163,10 +164,9 @@ def run_row(
             cached_vs_full = compare(lambda: (model(batch[0][:, :-1])[0][:, prompts.size(1) - 1 :], batch[1]))
         ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
         norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
-    checks = (alone_vs_batch, cached_vs_full, norm_alone)  # the mode promises the same bits: tolerance 0
-    within_tol = all(
-        c["error"] is None and c["max_abs_diff"] <= (0 if invariant else args.tol) * c["scale"] for c in checks
-    )
+    checks = (alone_vs_batch, cached_vs_full, norm_alone)
+    tol = 0 if invariant else args.tol  # the mode promises the same bits
+    within_tol = all(c["error"] is None and c["max_abs_diff"] <= tol * c["scale"] for c in checks)
     return {
         "name": name,
         "statistics": STATISTICS.get(name, "per token"),
@@ -215,8 +215,7 @@ def report(result: dict[str, Any]) -> str:
     lines += ["", *(f"  {line}" for line in LEGEND)]
     for world in WORLDS:  # the errors that stopped a check, one line each
         for r in result.get(world, []):
-            label = r["name"] if world == "rows" else f"{r['name']} (batch-invariant)"
-            lines += [f"  {label}: {r[c]['error']}" for c in CHECKS if r[c]["error"]]
+            lines += [f"  {r['name']}{SUFFIX[world]}: {r[c]['error']}" for c in CHECKS if r[c]["error"]]
     if any(r["name"] == "batchnorm" for world in WORLDS for r in result.get(world, [])):
         lines += ["", WHY_BATCHNORM_FAILS, WHY_EVAL]
     failed = ", ".join(result["failed"])
@@ -255,12 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped[name] = str(e)
     missing = [n for n in args.require or [] if n in skipped]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
-    failed = [
-        r["name"] + ("" if w == "rows" else " (batch-invariant)")
-        for w in worlds
-        for r in rows[w]
-        if r["required"] and not r["passed"]
-    ] + missing
+    failed = [r["name"] + SUFFIX[w] for w in worlds for r in rows[w] if r["required"] and not r["passed"]] + missing
     result = {
         "source": source,
         "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},

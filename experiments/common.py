@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -57,8 +58,6 @@ def open_data(data_dir: str | None, block_size: int, dataset: str = DATASET, hin
 
 def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, seed: int) -> list[tuple[Any, Any]]:
     """`count` batches of `split` on the CPU, drawn from their own generator: the same for every model measured."""
-    import torch
-
     gen = torch.Generator().manual_seed(seed)
     starts = [torch.randint(data.num_starts(split), (batch_size,), generator=gen) for _ in range(count)]
     return [data.get(split, s, "cpu") for s in starts]

@@ -3,12 +3,11 @@
     python experiments/norm_placement.py                 # the defaults: about 8 minutes on two CPU cores
     python experiments/norm_placement.py --data_dir=data/shakespeare_char --smoke   # a tiny end-to-end check
 
-Xiong et al. (2020) show that at initialization a post-norm Transformer's gradients grow toward the output layers,
-so that it needs a warmup, while a pre-norm one's stay level (docs/04-why-layernorm.md). With LayerNorm ("builtin"):
-(a) at initialization, each block's gradient norm over its attention and over its MLP parameters, the mean over
---grad_batches batches and --grad_seeds seeds, in this process; (b) four train.py runs, pre and post, each with and
-without warmup, at the same peak learning rate, seed and data stream (a run that stops at a NaN or inf loss is
-recorded as diverged). Writes norm_placement.json, grad_norms.png and training.png to --results_dir.
+With LayerNorm ("builtin"), what Xiong et al. (2020) predict (docs/04-why-layernorm.md): (a) at initialization, each
+block's gradient norm over its attention and over its MLP parameters, the mean over --grad_batches batches and
+--grad_seeds seeds, in this process; (b) four train.py runs, pre and post, each with and without warmup, at the same
+peak learning rate, seed and data stream (a run that stops at a NaN or inf loss is recorded as diverged). Writes
+norm_placement.json, grad_norms.png and training.png to --results_dir.
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ from pathlib import Path
 import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
+from torch.nn.utils import get_total_norm
 
 from model import GPT, GPTConfig
 from runlog import read_metrics
 
 POSITIONS = ("pre", "post")
-
-
 # The options both parts share, and their defaults (the model of (a); (b)'s models but for their depth).
 SHARED = {"n_layer": 12, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 12, "seed": 1337}
 
@@ -69,8 +67,7 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
                 model(x, y)[1].backward()
                 for i, block in enumerate(model.transformer.h):
                     for part in ("attn", "mlp"):
-                        grads = [p.grad.double() for p in getattr(block, part).parameters()]
-                        sums[part][i] += torch.sqrt(sum(g.pow(2).sum() for g in grads))
+                        sums[part][i] += get_total_norm([p.grad.double() for p in getattr(block, part).parameters()])
         n = args.grad_seeds * args.grad_batches
         out[position] = {part: (s / n).tolist() for part, s in sums.items()}
         mlp = out[position]["mlp"]
