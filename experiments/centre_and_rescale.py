@@ -29,7 +29,7 @@ from torch import nn
 
 from bench.common import markdown_table
 from data.common import PreparedData
-from model import GPT, GPTConfig
+from model import GPT
 from options import TrainConfig
 from step import get_lr, train_step
 
@@ -77,8 +77,7 @@ def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
 
 def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
     """The row's model, from cfg.seed; the centre row's norms swapped for CentreOnly after construction."""
-    torch.manual_seed(cfg.seed)
-    model = GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
+    model = common.new_model(cfg, vocab_size)
     if row == "centre":
         for block in model.transformer.h:
             block.ln_1 = CentreOnly(cfg.n_embd, cfg.bias)

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 from bench.common import machine_info, train_config  # noqa: E402 (the root is on sys.path from here)
 from data.common import DataError, PreparedData  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 CPU_CONFIG = "configs/shakespeare_char_cpu.json"  # as the results name it; read from ROOT
 DATASET = "shakespeare_char"
@@ -45,6 +46,12 @@ def parser(description: str, name: str, smoke_help: str, data_dir: bool = True) 
 def cpu_config(*flags: str) -> Any:
     """train.py's options (an options.TrainConfig) for CPU_CONFIG with these flags."""
     return train_config(str(ROOT / CPU_CONFIG), [], *flags)
+
+
+def new_model(cfg: Any, vocab_size: int) -> GPT:
+    """The model train.py builds from cfg (an options.TrainConfig), with its initial weights, drawn from cfg.seed."""
+    torch.manual_seed(cfg.seed)
+    return GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
 
 
 def open_data(data_dir: str | None, block_size: int, dataset: str = DATASET, hint: str = "") -> PreparedData:

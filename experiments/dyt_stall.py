@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import common  # first: the repository's modules on sys.path, figures to files
@@ -23,7 +24,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from checkpoint import load_checkpoint, model_from_checkpoint
-from model import GPT, GPTConfig
+from model import GPT
 
 CONFIG = common.CPU_CONFIG
 PAPER_DEFAULT_DYT = ["--norm=dyt", "--norm_alpha=0.5", "--embed_scale=false"]
@@ -39,13 +40,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         vars(args).update(iters=4, batches=2)
     return args
-
-
-def new_model(flags: list[str], vocab_size: int) -> GPT:
-    """The model train.py would build from CONFIG and these flags, with its initial weights."""
-    cfg = common.cpu_config(*flags)
-    torch.manual_seed(cfg.seed)
-    return GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
 
 
 def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:
@@ -72,18 +66,15 @@ def measure(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dic
     out: dict = {"norm_in": dict.fromkeys(norms, 0.0), "norm_out": dict.fromkeys(norms, 0.0), "logits": 0.0}
     out |= {"grad": [0.0] * len(model.transformer.h), "saturated": {}, "alpha": {}}
 
-    def hook(name: str):
-        def record(module, inputs, output):
-            out["norm_in"][name] += token_rms(inputs[0]) / len(batches)
-            out["norm_out"][name] += token_rms(output) / len(batches)
-            if hasattr(module, "alpha"):  # DyT
-                share = ((module.alpha * inputs[0]).abs() > 2).double().mean().item()
-                out["saturated"][name] = out["saturated"].get(name, 0.0) + share / len(batches)
-                out["alpha"][name] = module.alpha.item()
+    def record(name: str, module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        out["norm_in"][name] += token_rms(inputs[0]) / len(batches)
+        out["norm_out"][name] += token_rms(output) / len(batches)
+        if hasattr(module, "alpha"):  # DyT
+            share = ((module.alpha * inputs[0]).abs() > 2).double().mean().item()
+            out["saturated"][name] = out["saturated"].get(name, 0.0) + share / len(batches)
+            out["alpha"][name] = module.alpha.item()
 
-        return record
-
-    handles = [m.register_forward_hook(hook(name)) for name, m in norms.items()]
+    handles = [m.register_forward_hook(partial(record, name)) for name, m in norms.items()]
     for x, y in batches:
         model.zero_grad(set_to_none=True)
         logits, loss = model(x, y)
@@ -111,14 +102,13 @@ def plot(results: dict, args: argparse.Namespace, path: Path) -> None:
                 xs = range(1, len(ys) + 1) if i == 2 else range(len(ys))  # the blocks from 1
                 if ys:
                     ax.plot(xs, ys, style, color=color, marker=".", label=label)
-    axes[0].set(title="RMS of the residual stream entering each norm")
-    axes[1].set(title="RMS of what each norm hands on, and of the logits")
-    axes[2].set(title="gradient norm of each block's parameters", xlabel="block", xticks=range(1, len(m["grad"]) + 1))
+    axes[0].set(title="RMS of the residual stream entering each norm", yscale="log")
+    axes[1].set(title="RMS of what each norm hands on, and of the logits", yscale="log")
+    axes[2].set(title="gradient norm of each block's parameters", xlabel="block", yscale="log")
+    axes[2].set_xticks(range(1, len(m["grad"]) + 1))
     axes[3].set(title="DyT: share of elements tanh saturates (|alpha x| > 2)", ylim=(-0.02, 1.02))
     for ax, labels in ((axes[0], names), (axes[1], [*names, "logits"]), (axes[3], names)):
         ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
-    for ax in axes[:3]:
-        ax.set_yscale("log")
     axes[2].legend(fontsize=7)
     fig.suptitle(f"{CONFIG} (median per-token RMS, mean of {args.batches} training batches of the same seed)")
     common.save_figure(fig, path)
@@ -139,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         for i, (name, flags) in enumerate(MODELS.items()):
             flags = [*flags, *args.extra]
             commands[name] = " ".join(["python train.py", CONFIG, *flags])
-            init = measure(new_model(flags, vocab_size), batches)
+            init = measure(common.new_model(common.cpu_config(*flags), vocab_size), batches)
             spent = time.perf_counter() - t0
             left = f", about {spent / i * (len(MODELS) - i):.0f} s left" if i else ""
             rms = f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
 
 
 def stats(values: torch.Tensor) -> dict[str, float]:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     n_batches = 1 if args.smoke else args.batches
     batch_size = 2 if args.smoke else args.batch_size
-    ckpt_path = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt"
+    ckpt_path = checkpoint_path(args.out_dir, args.ckpt)
     try:
         ckpt = load_checkpoint(ckpt_path)
         model = model_from_checkpoint(ckpt)  # on the CPU, in eval mode
@@ -63,11 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         rms.setdefault(key, []).append(x.detach().float().pow(2).mean(-1).sqrt().flatten())
 
     h = model.transformer.h
-    named = {f"{i}.{n}": getattr(b, n, None) for i, b in enumerate(h) for n in ("ln_1", "ln_2")}
-    named["ln_f"] = getattr(model.transformer, "ln_f", None)
-    norms = {k: m for k, m in named.items() if m is not None and not isinstance(m, torch.nn.Identity)}  # a real norm
-    if named["ln_f"] is not None:  # the stream after the last block (an Identity ln_f too: post-norm keeps none)
-        named["ln_f"].register_forward_pre_hook(lambda m, a: keep("final", a[0]))
+    named = {f"{i}.{n}": getattr(b, n) for i, b in enumerate(h) for n in ("ln_1", "ln_2")}
+    named["ln_f"] = model.transformer.ln_f  # an Identity where post-norm keeps none: it still sees the final stream
+    norms = {k: m for k, m in named.items() if not isinstance(m, torch.nn.Identity)}  # the real norms
+    named["ln_f"].register_forward_pre_hook(lambda m, a: keep("final", a[0]))  # the stream after the last block
     for i, block in enumerate(h):
         block.register_forward_pre_hook(lambda m, a, i=i: keep(f"resid.{i}", a[0]))
     for name, norm in norms.items():
