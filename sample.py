@@ -115,18 +115,13 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
 
     torch.manual_seed(args.seed)  # seeds every device's generator
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, :]
+    decoding = {"temperature": args.temperature, "top_k": args.top_k or None, "use_kv_cache": not args.no_kv_cache}
     samples = []
     # bfloat16 autocast on a GPU that has it, as train.py's dtype=auto
     with autocast(device, resolve_dtype("auto", torch.device(device).type)):
         for _ in range(args.num_samples):
             try:  # the checks run here, before anything is printed; their messages start with the argument's name
-                steps = model.stream(
-                    x,
-                    args.max_new_tokens,
-                    temperature=args.temperature,
-                    top_k=args.top_k or None,
-                    use_kv_cache=not args.no_kv_cache,
-                )
+                steps = model.stream(x, args.max_new_tokens, **decoding)
             except ValueError as e:
                 fail(f"--{e}")
             pieces = [prompt]

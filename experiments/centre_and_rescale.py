@@ -125,14 +125,12 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     """Per row: the final val loss of each seed, their mean and (with 2+ seeds) standard deviation."""
     table = {}
     for row in ROWS:
-        finals = [r["final_val_loss"] for r in runs if r["row"] == row]
+        mine = [r for r in runs if r["row"] == row]
+        finals = [r["final_val_loss"] for r in mine]
         if finals:
-            table[row] = {
-                "seeds": [r["seed"] for r in runs if r["row"] == row],
-                "final_val_loss": finals,
-                "mean": statistics.mean(finals),
-                "std": statistics.stdev(finals) if len(finals) > 1 else None,
-            }
+            std = statistics.stdev(finals) if len(finals) > 1 else None
+            seeds = [r["seed"] for r in mine]
+            table[row] = {"seeds": seeds, "final_val_loss": finals, "mean": statistics.mean(finals), "std": std}
     return table
 
 

@@ -1,7 +1,6 @@
-"""What the experiments share. Each script imports it first (`import common`), before the project's modules and
-pyplot: it puts the repository root on sys.path (a script runs as python experiments/NAME.py, from anywhere) and
-sends matplotlib's figures to files. Then: the command line every experiment has, the tiny model of its --smoke
-run, the prepared data opened with a one-line error, train.py run as a child, and the JSON every one writes."""
+"""What the experiments share (experiments/README.md lists it). Each script imports it first (`import common`), before
+the project's modules and pyplot: it puts the repository root on sys.path (a script runs as python
+experiments/NAME.py, from anywhere) and sends matplotlib's figures to files."""
 
 from __future__ import annotations
 
