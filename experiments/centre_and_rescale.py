@@ -25,10 +25,10 @@ from pathlib import Path
 import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
-from torch import nn
 
 from bench.common import markdown_table
 from data.common import PreparedData
+from layernorm import Norm
 from model import GPT
 from options import TrainConfig
 from step import get_lr, train_step
@@ -43,13 +43,8 @@ ROWS = {  # name: (what it does, the registry norm it is built with)
 SMOKE = [*common.SMOKE_FLAGS, "--max_iters=6", "--lr_decay_iters=6", "--warmup_iters=2"]
 
 
-class CentreOnly(nn.Module):
+class CentreOnly(Norm):
     """y = (x - mean(x)) * weight + bias over the last dimension: LayerNorm without the division by the std."""
-
-    def __init__(self, dim: int, bias: bool = True) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = (x - x.mean(-1, keepdim=True)) * self.weight
@@ -80,9 +75,9 @@ def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
     model = common.new_model(cfg, vocab_size)
     if row == "centre":
         for block in model.transformer.h:
-            block.ln_1 = CentreOnly(cfg.n_embd, cfg.bias)
-            block.ln_2 = CentreOnly(cfg.n_embd, cfg.bias)
-        model.transformer.ln_f = CentreOnly(cfg.n_embd, cfg.bias)
+            block.ln_1 = CentreOnly(cfg.n_embd, bias=cfg.bias)
+            block.ln_2 = CentreOnly(cfg.n_embd, bias=cfg.bias)
+        model.transformer.ln_f = CentreOnly(cfg.n_embd, bias=cfg.bias)
     return model
 
 
