@@ -80,8 +80,6 @@ def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | Ti
 
 def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
     """Never sample ids the tokenizer can't decode: a model's vocabulary may be padded past the tokenizer's."""
-    if model.config.vocab_size <= vocab_size:
-        return
 
     def mask(_module: torch.nn.Module, _inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
         logits[..., vocab_size:] = float("-inf")

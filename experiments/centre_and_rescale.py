@@ -8,9 +8,9 @@ Which of the two does training need here?
 Five models of the CPU configuration (ROWS below), each trained from the same seed on the same batches with the
 same schedule by train.py's iteration with one micro-step (its optimizer, step.get_lr, its data stream,
 step.train_step), in this process, since one norm (CentreOnly) is not in the registry. The val loss is estimated
-every --eval_interval iterations on --eval_batches fixed batches, the same for every row. Each finished run is kept
-in <results_dir>/runs/ and not run again (delete it to rerun); centre_and_rescale.json, .md and .png are written
-from every run found there.
+every --eval_interval iterations on --eval_batches fixed batches, the same for every row and seed (train.py's are
+drawn from the run's seed). Each finished run is kept in <results_dir>/runs/ and not run again (delete it to rerun);
+centre_and_rescale.json, .md and .png are written from every run found there.
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
     t0 = time.perf_counter()
     model = build(row, cfg, data.vocab_size)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
-    # the val loss on fixed batches, the same for every row and seed (train.estimate_loss draws from the run's seed)
     val = common.fixed_batches(data, "val", cfg.batch_size, args.eval_batches, seed=0)
     torch.manual_seed(cfg.seed)  # dropout's stream, and the data stream's own generator, as train.py seeds them
     data_gen = torch.Generator().manual_seed(cfg.seed)
