@@ -194,32 +194,28 @@ def rng_state(data_gen: Generator) -> dict[str, Any]:
     return rng
 
 
-def save_training_checkpoint(
-    path: Path,
-    dist: Dist,
-    *,
-    model: GPT,
-    optimizer: Optimizer,
-    scaler: GradScaler,
-    data_gen: Generator,
-    iter_num: int,
-    best_val_loss: float,
-    config: dict[str, Any],
-    tokenizer: dict[str, Any] | None,
-) -> None:
-    """Every process calls it: their RNG states are gathered (each has its own dropout stream), and rank 0 writes
-    the whole state of the run (see the module's docstring): enough to go on as if it had never stopped."""
-    rng = rng_state(data_gen)
-    ranks = dist.gather(rng)
-    if not dist.master:
+def save_training_checkpoint(path: Path, run: Any, iter_num: int) -> None:
+    """Save train.py's Run after `iter_num` iterations. Every process calls it: their RNG states are gathered (each
+    has its own dropout stream), and rank 0 writes the whole state of the run (see the module's docstring)."""
+    rng = rng_state(run.data_gen)
+    ranks = run.dist.gather(rng)
+    if not run.dist.master:
         return
-    state = {"model": model.state_dict(), "model_args": asdict(model.config), "optimizer": optimizer.state_dict()}
-    entries = {"iter_num": iter_num, "best_val_loss": best_val_loss, "config": config, "tokenizer": tokenizer}
-    ckpt = {"format": FORMAT, **state, **entries, "rng": rng}
-    if dist.enabled:
+    ckpt = {
+        "format": FORMAT,
+        "model": run.model.state_dict(),
+        "model_args": asdict(run.model.config),
+        "optimizer": run.optimizer.state_dict(),
+        "iter_num": iter_num,
+        "best_val_loss": run.best_val,
+        "config": asdict(run.cfg),
+        "tokenizer": run.data.meta.get("tokenizer"),
+        "rng": rng,
+    }
+    if run.dist.enabled:
         ckpt["rng_ranks"] = ranks
-    if scaler.is_enabled():
-        ckpt["scaler"] = scaler.state_dict()
+    if run.scaler.is_enabled():
+        ckpt["scaler"] = run.scaler.state_dict()
     save_checkpoint(path, ckpt)
 
 

@@ -1,7 +1,6 @@
 """Where a run computes: the device (--device), the autocast dtype (--dtype), this process's place among
 torchrun's processes with their process group, the stop that SIGINT/SIGTERM request, and whether the Triton norm
-can run here. train.py, sample.py and
-batch_independence.py all choose their device here, by one rule."""
+can run here. train.py, sample.py and batch_independence.py all choose their device here, by one rule."""
 
 from __future__ import annotations
 
@@ -194,10 +193,6 @@ class StopRequest:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum or signal.SIGINT).name
-
     def agreed(self, dist: Dist, wall: bool) -> str | None:
         """'max_wall_s' or 'signal' once any process has passed its time limit or seen a signal, else None. Every
         process asks at every iteration, so all of them stop at the same one."""
@@ -218,9 +213,7 @@ class StopRequest:
             os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Where the Triton norm can run. Its kernels live in layernorm_triton.py, imported the first time the Triton norm is
-# built or a device is checked for it: `import layernorm` never imports triton.
+# ---- where the Triton norm can run (layernorm_triton.py is imported on first use: `import layernorm` never does) ----
 
 
 class TritonUnavailableError(RuntimeError):

@@ -9,10 +9,10 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -71,15 +71,28 @@ class LossWindow:
 
 
 @contextlib.contextmanager
-def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Any:
+def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[Callable[..., None]]:
     """log(record, wandb=None): one line of metrics.jsonl and, if asked for, the same figures under wandb's names
-    (rank 0; the other processes log nothing). On resume, what describes the run up to the checkpoint is kept."""
+    (rank 0; the other processes log nothing). metrics.jsonl starts afresh, or stays as it is (eval_only), or on a
+    resume after `resumed_at` iterations keeps what describes the run up to its checkpoint: not the records at or
+    after it (the tail a killed run wrote) nor a line cut short by a kill, so that it reads as one run."""
     with contextlib.ExitStack() as closing:
         metrics = None
         run = None
         if dist.master:
             path = Path(cfg.out_dir) / "metrics.jsonl"
-            metrics = closing.enter_context(open_metrics(path, resumed_at, append=cfg.eval_only))
+            if not cfg.eval_only:
+                records = read_metrics(path) if resumed_at is not None else []
+                kept = [
+                    json.dumps(rec) + "\n"
+                    for rec in records
+                    if rec.get("iter") is None
+                    or rec["iter"] < resumed_at
+                    or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
+                ]
+                path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
+                os.replace(path.with_suffix(".jsonl.tmp"), path)
+            metrics = closing.enter_context(open(path, "a", encoding="utf-8"))
             if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
                 import wandb
 
@@ -107,21 +120,3 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
         with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
     return records
-
-
-def open_metrics(path: Path, resumed_at: int | None, append: bool = False) -> TextIO:
-    """metrics.jsonl open for appending: afresh, or as it is (append=True), or on a resume after `resumed_at`
-    iterations without the records at or after it (the tail a killed run wrote after its last checkpoint) and
-    without a line cut short by a kill, so that the file reads as one uninterrupted run."""
-    if not append:
-        records = read_metrics(path) if resumed_at is not None else []
-        kept = [
-            json.dumps(rec) + "\n"
-            for rec in records
-            if rec.get("iter") is None
-            or rec["iter"] < resumed_at
-            or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
-        ]
-        path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
-        os.replace(path.with_suffix(".jsonl.tmp"), path)
-    return open(path, "a", encoding="utf-8")  # the caller closes it

@@ -31,10 +31,10 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     xs: torch.Tensor,
     ys: torch.Tensor,
-    *,
     grad_clip: float,
     autocast: Any = None,
     scaler: torch.amp.GradScaler | None = None,
+    *,
     set_to_none: bool = True,
 ) -> torch.Tensor:
     """Forward and backward over the micro-batches xs[m], ys[m] ([micro_steps, B, T]), each loss divided by their

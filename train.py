@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +82,10 @@ class Run:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     data_gen: torch.Generator
+    amp: Any  # the autocast context (a no-op in float32), built once, entered at every step
     iter_num: int = 0
     best_val: float = math.inf
     last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
-    amp: Any = field(init=False)  # the autocast context (a no-op in float32), built once, entered at every step
-
-    def __post_init__(self) -> None:
-        self.amp = autocast(self.device, self.dtype)
 
     @property
     def ckpt_path(self) -> Path:
@@ -98,7 +95,6 @@ class Run:
 def setup(
     cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str, dist: Dist
 ) -> Run:
-    """The run as the loop starts it: seeded afresh, or as the checkpoint left it."""
     data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
     device_type = torch.device(device).type
     if ckpt is None:
@@ -106,14 +102,13 @@ def setup(
         model = GPT(GPTConfig.from_options(cfg, vocab_size=data.vocab_size)).to(device)
     else:
         model = checkpoint.resume_model(ckpt, explicit, cfg, data.vocab_size, data.meta.get("tokenizer"), device)
-    # Dropout draws from torch's RNG, one stream per process; the batches from a generator of their own, the same on
-    # every process, whose state is the position in the data stream. A resume restores both.
-    torch.manual_seed(cfg.seed + dist.rank)
+    torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process; a resume restores each
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16
-    run = Run(cfg, device, dtype, dist, data, model, optimizer, scaler, torch.Generator().manual_seed(cfg.seed))
+    data_gen = torch.Generator().manual_seed(cfg.seed)  # the batches: one stream, the same on every process
+    run = Run(cfg, device, dtype, dist, data, model, optimizer, scaler, data_gen, autocast(device, dtype))
     if ckpt is not None:
-        state = checkpoint.restore_training_state(ckpt, optimizer, scaler, run.data_gen, run.ckpt_path, dist)
+        state = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, run.ckpt_path, dist)
         run.iter_num, run.best_val = state
         run.last_saved = run.iter_num
     return run
@@ -131,29 +126,27 @@ class LossOnly(torch.nn.Module):
         return self.model(idx, targets)[1]
 
 
-def wrap(
-    raw_model: GPT, cfg: TrainConfig, data: PreparedData, device: str, dtype: str, dist: Dist
-) -> tuple[torch.nn.Module, Callable[..., Any]]:
+def wrap(run: Run) -> tuple[torch.nn.Module, Callable[..., Any]]:
     """The model that evaluates (compiled, if asked) and the one that trains: the same, in DDP with several
     processes, with its micro-step (forward and backward) captured once in a CUDA graph and replayed, if asked."""
-    model = torch.compile(raw_model, mode=cfg.compile_mode) if cfg.compile else raw_model
-    train_model = dist.wrap(model, device)
+    cfg = run.cfg
+    model = torch.compile(run.model, mode=cfg.compile_mode) if cfg.compile else run.model
+    train_model = run.dist.wrap(model, run.device)
     if cfg.cuda_graphs:  # static shapes: every micro-batch is [batch_size, block_size]
-        with autocast(device, dtype, cache_enabled=False):  # (the casts are captured into the graph)
-            sample = data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), device)
-            rng = torch.cuda.get_rng_state(device)  # the capture's eager warm-up passes draw dropout masks from it:
+        with autocast(run.device, run.dtype, cache_enabled=False):  # (the casts are captured into the graph)
+            sample = run.data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), run.device)
+            rng = torch.cuda.get_rng_state(run.device)  # the capture's eager warm-up passes draw dropout masks from it:
             graphed = torch.cuda.make_graphed_callables(LossOnly(train_model), sample)
-            torch.cuda.set_rng_state(rng, device)  # the loop starts where setup() (or a resume) left the stream
+            torch.cuda.set_rng_state(rng, run.device)  # the loop starts where setup() (or a resume) left the stream
         train_model = lambda idx, targets: (None, graphed(idx, targets))  # (logits, loss), as the loop unpacks
-        for p in raw_model.parameters():  # .grad buffers of our own, added into: a replay rewrites the graph's
+        for p in run.model.parameters():  # .grad buffers of our own, added into: a replay rewrites the graph's
             p.grad = torch.zeros_like(p)  # gradient outputs, which must never become .grad (pytorch#181723)
     return model, train_model
 
 
 @torch.no_grad()
 def estimate_loss(model: torch.nn.Module, run: Run) -> dict[str, float]:
-    """Mean loss over eval_iters batches of each split: the same batches at every call, from a generator of their
-    own, so that evaluating never moves the training data stream."""
+    """Mean loss over eval_iters batches of each split: the same batches at every call (a generator of their own)."""
     cfg = run.cfg
     gen = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
     model.eval()
@@ -210,32 +203,22 @@ def save(run: Run, it: int, path: Path) -> None:
     """Checkpoint the run after `it` iterations, if every weight is finite (else TrainError: the last one stays)."""
     if not all(bool(torch.isfinite(t).all()) for t in run.model.state_dict().values() if t.is_floating_point()):
         raise diverged(f"the weights are not finite at iteration {it}", run)
-    checkpoint.save_training_checkpoint(
-        path,
-        run.dist,
-        model=run.model,
-        optimizer=run.optimizer,
-        scaler=run.scaler,
-        data_gen=run.data_gen,
-        iter_num=it,
-        best_val_loss=run.best_val,
-        config=asdict(run.cfg),
-        tokenizer=run.data.meta.get("tokenizer"),
-    )
+    checkpoint.save_training_checkpoint(path, run, it)
     if path == run.ckpt_path:
         run.last_saved = it
         run.dist.print(f"saved checkpoint {path}")
 
 
-def save_interrupted(run: Run, it: int, stop: StopRequest) -> Interrupted:
+def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
     """Save the run a signal stopped after `it` iterations; the error to raise says how to go on. In best-only
     mode ckpt.pt is the best model so far: the interrupted state goes beside it."""
     path = run.ckpt_path if run.cfg.always_save_checkpoint else Path(run.cfg.out_dir) / "ckpt_interrupted.pt"
     save(run, it, path)
     resume = f"python train.py --init_from=resume --out_dir={run.ckpt_path.parent}"
     resume = resume if path == run.ckpt_path else f"mv {path} {run.ckpt_path} && {resume}"
-    message = f"interrupted ({stop.name}) after {it} iterations; saved {path}. To continue the run: {resume}"
-    return Interrupted(message, stop.signum or signal.SIGINT)
+    name = signal.Signals(signum).name
+    message = f"interrupted ({name}) after {it} iterations; saved {path}. To continue the run: {resume}"
+    return Interrupted(message, signum)
 
 
 def announce(run: Run, resumed: bool) -> None:
@@ -286,7 +269,7 @@ def train(
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, step, log. Returns the summary."""
     t_start = time.perf_counter()
     run = setup(cfg, explicit, ckpt, device, dtype, dist)
-    model, train_model = wrap(run.model, cfg, run.data, device, dtype, dist)
+    model, train_model = wrap(run)
     announce(run, resumed=ckpt is not None)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share of the global batch
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
@@ -316,7 +299,7 @@ def train(
                 break
             if stop_reason == "signal":
                 finite(window.read(), run)
-                raise save_interrupted(run, it, stop)
+                raise save_interrupted(run, it, stop.signum)
 
             lr = get_lr(it, cfg)
             for group in run.optimizer.param_groups:
@@ -326,14 +309,7 @@ def train(
             starts = torch.randint(run.data.num_starts("train"), shape, generator=run.data_gen)
             xs, ys = run.data.get("train", starts[rows], device)
             loss = train_step(
-                train_model,
-                run.optimizer,
-                xs,
-                ys,
-                grad_clip=cfg.grad_clip,
-                autocast=run.amp,
-                scaler=run.scaler,
-                set_to_none=not cfg.cuda_graphs,
+                train_model, run.optimizer, xs, ys, cfg.grad_clip, run.amp, run.scaler, set_to_none=not cfg.cuda_graphs
             )
             window.pending.append((it, loss, lr))
             if it % cfg.log_interval == 0:
@@ -356,18 +332,16 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Train as the command line `argv` asks; return the summary record. Raises one of OPTION_ERRORS (a bad
-    option), or DataError, CheckpointError or TrainError (data, resume mismatch, divergence, interruption), each
-    with a one-line message; `cli()` turns them into exit statuses."""
+    """Train as the command line `argv` asks; return the summary record. Raises one of OPTION_ERRORS, DataError,
+    CheckpointError or TrainError, each with a one-line message; `cli()` turns them into exit statuses."""
     explicit = parse_args(sys.argv[1:] if argv is None else list(argv))
     dist = dist_from_env()
     cfg = build_config(explicit, processes=dist.world_size)
     ckpt = None
     if cfg.init_from == "resume":
-        ckpt_path = str(checkpoint.checkpoint_path(cfg.out_dir))
         ckpt = checkpoint.load_resume_checkpoint(cfg.out_dir)
-        # The checkpoint's options are the defaults; what was given explicitly wins.
-        cfg = build_config(explicit, ckpt["config"], source=ckpt_path, processes=dist.world_size)
+        source = str(checkpoint.checkpoint_path(cfg.out_dir))
+        cfg = build_config(explicit, ckpt["config"], source=source, processes=dist.world_size)
     device = resolve_device(cfg.device, dist)
     dtype = resolve_dtype(cfg.dtype, torch.device(device).type)
     if cfg.norm == "triton":

@@ -242,7 +242,7 @@ def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(tmp_path, monk
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
     cfg, run = graphed_setup(tmp_path, "--dropout=0.2")
     before = torch.get_rng_state()
-    train.wrap(run.model, cfg, run.data, "cpu", "float32", Dist())
+    train.wrap(run)
     ((module, state),) = after_capture
     assert not torch.equal(state, before)  # the warm-ups drew dropout masks
     assert torch.equal(torch.get_rng_state(), before)
