@@ -222,7 +222,7 @@ def save_training_checkpoint(path: Path, run: Any, iter_num: int) -> None:
 def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
     """<out_dir>/ckpt.pt, with every entry a resume needs; CheckpointError otherwise."""
     path = checkpoint_path(out_dir)
-    ckpt = load_checkpoint(path, map_location="cpu")
+    ckpt = load_checkpoint(path)
     if ckpt["format"] != FORMAT:
         raise CheckpointError(
             f"{path} is nanoGPT's checkpoint: sample.py and batch_independence.py read it, but train.py resumes only "
@@ -241,9 +241,7 @@ def resume_model(
     ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfig, vocab_size: int, tokenizer: Any, device: str
 ) -> GPT:
     """The checkpoint's model in train mode, with cfg's dropout and, if asked, an interchangeable norm.
-    CheckpointError names the keys if the shape or the vocabulary asked for (explicitly: config file or flags;
-    the other options come from the checkpoint) is not the checkpoint's."""
-    path = checkpoint_path(cfg.out_dir)
+    CheckpointError names the keys if the shape or the vocabulary asked for explicitly is not the checkpoint's."""
     saved = asdict(GPTConfig.from_options(ckpt["model_args"]))
     wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
     diffs = [
@@ -253,8 +251,8 @@ def resume_model(
         diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
     if diffs:
         raise CheckpointError(
-            f"cannot resume from {path}: it does not match what was asked for (checkpoint -> asked): "
-            f"{'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
+            f"cannot resume from {checkpoint_path(cfg.out_dir)}: it does not match what was asked for (checkpoint "
+            f"-> asked): {'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
             f"or give another --out_dir to start a new run"
         )
     ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": cfg.dropout}}
@@ -269,9 +267,8 @@ def restore_training_state(
     version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration."""
     dist = dist or Dist()
     try:
-        # The saved moments and step counts, under today's OPTIMIZER_NOW (the same unless given explicitly, or saved
-        # by an older version), put into the saved groups before loading: torch moves each step counter onto its
-        # parameter's device, in float32, only where the saved group says fused. (The rate is set every iteration.)
+        # Today's OPTIMIZER_NOW (the rate is set every iteration) put into the saved groups before loading: torch
+        # moves each saved step counter onto its parameter's device, in float32, only where the group says fused.
         saved = ckpt["optimizer"]
         if len(saved["param_groups"]) == len(optimizer.param_groups):  # else load_state_dict refuses it, saying why
             pairs = zip(saved["param_groups"], optimizer.param_groups, strict=True)

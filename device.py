@@ -49,9 +49,8 @@ class Dist:
 
     @contextmanager
     def use(self, device: str) -> Iterator[None]:
-        """Compute on `device` for the duration, joined to the other processes (nccl on CUDA, gloo on the CPU).
-        On CUDA the device becomes this process's current one, TF32 matmuls are allowed and peak memory is
-        counted from here."""
+        """Compute on `device` for the duration, joined to the other processes (nccl on CUDA, gloo on the CPU). On
+        CUDA it becomes this process's current device, TF32 matmuls are allowed and peak memory counts from here."""
         if device.startswith("cuda"):
             if torch.device(device).index is not None:  # 'cuda' alone is the current device already (and torch
                 torch.cuda.set_device(device)  # 2.11 refuses to set it)
@@ -70,14 +69,6 @@ class Dist:
                 # abort the process ("terminate called without an active exception": 3 of 60 runs; 0 of 100 with this)
                 gc.collect()
                 torch.distributed.destroy_process_group()
-
-    def wrap(self, model: torch.nn.Module, device: str) -> torch.nn.Module:
-        """The model as it trains here: wrapped in DistributedDataParallel when there are several processes."""
-        if not self.enabled:
-            return model
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        return DDP(model, device_ids=[self.local_rank] if device.startswith("cuda") else None)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over every process, in place (one process: `t` as it is)."""
@@ -172,11 +163,9 @@ def maxrss_bytes(ru_maxrss: int) -> int:
 
 class StopRequest:
     """SIGINT and SIGTERM while a run trains (a `with` block; in the main thread, the only one that may catch them).
-
-    The first signal only sets `signum`: the run finishes its iteration, saves a checkpoint and exits. A second
-    one within a second is the same request (torchrun forwards the terminal's Ctrl-C to processes that already
-    got it); a later one raises KeyboardInterrupt: stop now, without saving.
-    """
+    The first one only sets `signum`: the run finishes its iteration, saves a checkpoint and exits. A second within
+    a second is the same request (torchrun forwards the terminal's Ctrl-C to processes that already got it); a
+    later one raises KeyboardInterrupt: stop now, without saving."""
 
     def __init__(self, announce: bool) -> None:
         self.announce = announce  # say so on stderr (one process of several is enough)

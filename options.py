@@ -19,8 +19,7 @@ class ConfigError(ValueError):
     """A bad option: unknown, of the wrong type, out of range, or impossible on this machine (exit status 2)."""
 
 
-# layernorm.NORMS, plus "none" (no normalization at all: the norm comparison's baseline).
-VALID_NORMS = (*layernorm.NORMS, layernorm.NO_NORM)
+VALID_NORMS = (*layernorm.NORMS, layernorm.NO_NORM)  # and "none": no normalization, the comparison's baseline
 
 
 def opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:

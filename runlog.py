@@ -22,8 +22,7 @@ from options import TrainConfig
 
 class LossWindow:
     """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
-    the wall time they took. `read()` syncs once: each iteration's loss, averaged over the processes; log_line()
-    prints and records one; summary() is the run's record with its median time per iteration."""
+    the wall time they took. `read()` syncs once for them all: each iteration's loss, averaged over the processes."""
 
     def __init__(self, dist: Dist, tokens_per_iter: int, log: Callable[..., None]) -> None:
         self.dist = dist

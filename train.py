@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 import runlog
@@ -131,7 +132,9 @@ def wrap(run: Run) -> tuple[torch.nn.Module, Callable[..., Any]]:
     processes, with its micro-step (forward and backward) captured once in a CUDA graph and replayed, if asked."""
     cfg = run.cfg
     model = torch.compile(run.model, mode=cfg.compile_mode) if cfg.compile else run.model
-    train_model = run.dist.wrap(model, run.device)
+    train_model = model
+    if run.dist.enabled:
+        train_model = DDP(model, device_ids=[run.dist.local_rank] if run.device.startswith("cuda") else None)
     if cfg.cuda_graphs:  # static shapes: every micro-batch is [batch_size, block_size]
         with autocast(run.device, run.dtype, cache_enabled=False):  # (the casts are captured into the graph)
             sample = run.data.get("train", torch.zeros(cfg.batch_size, dtype=torch.long), run.device)
