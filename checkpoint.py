@@ -29,6 +29,7 @@ from torch.amp import GradScaler
 from torch.optim import Optimizer
 
 import nanogpt
+from data.common import PreparedData
 from device import Dist
 from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
@@ -151,9 +152,7 @@ def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state
 
 
-def model_from_checkpoint(
-    checkpoint: dict[str, Any], norm: str | None = None, device: str | torch.device = "cpu"
-) -> GPT:
+def model_from_checkpoint(checkpoint: dict[str, Any], norm: str | None = None, device: str = "cpu") -> GPT:
     """The GPT a checkpoint describes, with its weights, in eval mode. `norm` swaps in another of
     layernorm.LAYERNORMS (one function, one parameter layout); a norm that computes another function is refused."""
     config = GPTConfig.from_options(checkpoint["model_args"])
@@ -237,16 +236,13 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
     return ckpt
 
 
-def resume_model(
-    ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfig, vocab_size: int, tokenizer: Any, device: str
-) -> GPT:
-    """The checkpoint's model in train mode, with cfg's dropout and, if asked, an interchangeable norm.
+def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfig, data: PreparedData) -> GPT:
+    """The checkpoint's model on the CPU in train mode, with cfg's dropout and, if asked, an interchangeable norm.
     CheckpointError names the keys if the shape or the vocabulary asked for explicitly is not the checkpoint's."""
     saved = asdict(GPTConfig.from_options(ckpt["model_args"]))
-    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit}
-    diffs = [
-        f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted({**wanted, "vocab_size": vocab_size}.items()) if saved[k] != v
-    ]
+    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit} | {"vocab_size": data.vocab_size}
+    diffs = [f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted(wanted.items()) if saved[k] != v]
+    tokenizer = data.meta.get("tokenizer")
     if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
         diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
     if diffs:
@@ -256,7 +252,7 @@ def resume_model(
             f"or give another --out_dir to start a new run"
         )
     ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": cfg.dropout}}
-    return model_from_checkpoint(ckpt, norm=cfg.norm, device=device).train()
+    return model_from_checkpoint(ckpt, norm=cfg.norm).train()
 
 
 def restore_training_state(

@@ -125,16 +125,15 @@ def _typed(key: str, value: Any, source: str | None = None) -> Any:
             f" Valid options: {', '.join(TYPES)}"
         )
     base = TYPES[key]
-    optional = key in OPTIONAL
     expected = "bool (true/false/1/0)" if base is bool else type_name(key)
     if source is None:
         try:
-            if optional and value in ("None", "none", "null"):
+            if key in OPTIONAL and value in ("None", "none", "null"):
                 return None
             return {"true": True, "1": True, "false": False, "0": False}[value.lower()] if base is bool else base(value)
         except (KeyError, ValueError):
             raise ConfigError(f"--{key}={value}: expected {expected}, got {value!r}") from None
-    if (value is None and optional) or (isinstance(value, base) and isinstance(value, bool) == (base is bool)):
+    if (value is None and key in OPTIONAL) or (isinstance(value, base) and isinstance(value, bool) == (base is bool)):
         return value
     if base is float and isinstance(value, int) and not isinstance(value, bool):  # an int is a fine float
         return float(value)

@@ -44,11 +44,10 @@ def train_step(
     reading it back is the caller's sync to make."""
     autocast = autocast or contextlib.nullcontext()
     scaler = scaler or torch.amp.GradScaler(enabled=False)
-    no_sync = getattr(model, "no_sync", contextlib.nullcontext)  # DDP's
+    no_sync = getattr(model, "no_sync", contextlib.nullcontext)  # DDP's: all-reduce only after the last micro-step
     micro_steps = len(xs)
     loss_sum = torch.zeros((), device=xs.device)
     for m in range(micro_steps):
-        # With DDP, gradients are all-reduced only after the last micro-step.
         with no_sync() if m < micro_steps - 1 else contextlib.nullcontext():
             with autocast:
                 _, loss = model(xs[m], ys[m])

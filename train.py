@@ -102,7 +102,7 @@ def setup(
         torch.manual_seed(cfg.seed)  # the initial weights: the same on every process
         model = GPT(GPTConfig.from_options(cfg, vocab_size=data.vocab_size)).to(device)
     else:
-        model = checkpoint.resume_model(ckpt, explicit, cfg, data.vocab_size, data.meta.get("tokenizer"), device)
+        model = checkpoint.resume_model(ckpt, explicit, cfg, data).to(device)
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process; a resume restores each
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16
@@ -195,7 +195,6 @@ def diverged(what: str, run: Run) -> TrainError:
 
 
 def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, float, float]]:
-    """The losses read back, if every one is finite; else the run stops (TrainError)."""
     for i, loss, _ in read:
         if not math.isfinite(loss):
             raise diverged(f"loss is {loss} at iteration {i}", run)
