@@ -143,8 +143,7 @@ def autocast(device: str, dtype: str, cache_enabled: bool = True) -> AbstractCon
     while a CUDA graph is captured.)"""
     if dtype == "float32":
         return nullcontext()
-    dtype_ = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    return torch.autocast(torch.device(device).type, dtype=dtype_, cache_enabled=cache_enabled)
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype), cache_enabled=cache_enabled)
 
 
 def peak_memory(device: str) -> int:

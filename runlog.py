@@ -73,8 +73,8 @@ class LossWindow:
 def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[Callable[..., None]]:
     """log(record, wandb=None): one line of metrics.jsonl and, if asked for, the same figures under wandb's names
     (rank 0; the other processes log nothing). metrics.jsonl starts afresh, or stays as it is (eval_only), or on a
-    resume after `resumed_at` iterations keeps what describes the run up to its checkpoint: not the records at or
-    after it (the tail a killed run wrote) nor a line cut short by a kill, so that it reads as one run."""
+    resume after `resumed_at` iterations drops the records at or after it (the tail a killed run wrote after its
+    checkpoint) and a line cut short by a kill, so that it reads as one run."""
     with contextlib.ExitStack() as closing:
         metrics = None
         run = None

@@ -40,8 +40,7 @@ def train_step(
     """Forward and backward over the micro-batches xs[m], ys[m] ([micro_steps, B, T]), each loss divided by their
     number so that the gradients add up to the mean's; then the clip (0: none), the optimizer's step, and the
     gradients zeroed (set_to_none=False: to zeros, for a CUDA graph that adds into them). `model(x, y)` returns
-    (logits, loss); `scaler` scales the loss for float16. Returns the iteration's loss, detached, on the device:
-    reading it back is the caller's sync to make."""
+    (logits, loss); `scaler` scales the loss for float16. Returns the loss, detached, on the device (no sync)."""
     autocast = autocast or contextlib.nullcontext()
     scaler = scaler or torch.amp.GradScaler(enabled=False)
     no_sync = getattr(model, "no_sync", contextlib.nullcontext)  # DDP's: all-reduce only after the last micro-step
