@@ -5,37 +5,21 @@ switched on before anything imports triton, so it is set here, before the tests 
 triton can be imported (it ships for Linux only): elsewhere every Triton test is skipped, saying why.
 """
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "data" / "shakespeare_char" / "input.txt"  # where the Quickstart's prepare step puts it
 
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-def _triton_imports() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-if not _cuda_available() and "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: triton.jit reads it
-    if not _triton_imports():
-        del os.environ["TRITON_INTERPRET"]
+# before triton is imported (importing torch does not): triton.jit reads it
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ and importlib.util.find_spec("triton"):
+    os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(ROOT))
 
 
@@ -69,8 +53,6 @@ def one_thread() -> Iterator[None]:
     """Tests use tiny tensors: one torch thread is as fast, and far faster when other work shares the cores (idle
     OpenMP threads spin-wait). For the whole session, so that module- and session-scoped fixtures run with it too;
     the processes the tests start get OMP_NUM_THREADS=1 (helpers.subprocess_env)."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -103,7 +85,5 @@ def triton_compiled_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def cuda_rng_is_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.cuda's generator state calls answered by the CPU's generator, which dropout draws from on the CPU."""
-    import torch
-
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))

@@ -23,10 +23,11 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from checkpoint import FORMAT, save_checkpoint
 from device import TritonUnavailableError
-from layernorm import make_norm
+from layernorm import layer_norm, layer_norm_naive, make_norm
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +104,71 @@ def skip_unless_runs(norm: str) -> None:
         make_norm(norm, 8)(torch.randn(2, 8))
     except TritonUnavailableError as e:
         pytest.skip(f"{norm} can't run here: {str(e).splitlines()[0]}")
+
+
+# ---- LayerNorms against float64 ----
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_inputs(
+    lead: Sequence[int], C: int, dtype: torch.dtype = torch.float32, seed: int = 0, offset: float = 2.0
+) -> tuple[torch.Tensor, ...]:
+    """(x, weight, bias, dy) on DEVICE: x [*lead, C] of nonzero mean, non-unit weight and bias, a random dy."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, C, generator=g, dtype=torch.float64) * 1.5 + offset
+    w = torch.randn(C, generator=g, dtype=torch.float64) * 0.5 + 1.0
+    b = torch.randn(C, generator=g, dtype=torch.float64) * 0.3
+    dy = torch.randn(*lead, C, generator=g, dtype=torch.float64)
+    return tuple(t.to(device=DEVICE, dtype=dtype) for t in (x, w, b, dy))
+
+
+def run_impl(impl: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5):
+    """The LayerNorm `impl` ("custom", "builtin", "triton") as a function."""
+    if impl == "custom":
+        return layer_norm(x, weight, bias, eps)
+    if impl == "builtin":
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    if impl == "triton":
+        import layernorm_triton  # imports triton: only where a test asks for it
+
+        return layernorm_triton.layer_norm_triton(x, weight, bias, eps)
+    raise AssertionError(impl)
+
+
+def layer_norm_reference(x, weight, bias, dy, eps=1e-5, correction=0, name="layernorm") -> tuple[torch.Tensor, ...]:
+    """(y, dx, dweight[, dbias]) in float64, autograd through the formula (of RMSNorm for name="rmsnorm")."""
+    x, weight = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    bias = None if bias is None else bias.detach().double().requires_grad_()
+    if name == "rmsnorm":
+        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight + bias
+    else:
+        y = layer_norm_naive(x, weight, bias, eps, correction)
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    return y.detach(), *torch.autograd.grad(y, inputs, dy.double())
+
+
+def forward_backward(impl: str, x, weight, bias, dy, eps=1e-5) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """y and (dx, dweight[, dbias]) of run_impl(impl, ...) for the upstream gradient dy."""
+    x, weight = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    bias = None if bias is None else bias.detach().clone().requires_grad_()
+    y = run_impl(impl, x, weight, bias, eps)
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    return y.detach(), torch.autograd.grad(y, inputs, dy)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| over max |ref| (0 when both are 0): one number per tensor, insensitive to tiny entries."""
+    scale = ref.abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    return err / scale if scale > 0 else err
+
+
+def assert_matches_reference(impl: str, x, weight, bias, dy, tol: float = 1e-5) -> None:
+    """Forward and every gradient within `tol` (rel_err) of the float64 reference."""
+    y, grads = forward_backward(impl, x, weight, bias, dy)
+    for out, ref in zip((y, *grads), layer_norm_reference(x, weight, bias, dy), strict=True):
+        assert rel_err(out, ref) <= tol
 
 
 class RunsCodeOnLoad:

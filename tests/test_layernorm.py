@@ -13,54 +13,22 @@ import torch
 import torch.nn.functional as F
 
 import layernorm
-from helpers import TRITON_SKIP, needs_triton, norm_params, randomize_norms
+from helpers import (
+    DEVICE,
+    TRITON_SKIP,
+    assert_matches_reference,
+    forward_backward,
+    layer_norm_reference,
+    make_inputs,
+    needs_triton,
+    norm_params,
+    randomize_norms,
+    rel_err,
+    run_impl,
+)
 from layernorm import LAYERNORMS, NO_NORM, NORMS, layer_norm, layer_norm_naive, make_norm
 
 RUNNABLE_NORMS = [n for n in NORMS if n != "triton" or TRITON_SKIP is None]  # for the tests that loop over them
-
-
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def run_impl(impl: str, x, weight, bias, eps=1e-5):
-    if impl == "custom":
-        return layer_norm(x, weight, bias, eps)
-    if impl == "builtin":
-        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    if impl == "triton":
-        import layernorm_triton  # imports triton: only where a test asks for it
-
-        return layernorm_triton.layer_norm_triton(x, weight, bias, eps)
-    raise AssertionError(impl)
-
-
-def reference(x, weight, bias, dy, eps=1e-5, correction=0, name="layernorm"):
-    """Forward and (dx, dweight, dbias) in float64, autograd through the formula (of RMSNorm for name="rmsnorm")."""
-    x, weight = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
-    bias = None if bias is None else bias.detach().double().requires_grad_()
-    if name == "rmsnorm":
-        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight + bias
-    else:
-        y = layer_norm_naive(x, weight, bias, eps, correction)
-    inputs = (x, weight) if bias is None else (x, weight, bias)
-    grads = torch.autograd.grad(y, inputs, dy.double())
-    return y.detach(), grads
-
-
-def forward_backward(impl, x, weight, bias, dy, eps=1e-5):
-    x, weight = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
-    bias = None if bias is None else bias.detach().clone().requires_grad_()
-    y = run_impl(impl, x, weight, bias, eps)
-    inputs = (x, weight) if bias is None else (x, weight, bias)
-    return y.detach(), torch.autograd.grad(y, inputs, dy)
-
-
-def rel_err(out, ref) -> float:
-    """max |out - ref| over max |ref| (0 when both are 0): one number per tensor, insensitive to tiny entries."""
-    scale = ref.abs().max().item()
-    err = (out.double() - ref).abs().max().item()
-    return err / scale if scale > 0 else err
 
 
 def dx_scale(x, w, dy, eps=1e-5) -> float:
@@ -76,17 +44,6 @@ def close(out, ref, tol, scale=0.0) -> bool:
     return (out.double() - ref).abs().max().item() <= tol * max(ref.abs().max().item(), scale)
 
 
-def make_inputs(lead, C, dtype=torch.float32, seed=0, offset=2.0):
-    """Nonzero-mean x, non-unit weight and bias, a random upstream gradient."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*lead, C, generator=g, dtype=torch.float64) * 1.5 + offset
-    w = torch.randn(C, generator=g, dtype=torch.float64) * 0.5 + 1.0
-    b = torch.randn(C, generator=g, dtype=torch.float64) * 0.3
-    dy = torch.randn(*lead, C, generator=g, dtype=torch.float64)
-    dev = _device()
-    return tuple(t.to(device=dev, dtype=dtype) for t in (x, w, b, dy))
-
-
 # ---- Every LayerNorm against float64: forward and all three gradients ----
 
 
@@ -96,7 +53,7 @@ def make_inputs(lead, C, dtype=torch.float32, seed=0, offset=2.0):
 def test_float32_matches_float64_reference(impl, C, lead):
     x, w, b, dy = make_inputs(lead, C)
     y, grads = forward_backward(impl, x, w, b, dy)
-    y_ref, grads_ref = reference(x, w, b, dy)
+    y_ref, *grads_ref = layer_norm_reference(x, w, b, dy)
     assert y.shape == x.shape and y.dtype == torch.float32
     assert rel_err(y, y_ref) < 1e-5
     for name, g, g_ref in zip(("dx", "dweight", "dbias"), grads, grads_ref, strict=True):
@@ -107,15 +64,7 @@ def test_float32_matches_float64_reference(impl, C, lead):
 
 
 @pytest.mark.parametrize("impl", norm_params(LAYERNORMS))
-def test_without_bias(impl):
-    x, w, _, dy = make_inputs((4,), 50)
-    y, (dx, dw) = forward_backward(impl, x, w, None, dy)
-    y_ref, (dx_ref, dw_ref) = reference(x, w, None, dy)
-    assert rel_err(y, y_ref) < 1e-5 and rel_err(dx, dx_ref) < 1e-5 and rel_err(dw, dw_ref) < 1e-5
-
-
-@pytest.mark.parametrize("impl", norm_params(LAYERNORMS))
-def test_non_contiguous_and_expanded_inputs_and_gradients(impl):
+def test_non_contiguous_and_expanded_inputs_and_gradients_with_and_without_bias(impl):
     base, w, b, _ = make_inputs((6,), 2 * 40)
     x = base.view(6, 40, 2)[..., 0]  # every other column: column stride 2
     assert not x.is_contiguous()
@@ -124,12 +73,8 @@ def test_non_contiguous_and_expanded_inputs_and_gradients(impl):
     g = torch.Generator().manual_seed(1)
     dy_expanded = torch.randn(40, generator=g).to(x).expand(6, 40)  # stride 0 over rows
     dy_transposed = torch.randn(40, 6, generator=g).to(x).t()  # column stride 6
-    for xi, dy in ((x, dy_expanded), (x, dy_transposed), (xt, dy_expanded[:6].reshape(3, 2, 40))):
-        y, grads = forward_backward(impl, xi, w, b, dy)
-        y_ref, grads_ref = reference(xi, w, b, dy)
-        assert rel_err(y, y_ref) < 1e-5
-        for gr, gr_ref in zip(grads, grads_ref, strict=True):
-            assert rel_err(gr, gr_ref) < 1e-5
+    for xi, dy, bias in ((x, dy_expanded, b), (x, dy_transposed, None), (xt, dy_expanded[:6].reshape(3, 2, 40), b)):
+        assert_matches_reference(impl, xi, w, bias, dy)
     # x with stride 0 over rows (one row broadcast to 6) reaches the implementation as it is: every row is that
     # row's LayerNorm, and the gradient of the one row sums its six
     row = x[:1].clone().requires_grad_()
@@ -137,7 +82,7 @@ def test_non_contiguous_and_expanded_inputs_and_gradients(impl):
     assert expanded.stride() == (0, 1)
     y = run_impl(impl, expanded, w, b)
     (drow,) = torch.autograd.grad(y, row, dy_transposed)
-    y_ref, (dx_ref, _, _) = reference(x[:1].expand(6, 40), w, b, dy_transposed)
+    y_ref, dx_ref, _, _ = layer_norm_reference(x[:1].expand(6, 40), w, b, dy_transposed)
     assert rel_err(y, y_ref) < 1e-5 and rel_err(drow, dx_ref.sum(0, keepdim=True)) < 1e-5
 
 
@@ -152,7 +97,7 @@ def test_half_precision_within_twice_pytorch_error(impl, dtype, C):
     x, w, b, dy = make_inputs((3, 4), C, dtype=dtype)
     y, grads = forward_backward(impl, x, w, b, dy)
     y_pt, grads_pt = forward_backward("builtin", x, w, b, dy)
-    y_ref, grads_ref = reference(x, w, b, dy)
+    y_ref, *grads_ref = layer_norm_reference(x, w, b, dy)
     assert y.dtype == dtype and all(g.dtype == dtype for g in grads)
     slack = 1e-3 if dtype == torch.float16 else 1e-2
 
@@ -175,7 +120,7 @@ ONE_ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
 @pytest.mark.parametrize("name", norm_params([*LAYERNORMS, "rmsnorm"], slow_triton=True))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_input_with_float32_parameters_matches_float64(name, dtype):
-    rows = 256 if name == "triton" and _device() == "cpu" else 4096
+    rows = 256 if name == "triton" and DEVICE == "cpu" else 4096
     x, w, b, dy = make_inputs((rows,), 192, dtype=torch.float64)
     x, dy = x.to(dtype), dy.to(dtype)
     norm = make_norm(name, 192).to(x.device)
@@ -184,7 +129,7 @@ def test_half_input_with_float32_parameters_matches_float64(name, dtype):
     x = x.requires_grad_()
     y = norm(x)
     dx, dw, db = torch.autograd.grad(y, (x, norm.weight, norm.bias), dy)
-    y_ref, (dx_ref, dw_ref, db_ref) = reference(x, w, b, dy, name=name)
+    y_ref, dx_ref, dw_ref, db_ref = layer_norm_reference(x, w, b, dy, name=name)
     assert y.dtype == dx.dtype == dtype and dw.dtype == db.dtype == torch.float32
     assert close(y, y_ref, ONE_ULP[dtype]), rel_err(y, y_ref)
     assert close(dx, dx_ref, ONE_ULP[dtype], dx_scale(x, w, dy)), rel_err(dx, dx_ref)
@@ -212,7 +157,7 @@ def test_gradient_of_the_weight_alone():
     w.requires_grad_()
     y = layer_norm(x, w, b)  # x and b do not require grad
     (dw,) = torch.autograd.grad(y, (w,), dy)
-    _, (_, dw_ref, _) = reference(x, w, b, dy)
+    _, _, dw_ref, _ = layer_norm_reference(x, w, b, dy)
     assert rel_err(dw, dw_ref) < 1e-5
 
 
@@ -242,13 +187,8 @@ def test_doctests_in_layernorm_py():
 @pytest.mark.parametrize("impl", norm_params(["custom", "triton"]))
 @pytest.mark.parametrize("C", [7, 384, 3000])
 def test_large_offset_rows_match_float64(impl, C):
-    """Rows near 1e4 with unit spread: float32 matches float64, forward and gradients (no cancellation)."""
-    x, w, b, dy = make_inputs((3,), C, offset=1e4)
-    y, grads = forward_backward(impl, x, w, b, dy)
-    y_ref, grads_ref = reference(x, w, b, dy)  # the reference sees the same float32-rounded x
-    assert rel_err(y, y_ref) < 1e-5
-    for g, g_ref in zip(grads, grads_ref, strict=True):
-        assert rel_err(g, g_ref) < 1e-5
+    """Rows near 1e4 with unit spread: no cancellation (the reference sees the same float32-rounded x)."""
+    assert_matches_reference(impl, *make_inputs((3,), C, offset=1e4))
 
 
 @pytest.mark.parametrize(
@@ -261,7 +201,7 @@ def test_large_offset_rows_match_float64(impl, C):
 )
 def test_each_module_runs_its_own_implementation(name, node):
     """make_norm(name) computes with its own code: the autograd node says whose backward will run."""
-    x = torch.randn(3, 16, device=_device(), requires_grad=True)
+    x = torch.randn(3, 16, device=DEVICE, requires_grad=True)
     assert type(make_norm(name, 16).to(x.device)(x).grad_fn).__name__ == node
 
 
@@ -304,7 +244,7 @@ def test_nan_stays_in_its_row(impl):
     y, (dx, _, _) = forward_backward(impl, x, w, b, dy)
     assert torch.isnan(y[1]).all() and torch.isnan(dx[1]).all()
     rows = [0, 2, 3]
-    y_ref, (dx_ref, _, _) = reference(x[rows], w, b, dy[rows])
+    y_ref, dx_ref, _, _ = layer_norm_reference(x[rows], w, b, dy[rows])
     assert rel_err(y[rows], y_ref) < 1e-5 and rel_err(dx[rows], dx_ref) < 1e-5
 
 
@@ -324,11 +264,11 @@ def test_norms_registry():
     runs in bfloat16."""
     classes = set()
     for name in RUNNABLE_NORMS:
-        m = make_norm(name, 12, eps=1e-6).to(_device())
+        m = make_norm(name, 12, eps=1e-6).to(DEVICE)
         assert isinstance(m, layernorm.Norm) and m.eps == 1e-6 and repr(m).endswith("(12, bias=True, eps=1e-06)")
         assert m.weight.shape == (12,) and m.bias.shape == (12,)
         assert make_norm(name, 12, bias=False).bias is None
-        assert m(torch.randn(2, 3, 12, device=_device())).shape == (2, 3, 12)
+        assert m(torch.randn(2, 3, 12, device=DEVICE)).shape == (2, 3, 12)
         y = make_norm(name, 12).to(torch.bfloat16)(torch.randn(2, 3, 12, dtype=torch.bfloat16))
         assert y.dtype == torch.bfloat16 and torch.isfinite(y).all(), name
         classes.add(type(m))
@@ -339,37 +279,34 @@ def test_norms_registry():
 @pytest.mark.parametrize("bias", [True, False])
 def test_state_dict_interchange_between_the_layernorms(bias):
     torch.manual_seed(0)
-    dev = _device()
-    src = make_norm("custom", 24, bias=bias, eps=1e-6).to(dev)
+    src = make_norm("custom", 24, bias=bias, eps=1e-6).to(DEVICE)
     randomize_norms(src)
-    x = torch.randn(3, 5, 24, device=dev) + 1
+    x = torch.randn(3, 5, 24, device=DEVICE) + 1
     y_src = src(x)
     for name in [n for n in LAYERNORMS if n in RUNNABLE_NORMS]:
-        dst = make_norm(name, 24, bias=bias, eps=1e-6).to(dev)
+        dst = make_norm(name, 24, bias=bias, eps=1e-6).to(DEVICE)
         assert list(dst.state_dict()) == list(src.state_dict())
         dst.load_state_dict(src.state_dict())  # strict
         torch.testing.assert_close(dst(x), y_src, rtol=1e-5, atol=1e-5)
-        back = make_norm("custom", 24, bias=bias, eps=1e-6).to(dev)
+        back = make_norm("custom", 24, bias=bias, eps=1e-6).to(DEVICE)
         back.load_state_dict(dst.state_dict())
         torch.testing.assert_close(back(x), y_src, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", norm_params([n for n in NORMS if n != "batchnorm"]))
 def test_batch_independence(name):
-    """norm(x)[i] == norm(x[i:i+1]): a token's output never depends on the rest of the batch."""
     torch.manual_seed(0)
-    dev = _device()
-    m = make_norm(name, 32).to(dev)
+    m = make_norm(name, 32).to(DEVICE)
     randomize_norms(m)
-    x = torch.randn(4, 6, 32, device=dev) * 3 + 1
+    x = torch.randn(4, 6, 32, device=DEVICE) * 3 + 1
     y = m(x)
     # Bit for bit, as the README and batch_independence.py say: each row's arithmetic is the same whatever the
     # batch. (PyTorch's GPU kernel may pick another launch shape for another batch: close there, not equal.)
-    same = torch.testing.assert_close if name == "builtin" and dev == "cuda" else assert_equal
+    same = torch.testing.assert_close if name == "builtin" and DEVICE == "cuda" else assert_equal
     for i in range(x.shape[0]):
         same(m(x[i : i + 1]), y[i : i + 1])
         x_other = x.clone()
-        x_other[torch.arange(4, device=dev) != i] = torch.randn(3, 6, 32, device=dev) * 10  # change the others
+        x_other[torch.arange(4, device=DEVICE) != i] = torch.randn(3, 6, 32, device=DEVICE) * 10  # change the others
         same(m(x_other)[i], y[i])
 
 
@@ -519,12 +456,6 @@ def test_a_weight_or_bias_of_another_shape_or_not_a_tensor_is_refused_in_one_lin
         layer_norm(torch.randn(2, 3, 8), weight, bias)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])
-def test_integer_and_bool_inputs_are_type_errors(dtype):
-    with pytest.raises(TypeError, match="floating-point"):
-        layer_norm(torch.ones(2, 4, dtype=dtype), torch.ones(4))
-
-
 @pytest.mark.parametrize("name", norm_params(NORMS))
 def test_modules_reject_bad_inputs(name):
     m = make_norm(name, 8)
@@ -558,6 +489,9 @@ def test_eps_must_be_positive(eps):
 
 
 def test_other_bad_arguments():
+    for dtype in (torch.int64, torch.int32, torch.bool, torch.uint8):
+        with pytest.raises(TypeError, match="floating-point"):
+            layer_norm(torch.ones(2, 4, dtype=dtype), torch.ones(4))
     with pytest.raises(ValueError, match="correction"):
         layer_norm(torch.randn(2, 4), torch.ones(4), correction=4)
     with pytest.raises(ValueError, match="size >= 1"):

@@ -4,11 +4,19 @@ shapes stay small."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import layernorm
 from device import TritonUnavailableError, check_triton_device
-from helpers import TRITON_SKIP, python
+from helpers import (
+    DEVICE,
+    TRITON_SKIP,
+    assert_matches_reference,
+    forward_backward,
+    layer_norm_reference,
+    make_inputs,
+    python,
+    rel_err,
+)
 from layernorm import make_norm
 
 if TRITON_SKIP is not None:
@@ -18,28 +26,6 @@ from triton.compiler.compiler import CompiledKernel, driver  # after the skip: t
 import layernorm_triton as lt
 
 layer_norm_triton = lt.layer_norm_triton
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def inputs(N, C, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, C, generator=g, dtype=torch.float64) * 2 + 1
-    w = torch.randn(C, generator=g, dtype=torch.float64) * 0.5 + 1
-    b = torch.randn(C, generator=g, dtype=torch.float64)
-    dy = torch.randn(N, C, generator=g, dtype=torch.float64)
-    return tuple(t.to(DEV, dtype) for t in (x, w, b, dy))
-
-
-def reference(x, w, b, dy):
-    x, w, b = (t.detach().double().requires_grad_() for t in (x, w, b))
-    y = F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
-    return (y.detach(), *torch.autograd.grad(y, (x, w, b), dy.double()))
-
-
-def assert_rel(out, ref, tol=1e-5):
-    err = (out.double() - ref).abs().max().item()
-    assert err <= tol * ref.abs().max().item(), err
 
 
 def test_block_size_choice():
@@ -54,11 +40,11 @@ def test_block_size_choice():
 def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N):
     """Force the looped path with a small block: every column still counts, forward and backward, with one
     backward program and with several (each clears its own partial sums first)."""
-    x, w, b, dy = inputs(N, C)
+    x, w, b, dy = make_inputs((N,), C)
     y, stats = lt._forward(x, w, b, 1e-5, max_block=max_block)
     dx, dw, db = lt._backward(dy, x, w, stats, max_block=max_block)
-    for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
-        assert_rel(out, ref)
+    for out, ref in zip((y, dx, dw, db), layer_norm_reference(x, w, b, dy), strict=True):
+        assert rel_err(out, ref) <= 1e-5
     # and the one-block path agrees with it
     y1, stats1 = lt._forward(x, w, b, 1e-5)
     torch.testing.assert_close(y1, y, rtol=1e-6, atol=1e-6)
@@ -68,7 +54,7 @@ def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N):
 def test_the_compiled_paths_backward_sums_every_programs_partials():
     """Under torch.compile (traced=True) dweight and dbias come from two reductions instead of one: at 40 rows
     (several programs) they are the eager path's, to the bit."""
-    x, w, b, dy = inputs(40, 24)
+    x, w, b, dy = make_inputs((40,), 24)
     _, stats = lt._forward(x, w, b, 1e-5)
     assert lt._backward_programs(40, x.device) > 1
     eager = lt._backward(dy, x, w, stats)
@@ -78,35 +64,28 @@ def test_the_compiled_paths_backward_sums_every_programs_partials():
 
 
 def test_feature_size_beyond_65536():
-    x, w, b, dy = inputs(2, 65537)
-    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
-    y = layer_norm_triton(xr, wr, br)
-    grads = torch.autograd.grad(y, (xr, wr, br), dy)
-    for out, ref in zip((y, *grads), reference(x, w, b, dy), strict=True):
-        assert_rel(out, ref)
+    assert_matches_reference("triton", *make_inputs((2,), 65537))
 
 
 def test_half_precision_in_the_looped_path():
-    x, w, b, dy = inputs(3, 100, dtype=torch.bfloat16)
+    x, w, b, dy = make_inputs((3,), 100, dtype=torch.bfloat16)
     y, stats = lt._forward(x, w, b, 1e-5, max_block=32)
     assert y.dtype == torch.bfloat16 and stats.dtype == torch.float32 and stats.shape == (2, 3)
     dx, dw, db = lt._backward(dy, x, w, stats, max_block=32)
     assert dx.dtype == dw.dtype == db.dtype == torch.bfloat16
-    for out, ref in zip((y, dx, dw, db), reference(x, w, b, dy), strict=True):
-        assert_rel(out, ref, tol=2e-2)
+    for out, ref in zip((y, dx, dw, db), layer_norm_reference(x, w, b, dy), strict=True):
+        assert rel_err(out, ref) <= 2e-2
 
 
 @pytest.mark.slow  # many launches through Triton's interpreter
 def test_float64_is_computed_in_float64():
     """A float64 input keeps float64 arithmetic (statistics and partial sums included): within 1e-12 of the
     reference, where float32 arithmetic is 1e-7 away, and gradcheck passes."""
-    x, w, b, dy = inputs(lt.ONE_PROGRAM_ROWS + 3, 24, dtype=torch.float64)  # several backward programs
-    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
-    y = layer_norm_triton(xr, wr, br)
+    x, w, b, dy = make_inputs((lt.ONE_PROGRAM_ROWS + 3,), 24, dtype=torch.float64)  # several backward programs
     assert lt._forward(x, w, b, 1e-5)[1].dtype == torch.float64
-    for out, ref in zip((y, *torch.autograd.grad(y, (xr, wr, br), dy)), reference(x, w, b, dy), strict=True):
-        assert out.dtype == torch.float64
-        assert_rel(out, ref, tol=1e-12)
+    y, grads = forward_backward("triton", x, w, b, dy)
+    for out, ref in zip((y, *grads), layer_norm_reference(x, w, b, dy), strict=True):
+        assert out.dtype == torch.float64 and rel_err(out, ref) <= 1e-12
     small = tuple(t.clone().requires_grad_() for t in (x[:3, :5], w[:5], b[:5]))
     assert torch.autograd.gradcheck(lambda *t: layer_norm_triton(*t, eps=1e-3), small)
 
@@ -121,30 +100,27 @@ def test_autocast_writes_the_output_in_the_autocast_dtype(dtype, tol):
     """Under autocast, where only a Linear reads y (feeds_linear), y comes in the autocast dtype (what that Linear
     casts to), rounded once from float32 arithmetic: within that rounding of the float64 reference. Gradients keep
     the parameters' float32. Anywhere else (a post-norm residual stream) y keeps x's dtype."""
-    x, w, b, dy = inputs(6, 48)
+    x, w, b, dy = make_inputs((6,), 48)
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
-    with torch.autocast(DEV, dtype=dtype):
+    with torch.autocast(DEVICE, dtype=dtype):
         y = layer_norm_triton(xr, wr, br, feeds_linear=True)
         assert layer_norm_triton(xr, wr, br).dtype == torch.float32
-        assert make_norm("triton", 48, feeds_linear=True).to(DEV)(x).dtype == dtype
-        assert make_norm("triton", 48).to(DEV)(x).dtype == torch.float32
+        assert make_norm("triton", 48, feeds_linear=True).to(DEVICE)(x).dtype == dtype
+        assert make_norm("triton", 48).to(DEVICE)(x).dtype == torch.float32
     assert y.dtype == dtype
     grads = torch.autograd.grad(y, (xr, wr, br), dy.to(dtype))
-    y_ref, *grads_ref = reference(x, w, b, dy.to(dtype))
-    assert_rel(y, y_ref, tol=tol)
+    y_ref, *grads_ref = layer_norm_reference(x, w, b, dy.to(dtype))
+    assert rel_err(y, y_ref) <= tol
     for g, g_ref in zip(grads, grads_ref, strict=True):
         assert g.dtype == torch.float32
-        assert_rel(g, g_ref)
-    with torch.autocast(DEV, dtype=dtype):
+        assert rel_err(g, g_ref) <= 1e-5
+    with torch.autocast(DEVICE, dtype=dtype):
         assert layer_norm_triton(x.double(), w, b, feeds_linear=True).dtype == torch.float64  # float64 left alone
 
 
 def test_backward_is_deterministic():
-    x, w, b, dy = inputs(lt.ONE_PROGRAM_ROWS + 5, 64)  # several programs: their partial sums reduced
-    runs = []
-    for _ in range(2):
-        xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
-        runs.append(torch.autograd.grad(layer_norm_triton(xr, wr, br), (xr, wr, br), dy))
+    x, w, b, dy = make_inputs((lt.ONE_PROGRAM_ROWS + 5,), 64)  # several programs: their partial sums reduced
+    runs = [forward_backward("triton", x, w, b, dy)[1] for _ in range(2)]
     for a, c in zip(*runs, strict=True):
         assert torch.equal(a, c)
 
@@ -153,8 +129,8 @@ def test_backward_is_deterministic():
 def test_no_autograd_function_when_no_gradient_is_wanted(norm, function, monkeypatch):
     """Under no_grad, or with nothing requiring grad (decoding, evaluation), the forward is called directly: no
     autograd Function to set up. The same values as through the Function; with a gradient wanted, the Function."""
-    module = make_norm(norm, 16).to(DEV)
-    x = inputs(3, 16)[0]
+    module = make_norm(norm, 16).to(DEVICE)
+    x = make_inputs((3,), 16)[0]
     with_function = module(x)
     monkeypatch.setattr(function, "apply", lambda *args: pytest.fail("autograd.Function.apply was called"))
     with torch.no_grad():
@@ -172,14 +148,14 @@ def test_backward_with_and_without_the_pipelined_row_loop(N, stages, with_bias, 
     """Both row loops (pipelined, and plain where the pipeline's buffer would not fit the GPU), with and without a
     bias (no dbias sums then), one program writing the sums or several their partial sums: float64's gradients."""
     monkeypatch.setattr(lt, "_num_stages", lambda block, x, dy: stages)
-    x, w, b, dy = inputs(N, 24)
+    x, w, b, dy = make_inputs((N,), 24)
     y, stats = lt._forward(x, w, b if with_bias else None, 1e-5)
     dx, dw, db = lt._backward(dy, x, w, stats, has_bias=with_bias)
-    _, dx_ref, dw_ref, db_ref = reference(x, w, b if with_bias else torch.zeros_like(b), dy)
-    assert_rel(dx, dx_ref)
-    assert_rel(dw, dw_ref)
+    _, dx_ref, dw_ref, db_ref = layer_norm_reference(x, w, b if with_bias else torch.zeros_like(b), dy)
+    assert rel_err(dx, dx_ref) <= 1e-5
+    assert rel_err(dw, dw_ref) <= 1e-5
     if with_bias:
-        assert_rel(db, db_ref)
+        assert rel_err(db, db_ref) <= 1e-5
     else:
         assert db is None
 
@@ -276,7 +252,7 @@ def test_custom_ops_pass_opcheck():
     """Schema, fake (meta) implementations and autograd registration agree with the real kernels."""
     if not hasattr(torch.library, "opcheck"):
         pytest.skip("torch.library.opcheck needs torch >= 2.4")
-    x, w, b, dy = inputs(3, 16)
+    x, w, b, dy = make_inputs((3,), 16)
     x.requires_grad_(), w.requires_grad_(), b.requires_grad_()
     for out_dtype in (torch.float32, torch.bfloat16):
         torch.library.opcheck(torch.ops.layernorm.triton_fwd.default, (x, w, b, 1e-5, out_dtype))
@@ -293,9 +269,9 @@ def test_torch_compile_traces_a_model_with_the_norm(norm):
     """fullgraph=True: the norm must not break the graph. aot_eager traces forward and backward (no C compiler);
     the Triton norm goes through its torch.library custom ops there."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 16), make_norm(norm, 16), torch.nn.Linear(16, 4)).to(DEV)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), make_norm(norm, 16), torch.nn.Linear(16, 4)).to(DEVICE)
     compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
-    x = torch.randn(3, 5, 16, device=DEV)
+    x = torch.randn(3, 5, 16, device=DEVICE)
     out = compiled(x)
     out.square().sum().backward()
     grads = [p.grad.clone() for p in net.parameters()]
