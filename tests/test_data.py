@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from data.common import UINT16_IDS, split_text
-from helpers import NO_DOWNLOADS, ROOT, python
+from data.common import UINT16_IDS, PreparedData, split_text
+from helpers import NO_DOWNLOADS, ROOT, assert_one_line_error, python
 from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
 CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
@@ -26,15 +27,9 @@ def load_bin(path: Path) -> np.ndarray:
     return np.fromfile(path, dtype=np.uint16)
 
 
-def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """A failed run: non-zero exit, a one-line 'error: ...' message on stderr holding each fragment, no traceback."""
-    assert proc.returncode != 0, proc.stdout
-    err = proc.stderr.strip()
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert err.startswith("error: ") and "\n" not in err, err
-    for fragment in fragments:
-        assert fragment in err, f"{fragment!r} not in {err!r}"
-    return err
+def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """A failed run: exit 1, a one-line 'error: ...' message on stderr holding each fragment, no traceback."""
+    assert assert_one_line_error(proc, 1, *fragments).startswith("error: ")
 
 
 def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
@@ -47,46 +42,28 @@ def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
 
 
 @pytest.mark.slow
-def test_char_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "tokens"), [(CHAR, (1_003_854, 111_540)), (BPE, (301_966, 36_059))], ids=["char", "bpe"]
+)
+def test_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path, script: Path, tokens: tuple[int, int]):
     out = tmp_path / "out"
-    proc = python(CHAR, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
+    proc = python(script, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "1,003,854" in proc.stdout and "111,540" in proc.stdout
-
+    assert f"{tokens[0]:,}" in proc.stdout and f"{tokens[1]:,}" in proc.stdout
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
-    assert meta["vocab_size"] == 65
-    assert (meta["train_tokens"], meta["val_tokens"]) == (1_003_854, 111_540)
-    itos = meta["tokenizer"]["itos"]
-    assert meta["tokenizer"]["kind"] == "char" and itos == sorted(itos) and len(itos) == 65
-
+    if script == CHAR:
+        itos = meta["tokenizer"]["itos"]
+        assert meta["vocab_size"] == 65 and meta["tokenizer"]["kind"] == "char" and itos == sorted(itos)
+        assert len(itos) == 65 and (meta["train_tokens"], meta["val_tokens"]) == tokens
+    else:
+        tokenizer = {"kind": "tiktoken", "encoding": "r50k_base"}
+        assert meta == {"vocab_size": 50257, "tokenizer": tokenizer, "train_tokens": tokens[0], "val_tokens": tokens[1]}
     train, val = load_bin(out / "train.bin"), load_bin(out / "val.bin")
-    assert (train.size, val.size) == (1_003_854, 111_540)
-    tok = tokenizer_from_meta(meta["tokenizer"])
-    text = shakespeare_path.read_bytes().decode("utf-8")
-    assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text
-
-
-@pytest.mark.slow
-def test_bpe_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    proc = python(BPE, "--input", shakespeare_path, "--out_dir", out, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-
-    meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
-    assert meta == {
-        "vocab_size": 50257,
-        "tokenizer": {"kind": "tiktoken", "encoding": "r50k_base"},
-        "train_tokens": 301_966,
-        "val_tokens": 36_059,
-    }
-    train, val = load_bin(out / "train.bin"), load_bin(out / "val.bin")
-    assert (train.size, val.size) == (301_966, 36_059)
+    assert (train.size, val.size) == tokens
     # Split by characters first (as nanoGPT does), so each part decodes back to its own characters.
-    text = shakespeare_path.read_bytes().decode("utf-8")
-    train_text, val_text = split_text(text)
+    train_text, val_text = split_text(shakespeare_path.read_bytes().decode("utf-8"))
     tok = tokenizer_from_meta(meta["tokenizer"])
-    assert tok.decode(train.tolist()) == train_text
-    assert tok.decode(val.tolist()) == val_text
+    assert tok.decode(train.tolist()) == train_text and tok.decode(val.tolist()) == val_text
 
 
 # --- where the text comes from -------------------------------------------------------------------------------------
@@ -233,28 +210,16 @@ def test_tokenizer_from_meta_rejects_unknown_kind() -> None:
         tokenizer_from_meta({"kind": "char", "itos": ["a", "bc"]})
 
 
-def test_char_tokenizer_does_not_import_tiktoken() -> None:
-    code = "import sys, tokenizer; tokenizer.CharTokenizer.from_text('ab'); assert 'tiktoken' not in sys.modules"
-    proc = python("-c", code)
-    assert proc.returncode == 0, proc.stderr
-
-
 def test_split_text_matches_nanogpt() -> None:
     assert split_text("abcdefghij") == ("abcdefghi", "j")
     assert split_text("x" * 1_115_394)[0] == "x" * 1_003_854
 
 
-def test_batches_are_windows_of_the_file(tmp_path: Path) -> None:
-    import torch
-
-    from data.common import PreparedData
-    from helpers import make_dataset
-
-    data_dir = make_dataset(tmp_path / "data")
-    data = PreparedData(str(data_dir), "tiny", block_size=16)
+def test_batches_are_windows_of_the_file(tiny_data: Path) -> None:
+    data = PreparedData(str(tiny_data), "tiny", block_size=16)
     starts = torch.randint(data.num_starts("train"), (3, 4), generator=torch.Generator().manual_seed(0))
     x, y = data.get("train", starts, "cpu")
-    ids = np.fromfile(data_dir / "train.bin", dtype=np.uint16).astype(np.int64)
+    ids = load_bin(tiny_data / "train.bin").astype(np.int64)
     assert x.shape == y.shape == (3, 4, 16) and x.dtype == torch.int64
     for (i, j), s in np.ndenumerate(starts.numpy()):
         assert x[i, j].tolist() == ids[s : s + 16].tolist() and y[i, j].tolist() == ids[s + 1 : s + 17].tolist()
