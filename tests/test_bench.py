@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from bench import common, decoding, profile, resume, training
 from device import maxrss_bytes
@@ -242,8 +244,6 @@ def test_decoding_paths_agree(bench_files, tmp_path):
 
 def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
     """The ceiling path runs each Linear (weight and bias) once a step, in the order the model's forward does."""
-    from torch.nn import functional as F
-    from torch.overrides import TorchFunctionMode
 
     class Weights(TorchFunctionMode):
         def __init__(self) -> None:

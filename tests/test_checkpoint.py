@@ -23,10 +23,11 @@ def test_round_trip_gives_the_same_model(tmp_path):
     save_checkpoint(tmp_path / "ckpt.pt", ckpt)
     loaded = load_checkpoint(tmp_path / "ckpt.pt")
     assert loaded["iter_num"] == 3
-    model = model_from_checkpoint(loaded)
-    for name, tensor in ckpt["model"].items():
-        assert torch.equal(model.state_dict()[name], tensor), name
-    assert not model.training
+    prefixed = {**loaded, "model": {"_orig_mod.module." + k: v for k, v in loaded["model"].items()}}
+    for model in (model_from_checkpoint(loaded), model_from_checkpoint(prefixed)):  # compiled and DDP's stripped
+        for name, tensor in ckpt["model"].items():
+            assert torch.equal(model.state_dict()[name], tensor), name
+        assert not model.training
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
@@ -120,9 +121,3 @@ def test_weights_that_do_not_fit_are_reported():
     ckpt["model_args"]["n_embd"] = 2 * TINY.n_embd
     with pytest.raises(CheckpointError, match="do not fit"):
         model_from_checkpoint(ckpt)
-
-
-def test_compiled_and_ddp_prefixes_are_stripped():
-    ckpt = _checkpoint()
-    ckpt["model"] = {"_orig_mod.module." + k: v for k, v in ckpt["model"].items()}
-    model_from_checkpoint(ckpt)

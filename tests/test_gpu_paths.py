@@ -15,7 +15,7 @@ import checkpoint
 import options
 import train
 from device import Dist
-from helpers import TRITON_SKIP, make_dataset, python, tiny_args
+from helpers import TRITON_SKIP, python, tiny_args
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
@@ -203,16 +203,9 @@ def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
 # ---- --cuda_graphs: what the capture is handed ----
 
 
-def graphed_setup(tmp_path, *extra):
-    """A --cuda_graphs run of the tiny model as setup() leaves it, on the CPU: (cfg, run)."""
-    args = tiny_args(make_dataset(tmp_path / "data"), tmp_path / "out", "--max_iters=1", *extra)
-    cfg = options.build_config(options.parse_args(args))
-    cfg = dataclasses.replace(cfg, cuda_graphs=True)
-    checkpoint.make_out_dir(cfg.out_dir)
-    return cfg, train.setup(cfg, {}, None, "cpu", "float32", Dist())
-
-
-def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(tmp_path, monkeypatch, cuda_rng_is_the_cpus):
+def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(
+    tmp_path, tiny_data, monkeypatch, cuda_rng_is_the_cpus
+):
     """torch.cuda.make_graphed_callables runs its warm-up forward and backward passes eagerly, and with dropout they
     draw masks from the generator that setup() seeded or a resume restored: a resumed run would train on shifted
     masks. wrap() puts the generator back. Run through torch's own make_graphed_callables on the CPU, only its CUDA
@@ -240,7 +233,10 @@ def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(tmp_path, monk
         return graphed
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
-    cfg, run = graphed_setup(tmp_path, "--dropout=0.2")
+    args = tiny_args(tiny_data, tmp_path / "out", "--max_iters=1", "--dropout=0.2")
+    cfg = dataclasses.replace(options.build_config(options.parse_args(args)), cuda_graphs=True)
+    checkpoint.make_out_dir(cfg.out_dir)
+    run = train.setup(cfg, {}, None, "cpu", "float32", Dist())  # a --cuda_graphs run as setup() leaves it
     before = torch.get_rng_state()
     train.wrap(run)
     ((module, state),) = after_capture

@@ -25,12 +25,6 @@ def prompts(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(TINY.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def last_logits(model: GPT, context: torch.Tensor) -> torch.Tensor:
-    """Reference: one full forward pass over `context` [B, T]; logits of its last position [B, V]."""
-    with torch.no_grad():
-        return model(context)[0][:, -1]
-
-
 def cached_windows(prompt_len: int, steps: int, block: int) -> list[tuple[int, int]]:
     """(start, end) of the context each cached step computes on, per model.py's documented policy.
 
@@ -133,7 +127,8 @@ def test_cached_overflow_refills_the_last_half_block(prompt_len: int) -> None:
     assert len(refills) >= 2 and all(windows[s][1] - windows[s][0] == BLOCK // 2 for s in refills)
     assert max(end - start for start, end in windows) == BLOCK
     for step, (start, end) in enumerate(windows):
-        want = last_logits(model, out[:, start:end])
+        with torch.no_grad():  # one full forward pass over the window; its last position's logits
+            want = model(out[:, start:end])[0][:, -1]
         torch.testing.assert_close(logits[:, step], want, rtol=0, atol=TOL, msg=f"step {step}, window {start}:{end}")
     # where the windows coincide (up to block_size tokens in all), the two paths agree
     plain = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)[1]

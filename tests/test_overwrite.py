@@ -17,6 +17,8 @@ def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless
     tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine", encoding="utf-8")  # a folder without a checkpoint: not refused
     train.main(tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=4"))
     before = (out / "ckpt.pt").read_bytes()
     proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=2", "--seed=7"))
@@ -30,13 +32,6 @@ def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless
     train.main(tiny_args(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--seed=7", "--overwrite=True"))
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["iter_num"] == 2 and ckpt["config"]["seed"] == 7
-
-
-def test_a_new_run_into_a_folder_without_a_checkpoint_is_not_refused(tmp_path: Path, tiny_data: Path) -> None:
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "notes.txt").write_text("mine", encoding="utf-8")
-    train.main(tiny_args(tiny_data, tmp_path / "out", "--max_iters=2", "--eval_interval=2"))
-    assert load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 2
 
 
 def test_start_up_says_post_norm_and_a_learning_rate_that_will_not_decay_fully(

@@ -136,15 +136,6 @@ def test_the_models_own_checks_are_one_line_errors(capsys: pytest.CaptureFixture
     assert_one_line_error(train_cli(capsys, ["--n_layer=0"]), 2, "n_layer must be a positive integer, got 0")
 
 
-@needs_triton
-def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], triton_compiled_for_a_gpu: None
-) -> None:
-    proc = train_cli(capsys, [f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--norm=triton"])
-    assert_one_line_error(proc, 2, "error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1", "'builtin'")
-    assert not (tmp_path / "out").exists()  # refused before anything was written
-
-
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
@@ -152,14 +143,19 @@ def test_triton_on_a_cpu_without_the_interpreter_is_a_one_line_error(
         (["--cuda_graphs=True", "--compile=True"], ["cannot run with compile=True", "--compile_mode=reduce-overhead"]),
         (["--compile_mode=reduce-overhead"], ["compile_mode='reduce-overhead' needs compile=True"]),
         (["--compile=True", "--compile_mode=fast"], ["compile_mode='fast' is not valid", "max-autotune"]),
+        pytest.param(
+            ["--device=cpu", "--norm=triton"],
+            ["error: norm 'triton' cannot run on device cpu", "TRITON_INTERPRET=1", "'builtin'"],
+            marks=needs_triton,
+        ),
     ],
-    ids=["graphs-on-cpu", "graphs-and-compile", "mode-without-compile", "unknown-mode"],
+    ids=["graphs-on-cpu", "graphs-and-compile", "mode-without-compile", "unknown-mode", "triton-without-interpreter"],
 )
 def test_launch_options_it_cannot_serve_are_one_line_errors(
-    tmp_path: Path, args: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, args: list[str], needles: list[str], capsys: pytest.CaptureFixture[str], triton_compiled_for_a_gpu
 ) -> None:
     assert_one_line_error(train_cli(capsys, [f"--out_dir={tmp_path / 'out'}", *args]), 2, *needles)
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(

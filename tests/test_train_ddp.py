@@ -31,15 +31,14 @@ def torchrun(args: list[str]) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_match_one_process(tmp_path: Path) -> None:
-    data = make_dataset(tmp_path / "data")
+def test_two_gloo_processes_match_one_process(tmp_path: Path, tiny_data: Path) -> None:
     args = ["--gradient_accumulation_steps=4", "--max_iters=4", "--eval_interval=2", "--dropout=0.0"]
-    proc = torchrun(tiny_args(data, tmp_path / "ddp", *args))
+    proc = torchrun(tiny_args(tiny_data, tmp_path / "ddp", *args))
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
     assert "processes=2" in stdout
     assert stdout.count("iter 3: loss") == 1  # only rank 0 prints
-    single = train.main(tiny_args(data, tmp_path / "one", *args))
+    single = train.main(tiny_args(tiny_data, tmp_path / "one", *args))
 
     ddp_losses, one_losses = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "one")
     assert sorted(ddp_losses) == sorted(one_losses) == [0, 1, 2, 3]  # one record per iteration: rank 0 writes
@@ -73,16 +72,15 @@ def test_accumulation_steps_must_divide_among_processes(monkeypatch: pytest.Monk
 
 @pytest.mark.slow
 def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_uninterrupted_losses(
-    tmp_path: Path,
+    tmp_path: Path, tiny_data: Path
 ) -> None:
     """With no log line to wait for (log_interval is huge), a signal to rank 1 alone still stops both processes
     at the next iteration, and rank 0 saves that iteration's state, each process's own dropout stream among it.
     Resumed from it, the 2-process run gets the losses of a run never interrupted."""
-    data = make_dataset(tmp_path / "data")
     args = ["--gradient_accumulation_steps=2", "--dropout=0.2", "--eval_interval=1000000"]
     out = tmp_path / "cut"
-    proc = torchrun(tiny_args(data, out, *args, "--max_iters=1000000", "--log_interval=1000000"))
-    wait_for(lambda: bool(records_if_any(out, "eval")), proc, timeout=180)
+    proc = torchrun(tiny_args(tiny_data, out, *args, "--max_iters=1000000", "--log_interval=1000000"))
+    wait_for(lambda: (out / "metrics.jsonl").exists() and bool(records(out, "eval")), proc, timeout=180)
     time.sleep(0.5)  # into training
     rank1 = next(pid for pid in children(proc.pid) if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())
     os.kill(rank1, signal.SIGINT)
@@ -97,7 +95,7 @@ def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_
 
     end = it + 3
     for out_dir, extra in ((out, ["--init_from=resume"]), (tmp_path / "whole", [])):
-        done = torchrun(tiny_args(data, out_dir, *args, f"--max_iters={end}", "--log_interval=1", *extra))
+        done = torchrun(tiny_args(tiny_data, out_dir, *args, f"--max_iters={end}", "--log_interval=1", *extra))
         stdout, stderr = done.communicate(timeout=240)
         assert done.returncode == 0, stdout[-2000:] + stderr[-3000:]
     whole, cut = train_losses(tmp_path / "whole"), train_losses(out)
@@ -107,7 +105,3 @@ def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_
 
 def children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def records_if_any(out: Path, kind: str) -> list[dict]:
-    return records(out, kind) if (out / "metrics.jsonl").exists() else []
