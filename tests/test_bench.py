@@ -80,9 +80,8 @@ def bench_files(tmp_path_factory):
 def test_training_alternates_with_nanogpt_and_reads_our_metrics(bench_files, tmp_path):
     out = tmp_path / "train.json"
     command = "--config {config} --data_dir {data} --norms builtin --nanogpt {nanogpt} --repeats 2 --warmup 2"
-    result = training.main(
-        cli(command + " --iters 3 --target_val 3.85 --device cpu --out {out}", **bench_files, out=out)
-    )
+    command += " --iters 3 --target_val 3.85 --device cpu --out {out}"
+    result = training.main(cli(command, **bench_files, out=out))
     ours, nano = result["sides"]["builtin eager"], result["sides"]["nanogpt"]
     assert ours["runs_ok"] == nano["runs_ok"] == 2 and ours["ms_per_iter"] > 0 and ours["max_rss_mib"] > 10
     # nanoGPT ran 0..5; its eval iterations (0 and 5) and the warm-up (0, 1) are not timed: 2, 3, 4 are.
@@ -167,13 +166,8 @@ def test_training_bad_input_is_one_line(argv, message, capsys):
 @pytest.mark.slow  # torch.profiler over a few training steps
 def test_profile_sorts_a_training_step_into_its_categories(bench_files, tmp_path):
     out = tmp_path / "profile.json"
-    result = profile.main(
-        cli(
-            "--config {config} --data_dir {data} --norms builtin,custom --device cpu --out {out}",
-            **bench_files,
-            out=out,
-        )
-    )
+    command = "--config {config} --data_dir {data} --norms builtin,custom --device cpu --out {out}"
+    result = profile.main(cli(command, **bench_files, out=out))
     for row in result["norms"].values():
         assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
         assert all(row["category_us_per_step"][c] > 0 for c in profile.CATEGORIES)

@@ -125,20 +125,17 @@ def test_timed_waits_for_the_apple_gpu(device: str, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("device", ["mps", "mps:0"])
-def test_decoding_leaves_out_the_mode_where_it_refuses_the_device(
-    device: str, capsys: pytest.CaptureFixture[str]
+def test_decoding_leaves_out_the_mode_where_it_refuses_the_device_and_refuses_the_mode_alone(
+    device: str, mps_here: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert decoding.paths_here(list(decoding.PATHS), device) == ["uncached", "cached", "linears"]
     line = capsys.readouterr().out.strip()
     assert len(line.splitlines()) == 1 and line.startswith("leaving out path 'mode': ") and device in line, line
     assert decoding.paths_here(list(decoding.PATHS), "cpu") == list(decoding.PATHS)  # the mode runs on the CPU
     assert capsys.readouterr().out == ""
-
-
-def test_decoding_of_the_mode_alone_on_mps_is_a_one_line_error(mps_here: None) -> None:
     with pytest.raises(SystemExit) as e:
-        decoding.main(["--device", "mps", "--paths", "mode", "--sizes", "configs/shakespeare_char_cpu.json"])
-    assert str(e.value).startswith("error: --paths mode cannot run here: ") and "mps" in str(e.value)
+        decoding.main(["--device", device, "--paths", "mode", "--sizes", "configs/shakespeare_char_cpu.json"])
+    assert str(e.value).startswith("error: --paths mode cannot run here: ") and device in str(e.value)
 
 
 @pytest.mark.parametrize("device", ["mps", "mps:0"])

@@ -90,9 +90,7 @@ def test_no_weight_decay_on_norms_biases_embeddings(norm: str) -> None:
     assert len(decay_of) == sum(len(g["params"]) for g in opt.param_groups) == len(params)  # each param once
     for name, p in params.items():
         linear_weight = name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
-        assert decay_of[id(p)] == (0.1 if linear_weight else 0.0), name
-    norm_params = [n for n in params if ".ln_" in n or "ln_f" in n]
-    assert norm_params and all(decay_of[id(params[n])] == 0.0 for n in norm_params)
+        assert decay_of[id(p)] == (0.1 if linear_weight else 0.0), name  # the norms' parameters among the 0.0s
 
 
 @pytest.mark.parametrize("norm", NORMS)

@@ -114,14 +114,8 @@ def clone(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> P
     """The repository's files as a fresh clone has them, Tiny Shakespeare where the README says to put it, and a
     nanoGPT checkpoint where the README's commands for one read it: nanoGPT's folder beside the clone."""
     out = tmp_path_factory.mktemp("docs") / "clone"
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in files:
+    ls_files = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
+    for name in subprocess.check_output(ls_files, cwd=ROOT, text=True).split():
         if (ROOT / name).is_file():
             (out / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, out / name)
