@@ -3,8 +3,9 @@ streams, the norm swap, the prompt sources, determinism, and one-line errors; an
 
 from __future__ import annotations
 
+import io
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -119,46 +120,30 @@ def test_streamed_text_is_the_text_generate_returns(
     assert len(set(expected)) == (1 if args.temperature == 0 else 2)
 
 
-class StepCountingStdout:
-    """stdout that records, with each write, how many decoding steps GPT.stream had yielded by then."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.writes: list[tuple[int, str]] = []
-
-    def write(self, text: str) -> int:
-        self.writes.append((self.steps, text))
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def printed_by_step(self, step: int) -> str:
-        """Everything written before step + 1 was yielded."""
-        return "".join(text for steps, text in self.writes if steps <= step)
-
-
-def counting_stream(stdout: StepCountingStdout, ids: list[int] | None = None) -> Callable[..., Iterator]:
-    """A GPT.stream that counts its steps into stdout.steps; given `ids`, it yields those token ids instead."""
+def record_printing(monkeypatch: pytest.MonkeyPatch, ids: list[int] | None = None) -> tuple[io.StringIO, list[str]]:
+    """stdout made a StringIO, and GPT.stream made to note what stdout holds as it yields each step (after
+    computing it); given `ids`, it yields those token ids instead of the model's. Returns (stdout, the notes)."""
+    stdout = io.StringIO()
+    printed: list[str] = []
     real = GPT.stream
 
     def stream(self: GPT, idx: torch.Tensor, max_new_tokens: int, **kwargs: object) -> Iterator:
         for n, (next_tokens, logits) in enumerate(real(self, idx, max_new_tokens, **kwargs)):
-            stdout.steps = n + 1
+            printed.append(stdout.getvalue())
             yield (next_tokens if ids is None else torch.tensor([[ids[n]]])), logits
 
-    return stream
+    monkeypatch.setattr(GPT, "stream", stream)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    return stdout, printed
 
 
 def test_each_token_is_printed_as_soon_as_it_is_generated(out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    stdout = StepCountingStdout()
-    monkeypatch.setattr(GPT, "stream", counting_stream(stdout))
-    monkeypatch.setattr(sys, "stdout", stdout)
+    stdout, printed = record_printing(monkeypatch)
     n = 12
     text = run(out_dir, "--start", "to be", "--max_new_tokens", str(n))[0]
-    for step in range(n):  # the prompt, then each character before the next step is computed
-        assert stdout.printed_by_step(step) == text[: len("to be") + step]
-    assert stdout.printed_by_step(n) == f"{text}\n{sample.SEPARATOR}\n"
+    # the prompt, then each character before the next step is computed
+    assert printed == [text[: len("to be") + step] for step in range(n)]
+    assert stdout.getvalue() == f"{text}\n{sample.SEPARATOR}\n"
 
 
 def whole_characters(tokenizer: TiktokenTokenizer, ids: list[int]) -> str:
@@ -191,14 +176,11 @@ def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
 ) -> None:
     tokenizer = TiktokenTokenizer()
     ids = tokenizer.encode(TEXT_WITH_CUT_CHARACTERS)
-    stdout = StepCountingStdout()
-    monkeypatch.setattr(GPT, "stream", counting_stream(stdout, ids))  # the model "generates" these tokens
-    monkeypatch.setattr(sys, "stdout", stdout)
+    stdout, printed = record_printing(monkeypatch, ids)  # the model "generates" these tokens
     text = run(bpe_dir, "--start", "ROMEO:", "--max_new_tokens", str(len(ids)))[0]
     assert text == "ROMEO:" + TEXT_WITH_CUT_CHARACTERS
-    for step in range(len(ids)):
-        assert stdout.printed_by_step(step) == "ROMEO:" + whole_characters(tokenizer, ids[:step])
-    assert not any("\ufffd" in piece for _, piece in stdout.writes)
+    assert printed == ["ROMEO:" + whole_characters(tokenizer, ids[:step]) for step in range(len(ids))]
+    assert "\ufffd" not in stdout.getvalue()
 
 
 # --- errors: one line, no traceback ----------------------------------------------------------------------------------
