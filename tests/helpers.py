@@ -124,7 +124,6 @@ def make_inputs(
 
 
 def run_impl(impl: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5):
-    """The LayerNorm `impl` ("custom", "builtin", "triton") as a function."""
     if impl == "custom":
         return layer_norm(x, weight, bias, eps)
     if impl == "builtin":

@@ -50,7 +50,6 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
 
 @pytest.mark.slow
 def test_default_run_passes_and_shows_batchnorm_failing(capsys: pytest.CaptureFixture[str]) -> None:
-    """The default rows: exit 0, every LayerNorm, RMSNorm and DyT PASS, batchnorm FAIL with its reason."""
     proc = run_script(capsys, *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = row_lines(proc.stdout)

@@ -12,17 +12,16 @@ import pytest
 import torch
 
 import train
-from helpers import ROOT, make_dataset, python, save_model, tiny_model
+from helpers import ROOT, python, save_model, tiny_model
 from layernorm import NORMS, DyT
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
-def test_inside_norms_smoke(tmp_path, monkeypatch, capsys, norm_position):
-    data = make_dataset(tmp_path / "data")
+def test_inside_norms_smoke(tmp_path, tiny_data, monkeypatch, capsys, norm_position):
     model = tiny_model(n_layer=3, norm_position=norm_position)
-    tokenizer = json.loads((data / "meta.json").read_text())["tokenizer"]
-    save_model(tmp_path / "run" / "ckpt.pt", model, tokenizer, config={"dataset": "tiny", "data_dir": str(data)})
+    tokenizer = json.loads((tiny_data / "meta.json").read_text())["tokenizer"]
+    save_model(tmp_path / "run" / "ckpt.pt", model, tokenizer, config={"dataset": "tiny", "data_dir": str(tiny_data)})
     out = tmp_path / "results"
     run_experiment(
         monkeypatch, capsys, "inside_norms", f"--out_dir={tmp_path / 'run'}", "--smoke", f"--results_dir={out}"
@@ -39,10 +38,10 @@ def test_inside_norms_smoke(tmp_path, monkeypatch, capsys, norm_position):
 
 
 @pytest.mark.slow
-def test_norm_placement_smoke(tmp_path, monkeypatch, capsys):
+def test_norm_placement_smoke(tmp_path, tiny_data, monkeypatch, capsys):
     """Both parts end to end on a 2-layer model: gradient norms per block, four short train.py runs, two plots."""
-    data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
-    run_experiment(monkeypatch, capsys, "norm_placement", "--smoke", f"--data_dir={data}", f"--results_dir={out}")
+    out = tmp_path / "results"
+    run_experiment(monkeypatch, capsys, "norm_placement", "--smoke", f"--data_dir={tiny_data}", f"--results_dir={out}")
     assert (out / "grad_norms.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
     result = json.loads((out / "norm_placement.json").read_text())
     assert result["run_time_s"] > 0 and "--smoke" in result["command"] and result["machine"]["cpu_count"]
@@ -103,12 +102,12 @@ def train_in_process(cmd: list[str], **how: object) -> subprocess.CompletedProce
 
 
 @pytest.mark.slow
-def test_dyt_stall_smoke(tmp_path, monkeypatch, capsys):
+def test_dyt_stall_smoke(tmp_path, tiny_data, monkeypatch, capsys):
     """Three 2-layer models measured at init and after 4 iterations of train.py: every norm, the logits, the
     gradient per block; at init the old DyT hands its sublayer far less than LayerNorm's unit RMS, the recipe
     about as much, and each DyT's alpha starts where its flags say."""
-    data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
-    run_experiment(monkeypatch, capsys, "dyt_stall", "--smoke", f"--data_dir={data}", f"--results_dir={out}")
+    out = tmp_path / "results"
+    run_experiment(monkeypatch, capsys, "dyt_stall", "--smoke", f"--data_dir={tiny_data}", f"--results_dir={out}")
     assert (out / "dyt_stall.png").stat().st_size > 0
     result = json.loads((out / "dyt_stall.json").read_text())
     assert result["run_time_s"] > 0 and set(result["train_commands"]) == set(result["results"])
@@ -152,11 +151,11 @@ def test_centre_only_against_float64_and_swapped_in_for_every_norm():
 
 
 @pytest.mark.slow
-def test_centre_and_rescale_smoke(tmp_path, monkeypatch, capsys):
+def test_centre_and_rescale_smoke(tmp_path, tiny_data, monkeypatch, capsys):
     """Five rows, two seeds of one of them, 6 iterations each; a second call finds every run done and only
     rewrites the table."""
-    data, out = make_dataset(tmp_path / "data"), tmp_path / "results"
-    common = ["--smoke", f"--data_dir={data}", f"--results_dir={out}"]
+    out = tmp_path / "results"
+    common = ["--smoke", f"--data_dir={tiny_data}", f"--results_dir={out}"]
     first = run_experiment(monkeypatch, capsys, "centre_and_rescale", *common)
     run_experiment(monkeypatch, capsys, "centre_and_rescale", *common, "--rows", "rmsnorm", "--seeds", "1337", "7")
     assert "5 runs of 6 iterations to go" in first and "min left" in first

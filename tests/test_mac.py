@@ -19,7 +19,7 @@ from bench import common, decoding
 from checkpoint import load_checkpoint
 from data.common import run_prepare
 from device import TritonUnavailableError, check_triton_device, peak_memory
-from helpers import ROOT, TRITON_SKIP, make_dataset, tiny_args
+from helpers import ROOT, TRITON_SKIP, tiny_args
 from tokenizer import CharTokenizer
 
 CERT_ERROR = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate"
@@ -63,16 +63,15 @@ def test_triton_installed_but_the_device_is_mps_offers_the_interpreter_on_the_cp
 
 
 def test_the_checkpoint_keeps_the_mps_generator_and_resume_restores_it(
-    mps_here: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    mps_here: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_data: Path
 ) -> None:
     """torch.mps.get_rng_state/set_rng_state run as they are; only the generator they find is a CPU one, since
     this machine has no MPS generator. A CPU run never draws from it, so its state must come back exactly."""
     generator = torch.Generator().manual_seed(7)
     torch.rand(3, generator=generator)  # a state no seeding gives
     monkeypatch.setattr(torch.mps, "_get_default_mps_generator", lambda: generator)
-    data = make_dataset(tmp_path / "data")
     out = tmp_path / "out"
-    train.main(tiny_args(data, out, "--max_iters=2"))
+    train.main(tiny_args(tiny_data, out, "--max_iters=2"))
     saved = load_checkpoint(out / "ckpt.pt")["rng"]["mps"]
     assert torch.equal(saved, generator.get_state())
 

@@ -74,12 +74,11 @@ def logged_run(run_dir: Path) -> tuple[dict, list[dict]]:
 
 
 @pytest.mark.slow
-def test_offline_run_records_loss_and_config(tmp_path: Path) -> None:
+def test_offline_run_records_loss_and_config(tmp_path: Path, tiny_data: Path) -> None:
     pytest.importorskip("wandb")
-    data = make_dataset(tmp_path / "data")
     out = tmp_path / "out"
     flags = ["--max_iters=4", "--eval_interval=2", "--wandb_log=True", "--wandb_run_name=tiny-offline"]
-    args = tiny_args(data, out, *flags, "--wandb_project=tests")
+    args = tiny_args(tiny_data, out, *flags, "--wandb_project=tests")
     proc = python("train.py", *args, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
