@@ -40,13 +40,8 @@ MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size")
 TINY_FLAGS = [f"--{name}={getattr(TINY, name)}" for name in MODEL_FLAGS]  # TINY as train.py's options
 TINY_TRAIN = [
     *TINY_FLAGS,
-    "--batch_size=4",
-    "--eval_iters=2",
-    "--log_interval=1",
-    "--warmup_iters=2",
-    "--lr_decay_iters=40",
+    *"--batch_size=4 --eval_iters=2 --log_interval=1 --warmup_iters=2 --lr_decay_iters=40 --device=cpu".split(),
     "--sample_at_end=False",
-    "--device=cpu",
 ]
 
 

@@ -30,16 +30,6 @@ def make_model(norm: str, size: str) -> GPT:
     return tiny_model(norm, vocab_size=65, **SIZES[size])
 
 
-def alone_batch_full(model: GPT, prompts: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
-    """The logits of every greedy step ([B, steps, V]; GPT.generate with the KV cache, each new token fed alone) of
-    row 0 decoded alone and of the batch, and of one full forward pass over the batch's decoded sequences."""
-    alone = model.generate(prompts[:1], steps, temperature=0, return_logits=True)[1]
-    tokens, batch = model.generate(prompts, steps, temperature=0, return_logits=True)
-    with torch.no_grad():
-        full = model(tokens[:, :-1])[0][:, prompts.size(1) - 1 :]
-    return alone, batch, full
-
-
 CASES = [(n, s) for n in PER_TOKEN_NORMS for s in SIZES if n != "triton" or s == "tiny"]  # the interpreter is slow
 
 
@@ -56,9 +46,12 @@ CASES = [(n, s) for n in PER_TOKEN_NORMS for s in SIZES if n != "triton" or s ==
 def test_decoding_is_bit_exact_in_the_mode(norm: str, size: str) -> None:
     model = make_model(norm, size)
     prompts = torch.randint(65, (4, 8), generator=torch.Generator().manual_seed(1))  # four different prompts
-    with bi.batch_invariant():
-        alone, batch, full = alone_batch_full(model, prompts, steps=8)
+    with bi.batch_invariant():  # the logits of every greedy step, [B, 8, V]; cached, each new token fed alone
+        alone = model.generate(prompts[:1], 8, temperature=0, return_logits=True)[1]
+        tokens, batch = model.generate(prompts, 8, temperature=0, return_logits=True)
         uncached = model.generate(prompts, 8, temperature=0, use_kv_cache=False, return_logits=True)[1]
+        with torch.no_grad():  # one full forward pass over the decoded sequences
+            full = model(tokens[:, :-1])[0][:, prompts.size(1) - 1 :]
     assert torch.equal(alone[0], batch[0])  # alone vs in a batch of other prompts, every step
     assert torch.equal(batch, full)  # cached token by token vs one forward pass
     assert torch.equal(batch, uncached)  # GPT.generate's two paths

@@ -171,8 +171,7 @@ def test_chapter_layernorm1d_numbers():
     y = layer_norm(x, torch.ones(100), torch.zeros(100), correction=1)
     assert abs(y[0].mean().item()) < 1e-6  # the chapter prints -9.5367e-09
     assert f"{y[0].std().item():.4f}" == "1.0000"
-    # and it is the chapter's class, line for line
-    xmean, xvar = x.mean(1, keepdim=True), x.var(1, keepdim=True)
+    xmean, xvar = x.mean(1, keepdim=True), x.var(1, keepdim=True)  # and it is the chapter's class, line for line
     torch.testing.assert_close(y, (x - xmean) / torch.sqrt(xvar + 1e-5))
 
 

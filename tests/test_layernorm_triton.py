@@ -45,8 +45,7 @@ def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N):
     dx, dw, db = lt._backward(dy, x, w, stats, max_block=max_block)
     for out, ref in zip((y, dx, dw, db), layer_norm_reference(x, w, b, dy), strict=True):
         assert rel_err(out, ref) <= 1e-5
-    # and the one-block path agrees with it
-    y1, stats1 = lt._forward(x, w, b, 1e-5)
+    y1, stats1 = lt._forward(x, w, b, 1e-5)  # and the one-block path agrees with it
     torch.testing.assert_close(y1, y, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(stats1[1], stats[1], rtol=1e-6, atol=0)  # rstd
 

@@ -17,7 +17,7 @@ from layernorm import LAYERNORMS, NORMS, make_norm
 from model import GPT, GPTConfig
 
 
-def test_logits_shape_and_loss() -> None:
+def test_logits_shape_and_loss_and_an_input_longer_than_block_size() -> None:
     m = tiny_model("custom")
     idx = torch.randint(TINY.vocab_size, (3, 7))
     targets = torch.randint(TINY.vocab_size, (3, 7))
@@ -30,6 +30,8 @@ def test_logits_shape_and_loss() -> None:
     assert abs(loss.item() - math.log(TINY.vocab_size)) < 0.5
     logits, loss = m(idx)
     assert loss is None and logits.shape == (3, 7, TINY.vocab_size)
+    with pytest.raises(ValueError, match="block_size"):
+        m(torch.zeros(1, TINY.block_size + 1, dtype=torch.long))
 
 
 def test_init_is_gpt2s() -> None:
@@ -44,12 +46,6 @@ def test_init_is_gpt2s() -> None:
             assert p.std().item() == pytest.approx(0.02, rel=0.05), name
         else:  # biases and the norms' parameters
             assert torch.equal(p, torch.ones_like(p) if name.endswith("weight") else torch.zeros_like(p)), name
-
-
-def test_input_longer_than_block_size_is_an_error() -> None:
-    m = tiny_model("custom")
-    with pytest.raises(ValueError, match="block_size"):
-        m(torch.zeros(1, TINY.block_size + 1, dtype=torch.long))
 
 
 @pytest.mark.parametrize("norm_position", ["pre", "post"])

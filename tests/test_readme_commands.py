@@ -40,15 +40,8 @@ QUICKSTART_CKPT = Path("out-shakespeare-char-cpu") / "ckpt.pt"
 # The tests' tiny model and a short run: what every train.py command of the README gets appended.
 TINY_TRAIN = [
     *TINY_FLAGS,
-    "--batch_size=2",
-    "--max_iters=2",
-    "--eval_iters=1",
-    "--eval_interval=2",
-    "--warmup_iters=0",
-    "--lr_decay_iters=2",
-    "--sample_tokens=5",
-    "--device=cpu",
-    "--dropout=0.0",
+    *"--batch_size=2 --max_iters=2 --eval_iters=1 --eval_interval=2 --warmup_iters=0 --lr_decay_iters=2".split(),
+    *"--sample_tokens=5 --device=cpu --dropout=0.0".split(),
 ]
 SIZE_FLAGS = {
     "train.py": TINY_TRAIN,

@@ -103,8 +103,7 @@ def test_streamed_text_is_the_text_generate_returns(
     argv += sampling
     samples = sample.main(argv)
     printed = capsys.readouterr().out
-    # generate itself, on the model sample.py builds, from the same seed
-    args = sample.parse_args(argv)
+    args = sample.parse_args(argv)  # generate itself, on the model sample.py builds, from the same seed
     model, tokenizer = sample.load(args, "cpu")
     sample.restrict_to_vocab(model, tokenizer.vocab_size)
     ids = tokenizer.encode(prompt)
