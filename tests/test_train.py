@@ -388,25 +388,20 @@ def test_a_checkpoint_whose_unpickling_would_run_code_is_refused_and_runs_nothin
         (["--n_layer=3", "--n_embd=64"], ["n_layer: 2 -> 3", "n_embd: 32 -> 64"]),
         (["--embed_scale=true"], ["embed_scale: False -> True"]),  # a parameter more: refused, not silently dropped
         (["--norm=rmsnorm"], ["trained with norm='builtin'", "but not with 'rmsnorm'"]),
+        (["--data_dir=OTHER"], [f"vocab_size: {VOCAB} -> 18", "tokenizer"]),  # OTHER: a dataset of 18 characters
     ],
-    ids=["size", "embed_scale", "norm"],
+    ids=["size", "embed_scale", "norm", "vocabulary"],
 )
 def test_a_checkpoint_of_another_model_is_refused_and_left_untouched(
-    trained: tuple[Path, dict], args: list[str], needles: list[str]
+    trained: tuple[Path, dict], tmp_path: Path, args: list[str], needles: list[str]
 ) -> None:
     out, _ = trained
+    other = make_dataset(tmp_path / "other", text="ABCDEFGH abcdefgh\n" * 200)
+    args = [arg.replace("OTHER", str(other)) for arg in args]
     with pytest.raises(CheckpointError) as e:
         train.main([f"--out_dir={out}", "--init_from=resume", *args, "--max_iters=13"])
     assert all(needle in str(e.value) for needle in needles) and "n_head" not in str(e.value)
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12
-
-
-def test_checkpoint_with_another_vocabulary(trained: tuple[Path, dict], tmp_path: Path) -> None:
-    out, _ = trained
-    other = make_dataset(tmp_path / "other", text="ABCDEFGH abcdefgh\n" * 200)
-    with pytest.raises(CheckpointError) as e:
-        train.main([f"--out_dir={out}", "--init_from=resume", f"--data_dir={other}", "--max_iters=13"])
-    assert f"vocab_size: {VOCAB} -> 18" in str(e.value) and "tokenizer" in str(e.value)
 
 
 def test_max_wall_s_stops_with_an_evaluation_and_a_checkpoint(tmp_path: Path, tiny_data: Path) -> None:
