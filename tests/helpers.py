@@ -159,7 +159,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def assert_matches_reference(impl: str, x, weight, bias, dy, tol: float = 1e-5) -> None:
-    """Forward and every gradient within `tol` (rel_err) of the float64 reference."""
     y, grads = forward_backward(impl, x, weight, bias, dy)
     for out, ref in zip((y, *grads), layer_norm_reference(x, weight, bias, dy), strict=True):
         assert rel_err(out, ref) <= tol
@@ -233,8 +232,6 @@ def python(
 
 
 class Run(NamedTuple):
-    """What a command returned: the exit status and what it printed."""
-
     returncode: int
     stdout: str
     stderr: str

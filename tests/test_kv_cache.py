@@ -72,11 +72,9 @@ def test_a_row_alone_and_in_a_batch_decode_the_same(norm: str, use_kv_cache: boo
     model = tiny(norm)
     batch = prompts(4, 6, seed=2)
     assert len({tuple(row.tolist()) for row in batch}) == 4  # four different prompts
-    steps = BLOCK - 6
-    alone, alone_logits = model.generate(batch[:1], steps, temperature=0, use_kv_cache=use_kv_cache, return_logits=True)
-    together, together_logits = model.generate(
-        batch, steps, temperature=0, use_kv_cache=use_kv_cache, return_logits=True
-    )
+    greedy = {"temperature": 0, "use_kv_cache": use_kv_cache, "return_logits": True}
+    alone, alone_logits = model.generate(batch[:1], BLOCK - 6, **greedy)
+    together, together_logits = model.generate(batch, BLOCK - 6, **greedy)
     assert torch.equal(alone[0], together[0])
     torch.testing.assert_close(alone_logits[0], together_logits[0], rtol=0, atol=TOL)
     assert not torch.equal(together[1:, 6:], together[:1, 6:].expand(3, -1))  # the other rows are other text

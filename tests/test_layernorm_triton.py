@@ -1,6 +1,5 @@
 """The Triton LayerNorm beyond the shared tests: wide rows, determinism, torch.compile, and the errors that say
-why Triton cannot run. On a machine without a GPU the kernels run in Triton's interpreter (conftest.py), so the
-shapes stay small."""
+why Triton cannot run; at sizes Triton's interpreter (conftest.py) runs quickly."""
 
 import pytest
 import torch

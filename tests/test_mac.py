@@ -19,7 +19,7 @@ from bench import common, decoding
 from checkpoint import load_checkpoint
 from data.common import run_prepare
 from device import TritonUnavailableError, check_triton_device, peak_memory
-from helpers import ROOT, TRITON_SKIP, tiny_args
+from helpers import ROOT, TRITON_SKIP, assert_one_line_error, tiny_args, train_cli
 from tokenizer import CharTokenizer
 
 CERT_ERROR = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate"
@@ -40,9 +40,7 @@ def test_triton_missing_is_one_line_naming_the_cause_on_every_device(
 ) -> None:
     monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
     out = tmp_path / "out"
-    assert train.cli([f"--out_dir={out}", f"--device={device}", "--norm=triton"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
+    err = assert_one_line_error(train_cli(capsys, [f"--out_dir={out}", f"--device={device}", "--norm=triton"]), 2)
     assert err.startswith("error: norm 'triton' needs the triton package"), err
     assert "Linux only" in err and "'custom' or 'builtin'" in err, err
     assert "TRITON_INTERPRET" not in err, err  # the interpreter needs triton too: no circle

@@ -1,8 +1,7 @@
 """train.py: options and their errors, data errors, learning, checkpoints, exact resume, incompatible checkpoints.
 
-Tiny runs (tests/helpers.py) on the shared tiny character dataset, in this process: train.cli is what
-`python train.py` exits with, so its exit status and its one line on stderr are checked without a new Python.
-One test runs train.py as a process, for the exit status a shell sees.
+Tiny runs (tests/helpers.py) in this process, through train.cli where the exit status and stderr matter; one test
+runs train.py as a process, for the exit status a shell sees.
 """
 
 from __future__ import annotations
