@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 
 import batch_independence
 from device import TritonUnavailableError
-from helpers import ROOT, TINY, TRITON_SKIP, Run, save_model
+from helpers import ROOT, TRITON_SKIP, Run, save_model, tiny_model
 from model import GPT
 
 SMALL = ["--device", "cpu", "--prompt_len", "6", "--new_tokens", "6"]  # on the CPU; a few steps are enough
@@ -130,9 +129,7 @@ def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
 def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere."""
     for trained_with in ("builtin", "batchnorm"):
-        torch.manual_seed(0)
-        config = replace(TINY, vocab_size=20, norm=trained_with)
-        model = GPT(config)
+        model = tiny_model(trained_with, vocab_size=20)
         with torch.no_grad():
             model.transformer.ln_f.weight.mul_(1.5)
         out_dir = tmp_path / trained_with
@@ -141,7 +138,7 @@ def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         status, result = run_json(capsys, "--out_dir", str(out_dir), "--device", "cpu", *norms)
         assert status == 0, result
         assert f"trained with norm={trained_with}" in result["source"] and "strict=False" in result["source"]
-        assert result["model"] == {k: getattr(config, k) for k in result["model"]} and len(result["model"]) == 5
+        assert result["model"] == {k: getattr(model.config, k) for k in result["model"]} and len(result["model"]) == 5
         assert result["prompt_len"] + result["new_tokens"] <= 16 and result["notes"]  # cut to fit the block
         rows = {r["name"]: r for r in result["rows"]}
         assert rows["custom"]["passed"] and rows["rmsnorm"]["passed"] and not rows["batchnorm"]["passed"]

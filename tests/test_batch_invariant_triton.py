@@ -7,15 +7,13 @@ of this file shows the compiled kernels keep it.)"""
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import replace
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 import batch_invariant as bi
-from helpers import TINY, needs_triton
-from model import GPT
+from helpers import needs_triton, tiny_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = needs_triton
@@ -121,8 +119,7 @@ def test_attention_against_float64(dtype: torch.dtype) -> None:
 def test_greedy_decoding_is_bit_exact_through_the_kernels(norm: str, dtype: torch.dtype) -> None:
     """A tiny model's greedy decoding, alone, in a batch of other prompts, and uncached: the same logits, bit for
     bit, in float32 and under bfloat16 autocast, through the Triton kernels (and, for norm=triton, its LayerNorm)."""
-    torch.manual_seed(0)
-    model = GPT(replace(TINY, vocab_size=65, norm=norm)).to(DEVICE).eval()
+    model = tiny_model(norm, vocab_size=65).to(DEVICE)
     prompts = torch.randint(65, (3, 4), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     autocast = torch.autocast(DEVICE, dtype=dtype) if dtype != torch.float32 else nullcontext()
     with autocast, bi.batch_invariant(kernels="triton"):

@@ -16,8 +16,7 @@ TOL = 1e-5  # float32
 
 
 def tiny(norm: str = "custom", seed: int = 0) -> GPT:
-    """The tests' tiny GPT with its norm weights moved off their init (so the norms' parameters matter) and clear-cut
-    greedy choices."""
+    """helpers.TINY with its norms' weights off their init and its greedy choices clear-cut."""
     return sharpen_logits(randomize_norms(tiny_model(norm, seed), seed + 1))
 
 

@@ -56,13 +56,16 @@ def run(out_dir: Path, *args: str) -> list[str]:
     return sample.main(["--out_dir", str(out_dir), *CPU, *args])
 
 
-def test_the_prompt_by_default_from_a_file_and_longer_than_block_size(out_dir: Path, tmp_path: Path) -> None:
+def test_the_prompt_by_default_from_a_utf8_file_and_longer_than_block_size(out_dir: Path, tmp_path: Path) -> None:
     text = run(out_dir, "--max_new_tokens", "5")[0]
     assert text.startswith("\n") and len(text) == 6  # the default prompt is a newline
     prompt = "o romeo, romeo!\nwherefore art thou? "
     (tmp_path / "prompt.txt").write_text(prompt, encoding="utf-8")
     text = run(out_dir, "--start", f"FILE:{tmp_path / 'prompt.txt'}", "--max_new_tokens", "10")[0]
     assert text.startswith(prompt) and len(text) == len(prompt) + 10
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))  # a prompt file that is not UTF-8
+    with pytest.raises(SystemExit, match="latin1.txt is not UTF-8 text"):
+        run(out_dir, "--start", f"FILE:{tmp_path / 'latin1.txt'}")
     prompt = "now is the winter of our discontent made glorious summer"  # longer than BLOCK: cropped to fit
     text = run(out_dir, "--start", prompt, "--max_new_tokens", "12", "--temperature", "0")[0]
     assert len(prompt) > BLOCK and text.startswith(prompt) and len(text) == len(prompt) + 12
@@ -236,10 +239,3 @@ def test_bad_arguments(out_dir: Path, args: list[str], fragments: list[str], cap
     message = str(exc.value.code)
     assert all(fragment in message for fragment in fragments) and "\n" not in message, message
     assert capsys.readouterr().out == ""
-
-
-def test_prompt_file_that_is_not_utf8(out_dir: Path, tmp_path: Path) -> None:
-    path = tmp_path / "latin1.txt"
-    path.write_bytes("café".encode("latin-1"))
-    with pytest.raises(SystemExit, match="latin1.txt is not UTF-8 text"):
-        run(out_dir, "--start", f"FILE:{path}")

@@ -4,33 +4,24 @@ torch's per-parameter loop (as runs saved before it was fused) resumes in it wit
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from checkpoint import restore_training_state, rng_state
-from helpers import TINY
+from helpers import TINY, tiny_model
 from model import GPT
 
-# No biases: the key projection's bias has a gradient of zero in exact arithmetic (softmax ignores a shift shared by
-# every key), so its computed gradient is rounding noise, which Adam scales up to full-size steps.
-CONFIG = replace(TINY, bias=False)
 # float32: the fused kernel and the loop may round an update differently in the last bit (2**-23 relative),
 # and over a few steps that stays within a few units of the last place.
 RTOL, ATOL = 1e-5, 1e-7
 
 
-def new_model() -> GPT:
-    torch.manual_seed(0)
-    return GPT(CONFIG)
-
-
 def train(model: GPT, optimizer: torch.optim.Optimizer, steps: int, seed: int = 1) -> None:
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        x = torch.randint(CONFIG.vocab_size, (4, CONFIG.block_size), generator=gen)
-        y = torch.randint(CONFIG.vocab_size, (4, CONFIG.block_size), generator=gen)
+        x = torch.randint(TINY.vocab_size, (4, TINY.block_size), generator=gen)
+        y = torch.randint(TINY.vocab_size, (4, TINY.block_size), generator=gen)
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -55,7 +46,9 @@ def test_fused_adamw_resumes_the_loops_checkpoint_with_its_steps_and_counters():
     steps after it are the loop's own. torch moves each step counter onto its parameter's device, in float32, only
     where the param group says fused: the loop's counters (float64 here, where it ran under a float64 default
     dtype) become the ones a fused optimizer makes itself."""
-    model = new_model()
+    # No biases: the key projection's bias has a gradient of zero in exact arithmetic (softmax ignores a shift shared
+    # by every key), so its computed gradient is rounding noise, which Adam scales up to full-size steps.
+    model = tiny_model(bias=False)
     loop = loop_optimizer(model)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # the loop's counters come in the default dtype
@@ -68,7 +61,7 @@ def test_fused_adamw_resumes_the_loops_checkpoint_with_its_steps_and_counters():
     assert {s["step"].dtype for s in saved_optimizer["state"].values()} == {torch.float64}
     train(model, loop, 2, seed=2)  # the loop, uninterrupted
 
-    resumed = new_model()
+    resumed = tiny_model(bias=False)
     resumed.load_state_dict(saved_model)
     fused = resumed.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
     data_gen = torch.Generator()

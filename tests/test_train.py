@@ -331,15 +331,13 @@ def test_post_norm_trains_and_resumes_as_post(tmp_path: Path, tiny_data: Path) -
 
 
 def test_an_old_checkpoint_without_norm_position_resumes_as_pre(tmp_path: Path, tiny_data: Path) -> None:
-    train.main(tiny_args(tiny_data, tmp_path / "run", "--max_iters=4"))
-    ckpt = load_checkpoint(tmp_path / "run" / "ckpt.pt")
+    out = tmp_path / "run"
+    train.main(tiny_args(tiny_data, out, "--max_iters=4"))
+    ckpt = load_checkpoint(out / "ckpt.pt")
     del ckpt["model_args"]["norm_position"], ckpt["config"]["norm_position"]  # as written before the option
-    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
-    summary = train.main(
-        [f"--out_dir={tmp_path / 'run'}", "--init_from=resume", "--max_iters=6", "--norm_position=pre"]
-    )
-    assert summary["iters"] == 6
-    assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["model_args"]["norm_position"] == "pre"
+    torch.save(ckpt, out / "ckpt.pt")
+    summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=6", "--norm_position=pre"])
+    assert summary["iters"] == 6 and load_checkpoint(out / "ckpt.pt")["model_args"]["norm_position"] == "pre"
 
 
 def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, tiny_data: Path) -> None:
