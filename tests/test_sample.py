@@ -231,6 +231,7 @@ def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir
         (["--norm", "rmsnorm"], ["trained with norm='builtin'", "not with 'rmsnorm'"]),
         (["--norm", "batchnorm"], ["trained with norm='builtin'", "not with 'batchnorm'"]),
     ],
+    ids=" ".join,
 )
 def test_bad_arguments(out_dir: Path, args: list[str], fragments: list[str], capsys: pytest.CaptureFixture[str]):
     """SystemExit with one line (Python prints it on stderr and exits 1), before anything is printed."""
