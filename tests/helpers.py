@@ -1,4 +1,4 @@
-"""Helpers shared by several test files: the one tiny model, norms that can't run here, and tiny training runs.
+"""Helpers for several test files: the one tiny model, LayerNorms in float64, norms that can't run here, tiny runs.
 
 Training runs use the tiny model TINY (2 layers, 32 wide, block 16) with batch 4 on a tiny character dataset written
 by `make_dataset`, in-process through `train_cli` where a process adds nothing. Subprocesses run with one thread:
@@ -118,7 +118,7 @@ def make_inputs(
     return tuple(t.to(device=DEVICE, dtype=dtype) for t in (x, w, b, dy))
 
 
-def run_impl(impl: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5):
+def run_impl(impl: str, x, weight, bias, eps=1e-5) -> torch.Tensor:
     if impl == "custom":
         return layer_norm(x, weight, bias, eps)
     if impl == "builtin":
@@ -161,7 +161,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def assert_matches_reference(impl: str, x, weight, bias, dy, tol: float = 1e-5) -> None:
     y, grads = forward_backward(impl, x, weight, bias, dy)
     for out, ref in zip((y, *grads), layer_norm_reference(x, weight, bias, dy), strict=True):
-        assert rel_err(out, ref) <= tol
+        assert rel_err(out, ref) <= tol, rel_err(out, ref)
 
 
 class RunsCodeOnLoad:

@@ -210,6 +210,12 @@ def test_tokenizer_from_meta_rejects_unknown_kind() -> None:
         tokenizer_from_meta({"kind": "char", "itos": ["a", "bc"]})
 
 
+def test_char_tokenizer_does_not_import_tiktoken() -> None:
+    code = "import sys, tokenizer; tokenizer.CharTokenizer.from_text('ab'); assert 'tiktoken' not in sys.modules"
+    proc = python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_split_text_matches_nanogpt() -> None:
     assert split_text("abcdefghij") == ("abcdefghi", "j")
     assert split_text("x" * 1_115_394)[0] == "x" * 1_003_854

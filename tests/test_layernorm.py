@@ -39,7 +39,6 @@ def dx_scale(x, w, dy, eps=1e-5) -> float:
 
 
 def close(out, ref, tol, scale=0.0) -> bool:
-    """max |out - ref| <= tol * max(max |ref|, scale)."""
     return (out.double() - ref).abs().max().item() <= tol * max(ref.abs().max().item(), scale)
 
 

@@ -27,7 +27,6 @@ from tokenizer import TiktokenTokenizer
 ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
 BLOCK = 32
 CPU = ["--device", "cpu"]
-BPE = {"kind": "tiktoken", "encoding": "r50k_base"}
 
 
 def make_checkpoint(out_dir: Path, tokenizer: dict, vocab_size: int, norm: str = "builtin", n_embd: int = 32) -> GPT:
@@ -48,7 +47,7 @@ def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A GPT-2 BPE checkpoint, its vocabulary padded to 50304 as train.py pads it."""
     path = tmp_path_factory.mktemp("sample") / "bpe"
-    make_checkpoint(path, BPE, vocab_size=50304, n_embd=16)
+    make_checkpoint(path, {"kind": "tiktoken", "encoding": "r50k_base"}, vocab_size=50304, n_embd=16)
     return path
 
 
