@@ -25,12 +25,9 @@ from typing import Any
 
 import torch
 from torch import Generator
-from torch.amp import GradScaler
-from torch.optim import Optimizer
 
 import nanogpt
 from data.common import PreparedData
-from device import Dist
 from layernorm import LAYERNORMS
 from model import GPT, GPTConfig
 from options import TrainConfig
@@ -255,34 +252,36 @@ def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfi
     return model_from_checkpoint(ckpt, norm=cfg.norm).train()
 
 
-def restore_training_state(
-    ckpt: dict, optimizer: Optimizer, scaler: GradScaler, data_gen: Generator, path: Path, dist: Dist | None = None
-) -> tuple[int, float]:
-    """Load the optimizer, the scaler and this process's RNG states from `ckpt`; return (iter_num, best_val_loss).
-    Each process gets back its own dropout stream; from a checkpoint of another number of processes (or of a
-    version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration."""
-    dist = dist or Dist()
+def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
+    """Load the optimizer, the scaler and this process's RNG states from `ckpt` into train.py's Run, and its
+    iteration and best val loss. Each process gets back its own dropout stream; from a checkpoint of another number
+    of processes (or of a version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and
+    iteration."""
+    dist = run.dist
     try:
         # Today's OPTIMIZER_NOW (the rate is set every iteration) put into the saved groups before loading: torch
         # moves each saved step counter onto its parameter's device, in float32, only where the group says fused.
         saved = ckpt["optimizer"]
-        if len(saved["param_groups"]) == len(optimizer.param_groups):  # else load_state_dict refuses it, saying why
-            pairs = zip(saved["param_groups"], optimizer.param_groups, strict=True)
+        if len(saved["param_groups"]) == len(run.optimizer.param_groups):  # else load_state_dict says why not
+            pairs = zip(saved["param_groups"], run.optimizer.param_groups, strict=True)
             now = [{**old, **{k: group.get(k) for k in OPTIMIZER_NOW}} for old, group in pairs]
             saved = {**saved, "param_groups": now}
-        optimizer.load_state_dict(saved)
-        if scaler.is_enabled() and ckpt.get("scaler"):
-            scaler.load_state_dict(ckpt["scaler"])
-        data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
+        run.optimizer.load_state_dict(saved)
+        if run.scaler.is_enabled() and ckpt.get("scaler"):
+            run.scaler.load_state_dict(ckpt["scaler"])
+        run.data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
         ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
         if len(ranks) == dist.world_size or dist.master:
             _set_rng(ranks[dist.rank] if len(ranks) == dist.world_size else ranks[0])
         else:
             torch.manual_seed(int(ckpt["config"]["seed"]) + dist.rank + 7919 * int(ckpt["iter_num"]))
-        return int(ckpt["iter_num"]), float(ckpt["best_val_loss"])
+        run.iter_num = int(ckpt["iter_num"])
+        run.best_val = float(ckpt["best_val_loss"])
+        run.last_saved = run.iter_num
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(
-            f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
+            f"{run.ckpt_path} cannot be resumed: its optimizer or RNG state does not fit "
+            f"({type(e).__name__}: {_first_line(e)})"
         ) from None
 
 

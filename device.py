@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from layernorm import LAYERNORMS
+
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what --device takes, everywhere
 
 
@@ -166,8 +168,8 @@ class StopRequest:
     a second is the same request (torchrun forwards the terminal's Ctrl-C to processes that already got it); a
     later one raises KeyboardInterrupt: stop now, without saving."""
 
-    def __init__(self, announce: bool) -> None:
-        self.announce = announce  # say so on stderr (one process of several is enough)
+    def __init__(self, dist: Dist) -> None:
+        self.dist = dist
         self.signum: int | None = None
         self._time = 0.0
         self._previous: dict[int, Any] = {}
@@ -181,10 +183,10 @@ class StopRequest:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
-    def agreed(self, dist: Dist, wall: bool) -> str | None:
+    def agreed(self, wall: bool) -> str | None:
         """'max_wall_s' or 'signal' once any process has passed its time limit or seen a signal, else None. Every
         process asks at every iteration, so all of them stop at the same one."""
-        wall, signalled = dist.any([wall, self.signum is not None]) if dist.enabled else (wall, self.signum)
+        wall, signalled = self.dist.any([wall, self.signum is not None])
         if signalled and self.signum is None:  # another process got it
             self.signum = signal.SIGINT
         return "max_wall_s" if wall else "signal" if signalled else None
@@ -197,7 +199,7 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signum = signum
         self._time = time.monotonic()
-        if self.announce:
+        if self.dist.master:  # one process of several says so
             os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
 
 
@@ -208,11 +210,8 @@ class TritonUnavailableError(RuntimeError):
     """The Triton norm was chosen where Triton cannot run."""
 
 
-def _other_layernorms() -> str:
-    """The LayerNorms that compute what the Triton norm does, on every device: "'custom' or 'builtin'"."""
-    from layernorm import LAYERNORMS  # (layernorm imports this module only when a Triton norm is built)
-
-    return " or ".join(repr(n) for n in LAYERNORMS if n != "triton")
+# the LayerNorms that compute what the Triton norm does, on every device: "'custom' or 'builtin'"
+OTHER_LAYERNORMS = " or ".join(repr(n) for n in LAYERNORMS if n != "triton")
 
 
 def check_triton_device(device: torch.device | str) -> None:
@@ -231,7 +230,7 @@ def check_triton_device(device: torch.device | str) -> None:
         f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
         f"data to a CUDA device, or use a machine with a CUDA GPU, or run on the CPU (--device=cpu) with "
         f"TRITON_INTERPRET=1 set in the environment before starting Python, through Triton's (slow) interpreter, "
-        f"or choose another norm such as {_other_layernorms()}"
+        f"or choose another norm such as {OTHER_LAYERNORMS}"
     )
 
 
@@ -242,7 +241,7 @@ def import_layernorm_triton() -> Any:
     except ImportError as e:
         raise TritonUnavailableError(
             f"norm 'triton' needs the triton package, which cannot be imported here ({e}): triton ships for "
-            f"Linux only, not macOS or Windows. To fix: choose {_other_layernorms()}, the same LayerNorm on every "
+            f"Linux only, not macOS or Windows. To fix: choose {OTHER_LAYERNORMS}, the same LayerNorm on every "
             f"device, or run on Linux with triton installed (pip install triton)"
         ) from None
     import layernorm_triton

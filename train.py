@@ -109,9 +109,7 @@ def setup(
     data_gen = torch.Generator().manual_seed(cfg.seed)  # the batches: one stream, the same on every process
     run = Run(cfg, device, dtype, dist, data, model, optimizer, scaler, data_gen, autocast(device, dtype))
     if ckpt is not None:
-        state = checkpoint.restore_training_state(ckpt, optimizer, scaler, data_gen, run.ckpt_path, dist)
-        run.iter_num, run.best_val = state
-        run.last_saved = run.iter_num
+        checkpoint.restore_training_state(ckpt, run)
     return run
 
 
@@ -281,13 +279,13 @@ def train(
     stop_reason = None
     with (
         runlog.open_log(cfg, dist, start if ckpt else None) as log,
-        StopRequest(announce=dist.master) as stop,
+        StopRequest(dist) as stop,
         contextlib.closing(run.data),
     ):
         window = runlog.LossWindow(dist, tokens_per_iter(cfg), log)
         while True:
             over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
-            stop_reason = stop_reason or stop.agreed(dist, over_time)
+            stop_reason = stop_reason or stop.agreed(over_time)
             end = it >= cfg.max_iters or stop_reason == "max_wall_s" or cfg.eval_only
             just_resumed = ckpt is not None and it == start  # evaluated just before its checkpoint was saved
             if end or (it % cfg.eval_interval == 0 and not just_resumed):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from checkpoint import restore_training_state, rng_state
+from device import Dist
 from helpers import TINY, tiny_model
 from model import GPT
 
@@ -66,7 +68,9 @@ def test_fused_adamw_resumes_the_loops_checkpoint_with_its_steps_and_counters():
     fused = resumed.configure_optimizers(0.1, 1e-2, (0.9, 0.99), "cpu")
     data_gen = torch.Generator()
     ckpt = {"optimizer": saved_optimizer, "rng": rng_state(data_gen), "iter_num": 3, "best_val_loss": 1.0}
-    restore_training_state(ckpt, fused, torch.amp.GradScaler("cpu", enabled=False), data_gen, Path("ckpt.pt"))
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    run = SimpleNamespace(optimizer=fused, scaler=scaler, data_gen=data_gen, dist=Dist(), ckpt_path=Path("ckpt.pt"))
+    restore_training_state(ckpt, run)  # train.py's Run, as far as it reads it
     assert all(group["fused"] for group in fused.param_groups)
     assert {(s["step"].dtype, s["step"].device, s["step"].item()) for s in fused.state.values()} == {
         (torch.float32, torch.device("cpu"), 3.0)
