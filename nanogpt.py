@@ -83,24 +83,18 @@ def read_meta(path: Path) -> dict[str, Any]:
     return tokenizer.to_meta()
 
 
-def meta_paths(ckpt_path: Path, config: dict[str, Any]) -> list[Path]:
-    """Where a checkpoint's meta.pkl may be: beside it; then data/<dataset>/meta.pkl in the folder its out_dir is
-    in (nanoGPT's layout) and in the working directory (where nanoGPT's sample.py looks)."""
-    folder = ckpt_path.resolve().parent
-    paths = [folder / "meta.pkl"]
-    dataset = config.get("dataset") if isinstance(config, dict) else None
-    if isinstance(dataset, str) and dataset:
-        paths += [folder.parent / "data" / dataset / "meta.pkl", Path.cwd() / "data" / dataset / "meta.pkl"]
-    return list(dict.fromkeys(paths))
-
-
 def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = None) -> dict[str, Any]:
-    """The tokenizer entry (tokenizer.py) for a nanoGPT checkpoint: the characters of its meta.pkl (`meta`, else
-    the first of meta_paths), else GPT-2's BPE, which needs a model of at least GPT2_VOCAB_SIZE tokens."""
+    """The tokenizer entry (tokenizer.py) for a nanoGPT checkpoint: the characters of its meta.pkl (`meta`, else the
+    first found beside it, then as data/<dataset>/meta.pkl in the folder its out_dir is in (nanoGPT's layout) and in
+    the working directory (where nanoGPT's sample.py looks)), else GPT-2's BPE, which needs GPT2_VOCAB_SIZE tokens."""
     vocab_size = ckpt["model_args"]["vocab_size"]
     if meta is not None and not Path(meta).is_file():
         raise MetaError(f"--meta: no file {meta}: give the meta.pkl of the dataset the checkpoint was trained on")
-    searched = meta_paths(ckpt_path, ckpt["config"])
+    folder = ckpt_path.resolve().parent
+    searched = [folder / "meta.pkl"]
+    dataset = ckpt["config"].get("dataset") if isinstance(ckpt["config"], dict) else None
+    if isinstance(dataset, str) and dataset:
+        searched += [folder.parent / "data" / dataset / "meta.pkl", Path.cwd() / "data" / dataset / "meta.pkl"]
     path = Path(meta) if meta is not None else next((p for p in searched if p.is_file()), None)
     if path is not None:
         tokenizer = read_meta(path)
@@ -112,8 +106,8 @@ def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = Non
         return tokenizer
     if vocab_size < GPT2_VOCAB_SIZE:
         raise MetaError(
-            f"{ckpt_path} has a vocabulary of {vocab_size} tokens, fewer than GPT-2's BPE ({GPT2_VOCAB_SIZE}), so "
-            f"its text needs the meta.pkl of its dataset, which is in none of {', '.join(map(str, searched))}: "
+            f"{ckpt_path} has a vocabulary of {vocab_size} tokens, fewer than GPT-2's BPE ({GPT2_VOCAB_SIZE}), so its "
+            f"text needs the meta.pkl of its dataset, in none of {', '.join(dict.fromkeys(map(str, searched)))}: "
             f"give it with --meta=PATH (nanoGPT writes it to data/<dataset>/meta.pkl)"
         )
     return {"kind": "tiktoken", "encoding": GPT2_ENCODING}

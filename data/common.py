@@ -37,8 +37,7 @@ def fail(message: str) -> NoReturn:
 
 
 def decode_text(data: bytes, name: str) -> str:
-    """UTF-8 bytes -> text, refusing empty and binary input. Newlines are kept exactly as they are (no
-    universal-newline translation), so the same file gives the same tokens on every platform."""
+    """UTF-8 bytes -> text (newlines as they are: no universal-newline translation), refusing empty and binary."""
     if not data:
         fail(f"{name} is empty (0 bytes); give a UTF-8 text file with some text in it")
     nul = data.find(b"\x00")
@@ -77,9 +76,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: str) -> tuple[str, str]:
-    """The text to prepare and a name for it: ``--input`` if given, else ``<out_dir>/input.txt`` if present,
-    else downloaded from ``url`` and saved as ``<out_dir>/input.txt``. Fails with how to supply the file if none
-    works."""
+    """The text to prepare and a name for it, from where data/README.md says; else fails saying how to supply it."""
     if input_path is not None:
         return read_text_file(input_path), str(input_path)
     local = out_dir / "input.txt"
