@@ -1,6 +1,5 @@
-"""Where a run computes: the device (--device), the autocast dtype (--dtype), this process's place among
-torchrun's processes with their process group, the stop that SIGINT/SIGTERM request, and whether the Triton norm
-can run here. train.py, sample.py and batch_independence.py all choose their device here, by one rule."""
+"""Where a run computes (README.md's layout says what is here). train.py, sample.py and batch_independence.py all
+choose their device here, by one rule."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The record a training run leaves: the losses read back from the device, the log lines, metrics.jsonl (one JSON
-object a line: train, eval, summary), the same figures in Weights & Biases when asked for, and the summary
-train.main() returns."""
+"""The record a training run leaves: losses read back, log lines, metrics.jsonl (one JSON object a line: train,
+eval, summary), the same figures in Weights & Biases when asked for, and the summary train.main() returns."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One iteration of training, as train.py runs it and the benchmarks and experiments repeat it: nanoGPT's
-learning-rate schedule, then the micro-steps' forward and backward, the gradient clip and the optimizer's step."""
+"""One iteration of training, as train.py, the benchmarks and the experiments run it (README.md's layout)."""
 
 from __future__ import annotations
 

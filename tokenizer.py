@@ -1,6 +1,5 @@
-"""Tokenizers the data, training and sampling scripts share: characters, or GPT-2's byte-level BPE through tiktoken
-(imported only then). Each is stored as plain JSON (never pickle) under the "tokenizer" key of a dataset's meta.json
-(data/README.md shows both kinds) and of a checkpoint, and rebuilt from it by tokenizer_from_meta."""
+"""Tokenizers: characters, or GPT-2's byte-level BPE through tiktoken (imported only then), each stored as plain
+JSON under the "tokenizer" key of a dataset's meta.json (data/README.md shows both kinds) and of a checkpoint."""
 
 from __future__ import annotations
 
