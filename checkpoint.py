@@ -253,10 +253,9 @@ def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfi
 
 
 def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
-    """Load the optimizer, the scaler and this process's RNG states from `ckpt` into train.py's Run, and its
-    iteration and best val loss. Each process gets back its own dropout stream; from a checkpoint of another number
-    of processes (or of a version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and
-    iteration."""
+    """Load the optimizer, the scaler, this process's RNG states, the iteration and the best val loss into train.py's
+    Run. Each process gets back its own dropout stream; from a checkpoint of another number of processes (or of a
+    version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration."""
     dist = run.dist
     try:
         # Today's OPTIMIZER_NOW (the rate is set every iteration) put into the saved groups before loading: torch

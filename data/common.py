@@ -166,12 +166,9 @@ class DataError(RuntimeError):
 
 
 class PreparedData:
-    """train.bin / val.bin and meta.json of one prepared dataset: data_dir, else data/<dataset>/.
-
-    Windows are read with a seek and a read each, from files opened once: nothing of them stays mapped in the
-    process (a memmap kept open would keep every page it touched resident, and opening one per batch, as nanoGPT
-    does, costs ~4x more).
-    """
+    """train.bin / val.bin and meta.json of one prepared dataset: data_dir, else data/<dataset>/. Windows are read
+    with a seek and a read each, from files opened once: a memmap kept open would keep every page it touched
+    resident, and opening one per batch, as nanoGPT does, costs ~4x more."""
 
     def __init__(self, data_dir: str | None, dataset: str, block_size: int) -> None:
         self.dir = Path(data_dir) if data_dir else ROOT / "data" / dataset
