@@ -1,14 +1,10 @@
 """The batch-invariant mode's Triton kernels: a matrix product for F.linear, and attention for
 F.scaled_dot_product_attention, each beside its launcher (batch_invariant.py says why each is needed).
 
-One rule makes both invariant: a result's order of additions is fixed by the code, never by the shapes of the call.
-  - linear: one tile configuration per dtype (fixed BLOCK_M, BLOCK_N, BLOCK_K), no split-K, the K loop in one order,
-    so an output row goes through the same additions whether 1 row came or 64, and wherever in a tile it sits;
-  - attention: one program per query, which walks exactly the keys it sees in blocks of BLOCK_KEYS from key 0 with an
-    online softmax, reading q, k, v through their strides (the KV cache hands a strided prefix of its buffer), so a
-    query adds in the same order decoded from the cache, inside a causal pass, alone or in a batch.
-Both accumulate in float32 and write the input's dtype. batch_invariant.py imports this module (and so triton)
-only when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors (Triton's interpreter).
+One rule makes both invariant: a result's order of additions is fixed by the code, never by the shapes of the call
+(each kernel's comment says how). Both accumulate in float32 and write the input's dtype. batch_invariant.py imports
+this module (and so triton) only when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors
+(Triton's interpreter).
 """
 
 import os
@@ -34,10 +30,12 @@ def as_autocast_would(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | Non
     return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 
-def on_device(device: torch.device) -> torch.cuda.device | nullcontext:
-    """Triton launches on the current CUDA device: make it the tensors' own where it is not (cuda:1 on cuda:1)."""
+def launch(kernel: triton.JITFunction, grid: tuple[int, int], args: tuple, **options: int) -> None:
+    """kernel[grid](*args), with the tensors' CUDA device made current where it is not: Triton launches there."""
+    device = args[0].device
     current = device.type != "cuda" or device.index in (None, torch.cuda.current_device())
-    return nullcontext() if current else torch.cuda.device(device)
+    with nullcontext() if current else torch.cuda.device(device):
+        kernel[grid](*args, **options)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -116,16 +114,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     args = (x2, weight, bias_arg, y, x2.size(0), N, K, *x2.stride(), *weight.stride(), y.stride(0))
     constexprs = (bias is not None, block_m, block_n, block_k, "ieee", INTERPRET)  # ieee: float32 products, not TF32
     if x2.size(0):
-        with on_device(x.device):
-            linear_kernel[grid](*args, *constexprs, num_warps=warps)
+        launch(linear_kernel, grid, (*args, *constexprs), num_warps=warps)
     return y.view(*x.shape[:-1], N)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Attention: program (i, b * H + h) computes query i of batch row b, head h. It sees keys 0..n-1, n = min(offset +
 # i + 1, S): offset 0 is a causal pass, offset S - T a cached prefix followed by T new queries, offset S - 1 a
-# query that sees every key. It walks them BLOCK_KEYS at a time, keeping the running maximum m, the running sum
-# total of exp(score - m) and the weighted sum of values acc; each block rescales total and acc by exp(m_old - m_new).
+# query that sees every key. It walks them BLOCK_KEYS at a time (an online softmax), keeping the running maximum m,
+# the running sum total of exp(score - m) and the weighted sum of values acc, each block rescaling them to its m.
 
 
 # One compiled kernel for every call: the lengths change every decoding step, and the strides and pointers differ
@@ -204,9 +201,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[in
     B, H, T, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
+    args = (q, k, v, out, H, S, D, offset, scale, *strides, BLOCK_KEYS, triton.next_power_of_2(D))
     if out.numel():
-        with on_device(q.device):
-            attention_kernel[(T, B * H)](
-                q, k, v, out, H, S, D, offset, scale, *strides, BLOCK_KEYS, triton.next_power_of_2(D)
-            )
+        launch(attention_kernel, (T, B * H), args)
     return out

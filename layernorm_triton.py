@@ -9,8 +9,7 @@ What fusing buys: each kernel reads its inputs once and writes its outputs once,
 centred row, xhat, g) kept in registers, where the torch version makes a pass over memory per operation.
 
 A leaf: it imports only torch and triton; `layernorm.TritonLayerNorm` checks the inputs and calls it. Kernels run
-on CUDA tensors, or on CPU tensors through Triton's interpreter when TRITON_INTERPRET=1 was set before this module
-was imported (triton.jit chooses interpreter or compiler when a kernel is defined; INTERPRET records which).
+on CUDA tensors, or on CPU tensors through Triton's interpreter where TRITON_INTERPRET=1 was set before the import.
 
 Which path a call takes (`layer_norm_triton` decides; `_forward` and `_backward` are the launchers they share):
 
@@ -34,15 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # fixed now, when the kernels below are defined
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # as triton.jit reads it, when the kernels below are defined
 MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider rows loop over blocks
 ONE_PROGRAM_ROWS = 32  # a backward of at most this many rows runs as one program (see _backward_programs)
 
 
 def _direct_launch_supported(version: str) -> bool:
     """Triton 3.6 and 3.7 launch a compiled kernel as `compiled[grid](*every kernel argument)`; others never direct."""
-    major, minor = (int(part) for part in version.split(".")[:2])
-    return (3, 6) <= (major, minor) <= (3, 7)
+    return (3, 6) <= tuple(int(part) for part in version.split(".")[:2]) <= (3, 7)
 
 
 DIRECT_LAUNCH = _direct_launch_supported(triton.__version__) and not INTERPRET  # the interpreter compiles nothing
@@ -53,8 +51,7 @@ TRITON_OP = hasattr(torch.library, "triton_op") and not INTERPRET
 
 # ----------------------------------------------------------------------------------------------------------------
 # Forward: one program normalizes one row and saves mean_s (the mean of x - x_0, not of x) and rstd in stats [2, N],
-# so that the backward centres the row exactly as the forward did (docs/02-triton.md reads it). A wider row than one
-# block is read in blocks, once per pass. Arithmetic is in the statistics' dtype: float32, float64 for float64.
+# so that the backward centres the row exactly as the forward did. A wider row than one block is read block by block.
 
 
 @triton.jit
@@ -133,11 +130,6 @@ def _rows(t: torch.Tensor, C: int) -> tuple[torch.Tensor, int]:
     return (t2, t2.stride(0)) if t2.stride(-1) == 1 else (t2.contiguous(), C)
 
 
-def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The kernels' arithmetic: float64 for float64, float32 for every other dtype."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -152,7 +144,7 @@ def _forward(
     x2, stride_x = _rows(x, C)
     N = x2.numel() // C
     y = torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format)
-    stats = torch.empty(2, N, dtype=_stats_dtype(x.dtype), device=x.device)
+    stats = torch.empty(2, N, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
     if N:
         block, one_block, warps = _block_config(int(C), max_block)
         w = weight.contiguous()
@@ -301,8 +293,7 @@ def _num_stages(block: int, x: torch.Tensor, dy: torch.Tensor) -> int:
 
 def _unused_pointer(like: torch.Tensor, traced: bool) -> torch.Tensor:
     """A pointer the kernel never reads (the bias's, with HAS_BIAS=False): `like` itself, or, traced, a tensor of
-    its own: torch may take every tensor a traced kernel gets as written, and of two copies of one tensor the
-    unwritten one could win."""
+    its own (torch may take each tensor a traced kernel gets as written: of two copies the unwritten could win)."""
     return like.new_empty(1) if traced else like
 
 
@@ -383,16 +374,7 @@ def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool,
 
 # ----------------------------------------------------------------------------------------------------------------
 # Autograd: the paths of the module docstring's table; torch.library ops let a compiled model trace through the
-# launchers instead of breaking the graph. The output comes in x's dtype; under autocast, where the caller says only
-# a Linear reads it (feeds_linear), in the autocast dtype: the values that Linear would have cast the float32 output
-# to, without the cast. (A post-norm block's output is the residual stream: x's dtype.)
-
-
-def _out_dtype(x: torch.Tensor, feeds_linear: bool) -> torch.dtype:
-    device_type = "cuda" if x.is_cuda else "cpu"
-    if feeds_linear and x.dtype != torch.float64 and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return x.dtype
+# launchers instead of breaking the graph.
 
 
 class _LayerNormTriton(torch.autograd.Function):
@@ -443,7 +425,8 @@ if not TRITON_OP:  # a triton_op's shapes come from running it on fake tensors; 
     @_triton_fwd.register_fake
     def _(x, weight, bias, eps, out_dtype):
         N = x.numel() // x.shape[-1]
-        return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((2, N), dtype=_stats_dtype(x.dtype))
+        stats = x.new_empty((2, N), dtype=torch.promote_types(x.dtype, torch.float32))
+        return x.new_empty(x.shape, dtype=out_dtype), stats
 
     @_triton_bwd.register_fake
     def _(dy, x, weight, stats, has_bias):
@@ -477,8 +460,11 @@ def layer_norm_triton(
 ) -> torch.Tensor:
     """LayerNorm over the last dimension of x [..., C] with the fused Triton kernels: `layernorm.layer_norm`'s
     function and gradients (population variance), y in x's dtype or, under autocast with feeds_linear=True (only a
-    Linear reads y), in the autocast dtype. The arguments are taken as checked (`layernorm.TritonLayerNorm` does)."""
-    out_dtype = _out_dtype(x, feeds_linear)
+    Linear reads y), in the autocast dtype: the values that Linear would have cast y to, without the cast. The
+    arguments are taken as checked (`layernorm.TritonLayerNorm` does)."""
+    device_type = "cuda" if x.is_cuda else "cpu"
+    to_autocast = feeds_linear and x.dtype != torch.float64 and torch.is_autocast_enabled(device_type)
+    out_dtype = torch.get_autocast_dtype(device_type) if to_autocast else x.dtype
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]
     wants_grad = torch.is_grad_enabled() and (

@@ -76,17 +76,13 @@ class GPTConfig:
 
 
 def new_norm(config: GPTConfig, feeds_linear: bool = False) -> nn.Module:
-    """One norm layer over n_embd features: layernorm.make_norm(config.norm, ...), with norm_alpha when set;
-    feeds_linear=True where only a Linear reads its output (pre-norm: ln_1, ln_2 and ln_f)."""
+    """One norm layer over n_embd features, as config says; feeds_linear as in make_norm (pre-norm's every norm)."""
     return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha, feeds_linear=feeds_linear)
 
 
 class KVCache:
-    """Keys and values of every layer for the tokens decoded so far.
-
-    One preallocated tensor per layer for keys and one for values, each [B, n_head, block_size, head_size];
-    `length` says how many positions are filled. Writing in place avoids a torch.cat per token.
-    """
+    """Keys and values of every layer for the tokens decoded so far: per layer, one preallocated tensor of keys and
+    one of values, each [B, n_head, block_size, head_size], written in place (no torch.cat per token)."""
 
     def __init__(self, config: GPTConfig, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
         shape = (batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
@@ -251,23 +247,14 @@ class GPT(nn.Module):
 
     @torch.inference_mode()
     def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        use_kv_cache: bool = True,
-        generator: torch.Generator | None = None,
-        return_logits: bool = False,
+        self, idx: torch.Tensor, max_new_tokens: int, *, return_logits: bool = False, **decoding: Any
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Continue each row of idx [B, T] by max_new_tokens tokens; temperature 0 decodes greedily.
-
-        Returns the tokens [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled
-        from, [B, max_new_tokens, vocab_size]: the steps of `stream`. Past block_size: see the module docstring.
-        """
+        """Continue each row of idx [B, T] by max_new_tokens tokens, decoded as `stream` decodes (`decoding`: its
+        temperature, top_k, use_kv_cache and generator). Returns the tokens [B, T + max_new_tokens], and with
+        return_logits=True also the logits each step sampled from, [B, max_new_tokens, vocab_size]."""
         tokens = [idx]
         all_logits = []
-        for next_tokens, logits in self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator):
+        for next_tokens, logits in self.stream(idx, max_new_tokens, **decoding):
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
                 all_logits.append(logits)
@@ -285,8 +272,9 @@ class GPT(nn.Module):
         use_kv_cache: bool = True,
         generator: torch.Generator | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """generate's decoding one step at a time: yields each step's next tokens [B, 1] and the logits [B, V]
-        they were picked from, as soon as they are known. The arguments are checked here, before any step runs."""
+        """Decode max_new_tokens tokens after idx [B, T] one step at a time (temperature 0: greedily; past
+        block_size: see the module docstring): yields each step's next tokens [B, 1] and the logits [B, V] they
+        were picked from, as soon as they are known. The arguments are checked here, before any step runs."""
         if not temperature >= 0:  # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
         if max_new_tokens < 0:
