@@ -11,10 +11,9 @@ two operations pick their order of additions from the shapes they get (the READM
   adds exactly the keys each query sees, in one order, alone, in a batch, from the cache or in a full pass.
 Either fix alone leaves about 1e-6 in the logits; both give 0 (`linear=False` or `attention=False` drops one).
 
-Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch": products
-in blocks of ROWS rows, attention one (batch row, query) at a time over copies of its keys; its cost: python -m
-bench.decoding); on CUDA, Triton kernels ("triton", batch_invariant_triton.py: one fixed tile and no split-K; one
-program per query), which Triton's interpreter also runs on CPU tensors (kernels="triton", TRITON_INTERPRET=1).
+Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch", below; its
+cost: python -m bench.decoding); on CUDA, the Triton kernels of batch_invariant_triton.py ("triton"), which Triton's
+interpreter also runs on CPU tensors (kernels="triton", TRITON_INTERPRET=1).
 Equal shapes give equal bits on one machine, with one build and one thread count: invariance within a process, not
 across machines. For inference: attention dropout is refused, as is a device with no implementation.
 """
@@ -37,7 +36,7 @@ from torch.nn import functional as F
 # sequence. Any fixed number works: 8 costs more at batch 1 and less at batch 8 (bench/results/batch_invariant_cpu.md).
 ROWS = 1
 KERNELS = ("auto", "torch", "triton")
-_STOCK = {"linear": F.linear, "scaled_dot_product_attention": F.scaled_dot_product_attention}
+_STOCK_LINEAR = F.linear  # the mode swaps F.linear; its CPU version calls the stock one
 
 
 def refusal(device: torch.device | str, kernels: str = "auto") -> str | None:
@@ -75,9 +74,9 @@ def linear(
     rows = x.reshape(-1, x.size(-1)).contiguous()  # [M, K]
     padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows  # zero rows up to k * ROWS
     if len(padded) <= ROWS:  # one block (the usual decoding step): no split, no cat
-        out = _STOCK["linear"](padded, weight, bias)
+        out = _STOCK_LINEAR(padded, weight, bias)
     else:
-        out = torch.cat([_STOCK["linear"](block, weight, bias) for block in padded.split(ROWS)])
+        out = torch.cat([_STOCK_LINEAR(block, weight, bias) for block in padded.split(ROWS)])
     return out[: len(rows)].view(*x.shape[:-1], weight.size(0))
 
 

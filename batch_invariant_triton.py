@@ -1,10 +1,8 @@
-"""The batch-invariant mode's Triton kernels: a matrix product for F.linear, and attention for
-F.scaled_dot_product_attention, each beside its launcher (batch_invariant.py says why each is needed).
-
-One rule makes both invariant: a result's order of additions is fixed by the code, never by the shapes of the call
-(each kernel's comment says how). Both accumulate in float32 and write the input's dtype. batch_invariant.py imports
-this module (and so triton) only when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors
-(Triton's interpreter).
+"""The batch-invariant mode's Triton kernels, a matrix product for F.linear and attention for
+F.scaled_dot_product_attention, each beside its launcher (batch_invariant.py says why each is needed). One rule
+makes both invariant: a result's order of additions is fixed by the code, never by the shapes of the call (each
+kernel's comment says how). Both accumulate in float32 and write the input's dtype. batch_invariant.py imports this
+module (and so triton) only when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors.
 """
 
 import os

@@ -157,8 +157,7 @@ def _forward(
 # ----------------------------------------------------------------------------------------------------------------
 # Backward: program p takes a contiguous group of rows, recomputes each one's xhat = (x - x_0 - mean_s) * rstd,
 # writes dx, and adds dy * xhat (and dy) into row p of the slabs DW, DB of one buffer [2, programs, C] (without a
-# bias [1, programs, C]), which the launcher sums in one reduction: deterministic, no atomics. At most
-# ONE_PROGRAM_ROWS rows of one block run as one program, which writes dw and db themselves, in the weight's dtype.
+# bias [1, programs, C]), which the launcher sums in one reduction: deterministic, no atomics.
 
 
 @triton.jit
@@ -264,11 +263,10 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _backward_programs(N: int, device: torch.device) -> int:
-    """How many programs share the backward's N rows. Up to ONE_PROGRAM_ROWS, one: its partial sums are the sums,
-    and a launch saved weighs more than a few rows in parallel. Beyond, on a GPU 8 per SM (as flash-attention's
-    LayerNorm): enough warps in flight to hide memory latency, while the partial sums stay small next to the rows
-    (2 x 8 x 132 x C floats on an H200, against 3 x N x C of dy, x and dx). The interpreter, one program after
-    another: 4."""
+    """How many programs share the backward's N rows. Up to ONE_PROGRAM_ROWS, one, which writes dw and db themselves:
+    a launch saved weighs more than a few rows in parallel. Beyond, on a GPU 8 per SM (as flash-attention's LayerNorm):
+    enough warps in flight to hide memory latency, while the partial sums stay small next to the rows (2 x 8 x 132 x
+    C floats on an H200, against 3 x N x C of dy, x and dx). The interpreter, one program after another: 4."""
     if N <= ONE_PROGRAM_ROWS:
         return 1
     return min(N, 8 * _sm_count(device) if device.type == "cuda" else 4)
@@ -317,14 +315,13 @@ def _backward(
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     block, one_block, warps = _block_config(int(C), max_block)
     programs = _backward_programs(N, x.device)
-    one_program = programs == 1 and one_block and N > 0  # it writes dw and db themselves
+    one_program = programs == 1 and one_block and N > 0  # it writes dw and db themselves, in the weight's dtype
     if one_program:
-        dw = torch.empty_like(weight)
-        slabs = (dw, torch.empty_like(weight) if has_bias else _unused_pointer(dw, traced))
+        buffer = [torch.empty_like(weight) for _ in range(1 + has_bias)]
     else:
         new = torch.empty if N else torch.zeros  # (no rows: the sums are zero; otherwise the kernel writes them all)
         buffer = new(1 + has_bias, programs, C, dtype=stats.dtype, device=x.device)
-        slabs = (buffer[0], buffer[1] if has_bias else _unused_pointer(buffer[0], traced))
+    slabs = (buffer[0], buffer[1] if has_bias else _unused_pointer(buffer[0], traced))
     if N:
         tensors = (dy2, x2, weight.contiguous(), stats, dx, *slabs)
         rows_per_program = -(-N // programs)  # rounded up
@@ -332,7 +329,7 @@ def _backward(
         args = (*tensors, stride_dy, stride_x, C, N, C, rows_per_program, has_bias, block, one_block, stages)
         _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced, tensors=7)
     if one_program:
-        return dx, dw, slabs[1] if has_bias else None
+        return dx, slabs[0], slabs[1] if has_bias else None
     if traced:  # an op's outputs may not share memory: two reductions, not one
         return dx, slabs[0].sum(0).to(weight.dtype), slabs[1].sum(0).to(weight.dtype) if has_bias else None
     sums = buffer.sum(1).to(weight.dtype)  # one deterministic reduction over the programs: [dw (, db), C]
@@ -467,9 +464,8 @@ def layer_norm_triton(
     out_dtype = torch.get_autocast_dtype(device_type) if to_autocast else x.dtype
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]
-    wants_grad = torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    )
+    bias_grad = bias is not None and bias.requires_grad
+    wants_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias_grad)
     if not wants_grad:  # (decoding, evaluation): the forward alone, nothing for autograd to record
         return _forward(x, weight, bias, float(eps), out_dtype)[0]
     return _LayerNormTriton.apply(x, weight, bias, float(eps), out_dtype)

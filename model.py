@@ -171,9 +171,8 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm, and a
-                # second one straight after it would only add a redundant scale and shift. Identity keeps the name, so
-                # code that looks up transformer.ln_f still runs; the state_dict has no ln_f keys.
+                # Post-norm keeps no ln_f, as the original Transformer: its last block already ends in a norm (a second
+                # would only add a redundant scale and shift). Identity keeps the name; the state_dict has no ln_f keys.
                 ln_f=new_norm(config, feeds_linear=True) if config.norm_position == "pre" else nn.Identity(),
             )
         )
@@ -301,8 +300,7 @@ class GPT(nn.Module):
         if cache is None:  # recompute the last block_size tokens
             return self.lm_head(self.hidden_states(idx[:, -block:])[:, -1, :])
         if idx.size(1) - cache.start > block:
-            # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
-            # the start (as much of the prompt as fits), half a block when a full cache overflows.
+            # The cache would overflow: prefill afresh the last whole block at the start (of the prompt), else half.
             keep = block if cache.length == 0 else max(1, block // 2)
             cache.length = 0  # forget it all; cache again from token `start`
             cache.start = idx.size(1) - keep
