@@ -246,14 +246,21 @@ class GPT(nn.Module):
 
     @torch.inference_mode()
     def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, *, return_logits: bool = False, **decoding: Any
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_kv_cache: bool = True,
+        generator: torch.Generator | None = None,
+        return_logits: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Continue each row of idx [B, T] by max_new_tokens tokens, decoded as `stream` decodes (`decoding`: its
-        temperature, top_k, use_kv_cache and generator). Returns the tokens [B, T + max_new_tokens], and with
-        return_logits=True also the logits each step sampled from, [B, max_new_tokens, vocab_size]."""
+        """Continue each row of idx [B, T] by max_new_tokens tokens, decoded as `stream` decodes. Returns the tokens
+        [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled from,
+        [B, max_new_tokens, vocab_size]."""
         tokens = [idx]
         all_logits = []
-        for next_tokens, logits in self.stream(idx, max_new_tokens, **decoding):
+        for next_tokens, logits in self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator):
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
                 all_logits.append(logits)
@@ -300,7 +307,8 @@ class GPT(nn.Module):
         if cache is None:  # recompute the last block_size tokens
             return self.lm_head(self.hidden_states(idx[:, -block:])[:, -1, :])
         if idx.size(1) - cache.start > block:
-            # The cache would overflow: prefill afresh the last whole block at the start (of the prompt), else half.
+            # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
+            # the start (as much of the prompt as fits), half a block when a full cache overflows.
             keep = block if cache.length == 0 else max(1, block // 2)
             cache.length = 0  # forget it all; cache again from token `start`
             cache.start = idx.size(1) - keep
