@@ -105,11 +105,22 @@ def train_config(config: str, sets: Sequence[str], *flags: str) -> Any:
         raise SystemExit(f"error: {e}") from None
 
 
+def open_data(data_dir: str | None, dataset: str, block_size: int, hint: str = "") -> Any:
+    """The prepared dataset (a data.common.PreparedData) in data_dir, else data/<dataset>; a missing or broken one
+    exits with a one-line error, `hint` at its end."""
+    from data.common import DataError, PreparedData
+
+    try:
+        return PreparedData(data_dir, dataset, block_size)
+    except DataError as e:
+        raise SystemExit(f"error: {e}{hint}") from None
+
+
 def progress(done: int, total: int, t0: float) -> str:
-    """'3/9 done, 42 s in, about 84 s left' (the rest estimated at the mean pace so far)."""
+    """'3/9 done, 42 s in, about 84 s left' (the rest estimated at the mean pace so far; none before the first)."""
     spent = time.perf_counter() - t0
-    left = spent / done * (total - done) if done else float("nan")
-    return f"{done}/{total} done, {spent:.0f} s in, about {left:.0f} s left"
+    left = f", about {spent / done * (total - done):.0f} s left" if done else ""
+    return f"{done}/{total} done, {spent:.0f} s in{left}"
 
 
 def timed(fn: Callable[[], Any], device: str, calls: int = 1) -> float:

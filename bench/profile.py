@@ -14,8 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as torch_profile
 
-from bench.common import fmt, markdown_table, median, parse, parser, timed, train_config, write_results
-from data.common import DataError, PreparedData
+from bench.common import fmt, markdown_table, median, open_data, parse, parser, timed, train_config, write_results
 from device import autocast, resolve_dtype
 from layernorm import Norm
 from model import GPT, GPTConfig
@@ -64,10 +63,7 @@ def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
 
 def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None) -> dict[str, Any]:
     """STEPS training steps of one norm under torch.profiler, after 3 unprofiled ones."""
-    try:
-        data = PreparedData(data_dir, cfg.dataset, cfg.block_size)
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    data = open_data(data_dir, cfg.dataset, cfg.block_size)
     torch.manual_seed(cfg.seed)
     model = GPT(GPTConfig.from_options(cfg, norm=norm, vocab_size=data.vocab_size)).to(device)
     device_type = torch.device(device).type

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir = results / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = row_config("layernorm", args.seeds[0], args)
-    data = common.open_data(args.data_dir, base.block_size)
+    data = common.open_data(args.data_dir, common.DATASET, base.block_size)
     todo = [
         (row, seed) for seed in args.seeds for row in args.rows if not (runs_dir / f"{row}_seed{seed}.json").exists()
     ]

@@ -21,8 +21,8 @@ matplotlib.use("Agg")  # figures are written to files; no window opens
 
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
-from bench.common import machine_info, train_config  # noqa: E402 (the root is on sys.path from here)
-from data.common import DataError, PreparedData  # noqa: E402
+from bench.common import machine_info, open_data, train_config  # noqa: E402, F401 (the root is on sys.path from here)
+from data.common import PreparedData  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 CPU_CONFIG = "configs/shakespeare_char_cpu.json"  # as the results name it; read from ROOT
@@ -53,15 +53,6 @@ def new_model(cfg: Any, vocab_size: int) -> GPT:
     return GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
 
 
-def open_data(data_dir: str | None, block_size: int, dataset: str = DATASET, hint: str = "") -> PreparedData:
-    """The prepared dataset in data_dir (Tiny Shakespeare's by default); a missing or broken one exits with a one-line
-    error, `hint` at its end."""
-    try:
-        return PreparedData(data_dir, dataset, block_size)
-    except DataError as e:
-        raise SystemExit(f"error: {e}{hint}") from None
-
-
 def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, seed: int) -> list[tuple[Any, Any]]:
     """`count` batches of `split` on the CPU, drawn from their own generator: the same for every model measured."""
     gen = torch.Generator().manual_seed(seed)
@@ -69,12 +60,16 @@ def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, s
     return [data.get(split, s, "cpu") for s in starts]
 
 
-def train(flags: list[str], data_dir: str, out_dir: Path) -> subprocess.CompletedProcess[str]:
+def train(label: str, flags: list[str], data_dir: str, out_dir: Path) -> subprocess.CompletedProcess[str]:
     """`python train.py FLAGS` on the CPU from the repository's root, on data_dir's data, its checkpoint and
-    metrics.jsonl in out_dir, without the sample at the end; its output and errors together in .stdout."""
+    metrics.jsonl in out_dir, without the sample at the end; its output and errors together in .stdout, its eval and
+    error lines echoed after `[label]`."""
     where = [f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--device=cpu", "--sample_at_end=false"]
     cmd = [sys.executable, "train.py", *flags, *where]
-    return subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    shown = [f"    [{label}] {line}\n" for line in proc.stdout.splitlines() if line.startswith(("step ", "error"))]
+    print("".join(shown), end="", flush=True)
+    return proc
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:

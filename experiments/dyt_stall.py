@@ -23,6 +23,7 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
+from bench.common import progress
 from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPT
 
@@ -42,14 +43,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def trained_model(flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:
+def trained_model(name: str, flags: list[str], args: argparse.Namespace, out_dir: Path) -> GPT:
     """--iters iterations of train.py with these flags (a child process); the model it checkpointed."""
     schedule = {"max_iters": args.iters, "eval_interval": args.iters, "eval_iters": 10}
     schedule["log_interval"] = max(1, args.iters // 3)
-    proc = common.train([CONFIG, *flags, *(f"--{k}={v}" for k, v in schedule.items())], args.data_dir, out_dir)
+    proc = common.train(name, [CONFIG, *flags, *(f"--{k}={v}" for k, v in schedule.items())], args.data_dir, out_dir)
     if proc.returncode != 0:
         raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
-    print("    " + "\n    ".join(line for line in proc.stdout.splitlines() if line.startswith("step ")), flush=True)
     return model_from_checkpoint(load_checkpoint(out_dir / "ckpt.pt"))
 
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     results_dir = Path(args.results_dir)
     base = common.cpu_config(*args.extra)  # the batches' shape: the configuration's
-    data = common.open_data(args.data_dir, base.block_size)
+    data = common.open_data(args.data_dir, common.DATASET, base.block_size)
     batches = common.fixed_batches(data, "train", base.batch_size, args.batches, seed=0)
     vocab_size = data.vocab_size
     data.close()
@@ -130,12 +130,10 @@ def main(argv: list[str] | None = None) -> None:
             flags = [*flags, *args.extra]
             commands[name] = " ".join(["python train.py", CONFIG, *flags])
             init = measure(common.new_model(common.cpu_config(*flags), vocab_size), batches)
-            spent = time.perf_counter() - t0
-            left = f", about {spent / i * (len(MODELS) - i):.0f} s left" if i else ""
             rms = f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"
-            line = f"[{i + 1}/{len(MODELS)}] {name}: at init {rms}; training {args.iters} iterations"
-            print(f"{line} ({spent:.0f} s so far{left})", flush=True)
-            trained = measure(trained_model(flags, args, Path(tmp) / str(i)), batches)
+            line = f"{name}: at init {rms}; training {args.iters} iterations"
+            print(f"{line} ({progress(i, len(MODELS), t0)})", flush=True)
+            trained = measure(trained_model(name, flags, args, Path(tmp) / str(i)), batches)
             results[name] = {"flags": flags, "init": init, "trained": trained}
     results_dir.mkdir(parents=True, exist_ok=True)
     plot(results, args, results_dir / "dyt_stall.png")

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = model.config
     train_cfg = ckpt.get("config") or {}
     data_dir = args.data_dir or train_cfg.get("data_dir")  # the checkpoint's dataset, unless --data_dir names another
-    data = common.open_data(data_dir, cfg.block_size, train_cfg.get("dataset", ""), "; or give --data_dir")
+    data = common.open_data(data_dir, train_cfg.get("dataset", ""), cfg.block_size, "; or give --data_dir")
     if ckpt.get("tokenizer") is not None and data.meta.get("tokenizer") != ckpt["tokenizer"]:
         raise SystemExit(f"error: {data.dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
     sizes = f"{cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}"

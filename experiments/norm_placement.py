@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """(a): {position: {"attn": [per block], "mlp": [per block]}}, each the mean over seeds and batches of the
     gradient norm over that sublayer's parameters."""
-    data = common.open_data(args.data_dir, args.block_size)
+    data = common.open_data(args.data_dir, common.DATASET, args.block_size)
     batches = common.fixed_batches(data, "train", args.batch_size, args.grad_batches, args.seed)
     data.close()
     out = {}
@@ -92,12 +92,9 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
             flags = [*(f"--{k}={v}" for k, v in options.items()), "--dropout=0.0"]
             print(f"(b) {name}: train.py {' '.join(flags)}", flush=True)
             t0 = time.perf_counter()
-            proc = common.train(flags, args.data_dir, out_dir)
+            proc = common.train(name, flags, args.data_dir, out_dir)
             wall_s = time.perf_counter() - t0
             lines = proc.stdout.splitlines()
-            for line in lines:
-                if line.startswith(("step ", "error")):
-                    print(f"    [{name}] {line}", flush=True)
             records = read_metrics(out_dir / "metrics.jsonl")
             summary = next((r for r in records if r["kind"] == "summary"), None)
             runs[name] = {
