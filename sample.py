@@ -7,9 +7,8 @@
 
 The checkpoint's tokenizer (a nanoGPT checkpoint's: nanogpt.tokenizer_meta) turns text into tokens; `--norm` runs
 the same weights with another LayerNorm (checkpoint.model_from_checkpoint refuses the others). Each sample streams:
-the prompt, the text of each token as soon as it is whole (GPT.stream), then a line of dashes. Greedy decoding
-(--temperature=0) gives nanoGPT's --top_k=1 text; past block_size tokens in all, --no_kv_cache slides the window as
-nanoGPT does (model.py). Errors are one line, "error: ...", exit status 1.
+the prompt, the text of each token as soon as it is whole (GPT.stream), then a line of dashes. Greedy decoding and
+--no_kv_cache past block_size: README.md. Errors are one line, "error: ...", exit status 1.
 """
 
 from __future__ import annotations

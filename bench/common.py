@@ -201,7 +201,6 @@ def machine_info() -> dict[str, Any]:
 
 
 def output_of(*cmd: str) -> str | None:
-    """What the command printed (stripped), or None if it printed nothing."""
     return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
 
 
