@@ -79,9 +79,10 @@ class Dist:
 
     def any(self, flags: list[bool]) -> list[bool]:
         """Each flag, true if it is true on any process (over the CPU group: no GPU sync)."""
+        if not self.enabled:  # asked at every iteration: one process builds no tensor
+            return [bool(v) for v in flags]
         t = torch.tensor(flags, dtype=torch.float32)
-        if self.enabled:
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.control)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.control)
         return [bool(v) for v in t.tolist()]
 
     def gather(self, obj: Any) -> list[Any] | None:
