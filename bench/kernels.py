@@ -136,7 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("--dtype", type=comma_list(DTYPES), help="comma list (default float32; on CUDA bfloat16,float32)")
     p.add_argument("--sizes", type=comma_list(), help=f"comma list of C (default {CPU_SIZES}; CUDA {CUDA_SIZES})")
-    p.add_argument("--rows", type=lambda v: comma_list()(v)[0], help="rows = B * T (default 16384; CUDA 32768)")
+    p.add_argument("--rows", type=comma_list(), help="comma list of rows = B * T (default 16384; CUDA 32768)")
     p.add_argument("--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those here)")
     p.add_argument("--reps", type=int, default=10, help="timed calls per measurement on the CPU (median)")
     p.add_argument("--overhead", action="store_true", help="the Python cost per call instead (bench/README.md)")
@@ -152,6 +152,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.impls = args.impls or [i for i in IMPLS if runs_here.get(i, True)]
     args.dtype = args.dtype or (["bfloat16", "float32"] if cuda else ["float32"])
     args.sizes = args.sizes or comma_list()(CUDA_SIZES if cuda else CPU_SIZES)
+    args.rows = args.rows or [32768 if cuda else 16384]
     if "triton" in args.impls and not (cuda or interpreter or args.overhead):
         p.error("triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1 set (slow): leave it out of --impls")
     return args
@@ -167,9 +168,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(table)
         return result
     result = {"device": args.device, "malloc": "steady" if STEADY else "system default", "results": []}
-    rows = args.rows or (32768 if args.device.startswith("cuda") else 16384)
+    shapes = [(rows, C) for rows in args.rows for C in args.sizes]
     for dtype in args.dtype:
-        for C in args.sizes:
+        for rows, C in shapes:
             result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, args.reps)
             table = kernels_table(result["results"])
             print("\n".join(table.splitlines()[-len(args.impls) :]), flush=True)

@@ -14,15 +14,15 @@ from helpers import needs_triton, python
 
 def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
     out = tmp_path / "k.json"
-    argv = "--device cpu --rows 16 --sizes 24,40 --impls custom,builtin,naive --reps 1 --out".split()
+    argv = "--device cpu --rows 16,8 --sizes 24,40 --impls custom,builtin,naive --reps 1 --out".split()
     result = kernels.main([*argv, str(out)])
     saved = json.loads(out.read_text())
-    assert [(r["impl"], r["C"]) for r in saved["results"]] == [
-        (i, c) for c in (24, 40) for i in ("custom", "builtin", "naive")
+    assert [(r["impl"], r["rows"], r["C"]) for r in saved["results"]] == [
+        (i, n, c) for n in (16, 8) for c in (24, 40) for i in ("custom", "builtin", "naive")
     ]
     for r in result["results"]:  # the same function: within float32 rounding of the built-in
         assert r["max_abs_err_vs_builtin"] < 1e-5 and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0
-        assert r["fwd_gbps"] == pytest.approx(2 * 16 * r["C"] * 4 / (r["fwd_ms"] / 1e3) / 1e9)  # 2 passes of float32
+        assert r["fwd_gbps"] == pytest.approx(2 * r["rows"] * r["C"] * 4 / (r["fwd_ms"] / 1e3) / 1e9)  # 2 passes of float32
     assert "| custom | [16, 24] | float32 |" in out.with_suffix(".md").read_text()
 
 
