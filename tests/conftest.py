@@ -73,13 +73,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[
 @pytest.fixture
 def triton_compiled_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a Python started without TRITON_INTERPRET: the Triton kernels (where triton imports) defined for a GPU,
-    unable to take CPU tensors."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    unable to take CPU tensors. Imported first, so that a first import here still defines them for the interpreter
+    that the tests after this one use."""
     try:
         import layernorm_triton
     except ImportError:  # no triton here (macOS, Windows): the Triton norm cannot run at all
-        return
-    monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
+        layernorm_triton = None
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if layernorm_triton is not None:
+        monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
 
 
 @pytest.fixture
