@@ -22,7 +22,8 @@ def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
     ]
     for r in result["results"]:  # the same function: within float32 rounding of the built-in
         assert r["max_abs_err_vs_builtin"] < 1e-5 and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0
-        assert r["fwd_gbps"] == pytest.approx(2 * r["rows"] * r["C"] * 4 / (r["fwd_ms"] / 1e3) / 1e9)  # 2 passes of float32
+        two_passes = 2 * r["rows"] * r["C"] * 4  # bytes: float32 read once and written once
+        assert r["fwd_gbps"] == pytest.approx(two_passes / (r["fwd_ms"] / 1e3) / 1e9)
     assert "| custom | [16, 24] | float32 |" in out.with_suffix(".md").read_text()
 
 
