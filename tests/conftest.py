@@ -2,7 +2,8 @@
 
 Triton kernels run on the CPU through Triton's interpreter when no CUDA device is present. The interpreter must be
 switched on before anything imports triton, so it is set here, before the tests import the project, and only where
-triton can be imported (it ships for Linux only): elsewhere every Triton test is skipped, saying why.
+triton can be imported (it ships for Linux only): elsewhere every Triton test is skipped, saying why. torch is
+imported only in a process that runs tests: pytest-xdist's controller runs none, and starts its workers sooner.
 """
 
 import importlib.util
@@ -12,15 +13,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "data" / "shakespeare_char" / "input.txt"  # where the Quickstart's prepare step puts it
 
-# before triton is imported (importing torch does not): triton.jit reads it
-if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ and importlib.util.find_spec("triton"):
-    os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(ROOT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """TRITON_INTERPRET=1 where there is no GPU, before the tests import triton (triton.jit reads it then)."""
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        return  # xdist's controller: its workers run the tests and decide for themselves
+    import torch
+
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ and importlib.util.find_spec("triton"):
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +60,8 @@ def one_thread() -> Iterator[None]:
     """Tests use tiny tensors: one torch thread is as fast, and far faster when other work shares the cores (idle
     OpenMP threads spin-wait). For the whole session, so that module- and session-scoped fixtures run with it too;
     the processes the tests start get OMP_NUM_THREADS=1 (helpers.subprocess_env)."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -87,5 +96,7 @@ def triton_compiled_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def cuda_rng_is_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.cuda's generator state calls answered by the CPU's generator, which dropout draws from on the CPU."""
+    import torch
+
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
