@@ -141,12 +141,12 @@ def comma_list(choices: Sequence[str] | None = None) -> Callable[[str], list]:
     """An argparse type: 'a,b' -> ['a', 'b'], each one of choices; without choices, positive integers."""
 
     def parse(text: str) -> list:
-        items = [v for v in text.split(",") if v] if choices else [int(v) for v in text.split(",")]
-        bad = [v for v in items if (v not in choices if choices else v < 1)]
+        items = [v for v in text.split(",") if v] if choices else text.split(",")
+        bad = [v for v in items if (v not in choices if choices else not (v.isdigit() and int(v) >= 1))]
         if bad:
             what = f"one of {', '.join(choices)}" if choices else "a positive integer"
             raise argparse.ArgumentTypeError(f"{bad[0]!r} is not {what}")
-        return items
+        return items if choices else [int(v) for v in items]
 
     return parse
 
