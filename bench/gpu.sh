@@ -8,13 +8,14 @@
 # run only those steps (the others: not selected).
 set -u
 cd "$(dirname "$0")/.." || exit 1
+fail() { echo "bench/gpu.sh: $1" >&2 && exit 2; }
 DRY=0 INPUT=${TINY_SHAKESPEARE:-data/shakespeare_char/input.txt} NANOGPT=${NANOGPT:-} OUT_DIR=${OUT:-bench/results/gpu}
 while (($#)); do
     case $1 in
         --dry-run) DRY=1 ;;
         --input) INPUT=$2 && shift ;;
         --nanogpt) NANOGPT=$2 && shift ;;
-        -*) echo "bench/gpu.sh: unknown option '$1'; options: --dry-run, --input PATH, --nanogpt PATH" >&2 && exit 2 ;;
+        -*) fail "unknown option '$1'; options: --dry-run, --input PATH, --nanogpt PATH" ;;
         *) OUT_DIR=$1 ;;
     esac
     shift
@@ -29,7 +30,6 @@ share() {  # share NAME: its seconds of BUDGET
         [[ ${item%%:*} == "$1" ]] && echo $((${item#*:} * BUDGET / 420)) && return
     done
 }
-fail() { echo "bench/gpu.sh: $1" >&2 && exit 2; }
 [[ -s $INPUT ]] || fail "no Tiny Shakespeare at '$INPUT': give its path with --input PATH (or TINY_SHAKESPEARE)"
 [[ -z $NANOGPT || -f $NANOGPT/train.py ]] || fail "--nanogpt '$NANOGPT' is not a nanoGPT checkout (no train.py)"
 mkdir -p "$OUT_DIR" 2>/dev/null && [[ -w $OUT_DIR ]] || fail "output folder '$OUT_DIR' is not writable"

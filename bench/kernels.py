@@ -6,6 +6,7 @@ The implementations, the commands, how each figure is timed and what GB/s counts
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from collections.abc import Callable
@@ -85,8 +86,7 @@ def kernels_table(rows: list[dict]) -> str:
     for r in rows:
         shape = (r["rows"], r["C"], r["dtype"])
         vs_builtin = fmt(r["fwd_bwd_ms"] / builtin[shape], ".2f") + "x" if shape in builtin else "n/a"
-        fwd = f"{r['fwd_gbps']:.1f} ({100 * r['fwd_gbps'] / r['copy_gbps']:.0f}%)"
-        fwd_bwd = f"{r['fwd_bwd_gbps']:.1f} ({100 * r['fwd_bwd_gbps'] / r['copy_gbps']:.0f}%)"
+        fwd, fwd_bwd = (f"{r[k]:.1f} ({100 * r[k] / r['copy_gbps']:.0f}%)" for k in ("fwd_gbps", "fwd_bwd_gbps"))
         times = [fmt(r[k], ".3f") for k in ("fwd_ms", "fwd_bwd_ms", "bwd_ms")]
         cells.append([r["impl"], f"[{r['rows']}, {r['C']}]", r["dtype"], times[0], fwd, times[1], fwd_bwd, times[2]])
         cells[-1] += [vs_builtin, fmt(r["copy_gbps"], ".1f"), f"{r['max_abs_err_vs_builtin']:.1e}"]
@@ -168,13 +168,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(table)
         return result
     result = {"device": args.device, "malloc": "steady" if STEADY else "system default", "results": []}
-    shapes = [(rows, C) for rows in args.rows for C in args.sizes]
-    for dtype in args.dtype:
-        for rows, C in shapes:
-            result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, args.reps)
-            table = kernels_table(result["results"])
-            print("\n".join(table.splitlines()[-len(args.impls) :]), flush=True)
-            write_results(args, "bench.kernels", result, table)  # after every shape: a run cut short keeps them
+    for dtype, rows, C in itertools.product(args.dtype, args.rows, args.sizes):
+        result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, args.reps)
+        table = kernels_table(result["results"])
+        print("\n".join(table.splitlines()[-len(args.impls) :]), flush=True)
+        write_results(args, "bench.kernels", result, table)  # after every shape: a run cut short keeps them
     return result
 
 

@@ -27,8 +27,7 @@ def plot(result: dict, out: Path) -> None:
             ax.plot(range(len(steps)), [max(d, ZERO) for d in steps], style, label=label)
         ax.set(yscale="log", ylim=(ZERO / 3, 100), title=WORLDS[world], xlabel="decoding step")
         ax.grid(True, which="major", alpha=0.3)
-    ticks = [ZERO, 1e-6, 1e-3, 1, 100]
-    axes[0][0].set_yticks(ticks, ["0", "1e-6", "1e-3", "1", "100"])
+    axes[0][0].set_yticks([ZERO, 1e-6, 1e-3, 1, 100], ["0", "1e-6", "1e-3", "1", "100"])
     axes[0][0].set_ylabel("max |logit difference|, alone vs in a batch")
     axes[0][-1].legend(fontsize=8, loc="center right")
     m = result["model"]

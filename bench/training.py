@@ -28,6 +28,7 @@ MODES = {
     "compile": ["--compile=True", "--compile_mode=default"],
     "reduce-overhead": ["--compile=True", "--compile_mode=reduce-overhead"],
 }
+Side = tuple[str, str] | None  # one side of the comparison: ours as (norm, mode), or nanoGPT's (None)
 # What decides the work of a step, and the schedule: nanoGPT gets each of these explicitly (its defaults differ).
 NANOGPT_KEYS = tuple(
     "batch_size block_size n_layer n_head n_embd dropout bias gradient_accumulation_steps learning_rate weight_decay"
@@ -68,15 +69,13 @@ def schedule(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
     return {"max_iters": max_iters, "eval_interval": max_iters, "eval_iters": args.eval_iters, "log_interval": 1}
 
 
-def commands(
-    side: tuple[str, str] | None, cfg: TrainConfig, sched: dict, out_dir: Path, device: str, args: argparse.Namespace
-) -> tuple[list[str], Path]:
+def commands(side: Side, cfg: TrainConfig, out_dir: Path, args: argparse.Namespace) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None)."""
     timing = {} if args.whole else {"always_save_checkpoint": False}  # no checkpoint beyond the best one
-    both = {**sched, "out_dir": out_dir, "device": device, **timing}
+    both = {**schedule(args, cfg), "out_dir": out_dir, "device": args.device, **timing}
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **both}
-        if device != "cuda":
+        if args.device != "cuda":
             values.update(compile=False, dtype="float32")  # on CUDA its own defaults: compile on, bfloat16
         flags = [f"--{k}={v}" for k, v in values.items()]
         return [sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], Path(args.nanogpt)
@@ -96,9 +95,7 @@ def to_target(steps: list[tuple[int, float]], evals: list[dict[str, Any]], targe
     return sum(ms * (it - prev) for (it, ms), prev in zip(steps, previous, strict=False) if it <= hit) / 1000
 
 
-def measure(
-    side: tuple[str, str] | None, child: Child, out_dir: Path, cfg: TrainConfig, warmup: int, target: float | None
-) -> dict[str, Any]:
+def measure(side: Side, child: Child, out_dir: Path, cfg: TrainConfig, args: argparse.Namespace) -> dict[str, Any]:
     """One run's figures: ours from its metrics.jsonl, nanoGPT's from its log lines."""
     summary = {}
     if side is None:
@@ -106,7 +103,7 @@ def measure(
         matches = [m for m in map(NANOGPT_EVAL.match, child.lines) if m]
         evals = [{"iter": int(m[1]), "train_loss": float(m[2]), "val_loss": float(m[3])} for m in matches]
         eval_iters = {e["iter"] for e in evals if e["iter"] > 0}
-        timed = [ms for it, ms in logged.items() if it >= warmup and it not in eval_iters]
+        timed = [ms for it, ms in logged.items() if it >= args.warmup and it not in eval_iters]
         typical = median(timed) or 0.0  # an eval iteration's step, at the median
         steps = [(it, typical if it in eval_iters else ms) for it, ms in sorted(logged.items())]
         tok_s = [cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps / ms * 1000 for ms in timed]
@@ -115,7 +112,7 @@ def measure(
         train = [r for r in records if r["kind"] == "train"]
         evals = [{k: r[k] for k in ("iter", "train_loss", "val_loss")} for r in records if r["kind"] == "eval"]
         summary = next((r for r in records if r["kind"] == "summary"), {})
-        kept = [r for r in train[1:] if r["iter"] >= warmup]  # the first window holds the start-up
+        kept = [r for r in train[1:] if r["iter"] >= args.warmup]  # the first window holds the start-up
         timed = [r["ms_per_iter"] for r in kept]
         tok_s = [r["tokens_per_s"] for r in kept]
         steps = [(r["iter"], r["ms_per_iter"]) for r in train]
@@ -126,7 +123,8 @@ def measure(
     run |= {"wall_s": child.wall_s, "cuda_peak_bytes": summary.get("peak_memory_bytes") if cuda else None}
     val = [e["val_loss"] for e in evals]
     run |= {"evals": evals, "best_val_loss": min(val, default=None), "final_val_loss": val[-1] if val else None}
-    return run | {"train_s_to_target": to_target(steps, evals, target), "tail": [] if child.ok else child.lines[-5:]}
+    run |= {"train_s_to_target": to_target(steps, evals, args.target_val)}
+    return run | {"tail": [] if child.ok else child.lines[-5:]}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -202,10 +200,10 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_training_", ignore_cleanup_errors=True) as work:
         for done, (rep, name, side) in enumerate(plan):
             out_dir = Path(work, f"{name.replace(' ', '_')}_{rep}")
-            cmd, cwd = commands(side, cfg, sched, out_dir, args.device, args)
+            cmd, cwd = commands(side, cfg, out_dir, args)
             print(f"== {name}, repeat {rep + 1}/{args.repeats}: {' '.join(cmd[1:])}", flush=True)
             child = common.run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
-            run = measure(side, child, out_dir, cfg, args.warmup, args.target_val)
+            run = measure(side, child, out_dir, cfg, args)
             result["runs"][name].append(run)
             result["sides"][name] = summarise(result["runs"][name])
             failed = "" if run["ok"] else ", FAILED: " + " | ".join(run["tail"])

@@ -106,8 +106,8 @@ def test_whole_runs_each_config_as_its_command_does(bench_files, tmp_path):
         )
         cfg = common.train_config(args.config, args.set)
         sched = training.schedule(args, cfg)
-        ours, _ = training.commands(("builtin", "eager"), cfg, sched, tmp_path, "cpu", args)
-        nano, _ = training.commands(None, cfg, sched, tmp_path, "cpu", args)
+        ours, _ = training.commands(("builtin", "eager"), cfg, tmp_path, args)
+        nano, _ = training.commands(None, cfg, tmp_path, args)
         assert (sched["max_iters"], sched["eval_interval"]) == ((6, 3) if whole else (210, 210))
         assert ("--sample_at_end=False" in ours) != whole
         assert ("--always_save_checkpoint=False" in ours) != whole
@@ -127,7 +127,7 @@ def test_measure_takes_our_figures_from_metrics_jsonl(bench_files, tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tr')
     child = common.Child(0, [], 1.0, 2**20, False)
     cfg = common.train_config(bench_files["config"], [])
-    run = training.measure(("builtin", "eager"), child, tmp_path, cfg, warmup=3, target=3.0)
+    run = training.measure(("builtin", "eager"), child, tmp_path, cfg, SimpleNamespace(warmup=3, target_val=3.0))
     assert run["ok"] and run["steps_timed"] == 3 and run["ms_per_iter"] == 70.0  # iters 4, 6, 8; not 0 nor 2
     assert run["best_val_loss"] == 2.5
     assert run["train_s_to_target"] == pytest.approx((10 + 2 * (30 + 50 + 70 + 90)) / 1000)
