@@ -73,9 +73,8 @@ def read_meta(path: Path) -> dict[str, Any]:
     itos = meta.get("itos") if isinstance(meta, dict) else None
     if not isinstance(itos, dict) or itos.keys() != set(range(len(itos))):
         raise MetaError(f"{path} has no 'itos' dict of token ids 0..n-1: it is not a character vocabulary")
-    chars = [itos[i] for i in range(len(itos))]
     try:
-        tokenizer = CharTokenizer(chars)  # single characters, no duplicates
+        tokenizer = CharTokenizer([itos[i] for i in range(len(itos))])  # single characters, no duplicates
     except ValueError as e:
         raise MetaError(f"{path}: {e}") from None
     if meta.get("stoi", tokenizer.stoi) != tokenizer.stoi:

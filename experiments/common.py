@@ -73,10 +73,11 @@ def train(label: str, flags: list[str], data_dir: str, out_dir: Path) -> subproc
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 120) -> None:
-    """fig, with a faint grid on every plot, as a PNG at path, then closed."""
+    """fig, with a faint grid on every plot, as a PNG at path (its folder made), then closed."""
     for ax in fig.axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
 

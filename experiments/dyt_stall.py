@@ -121,23 +121,20 @@ def main(argv: list[str] | None = None) -> None:
     base = common.cpu_config(*args.extra)  # the batches' shape: the configuration's
     data = common.open_data(args.data_dir, common.DATASET, base.block_size)
     batches = common.fixed_batches(data, "train", base.batch_size, args.batches, seed=0)
-    vocab_size = data.vocab_size
     data.close()
     results = {}
-    commands = {}
     with tempfile.TemporaryDirectory(prefix="dyt_stall-") as tmp:
         for i, (name, flags) in enumerate(MODELS.items()):
             flags = [*flags, *args.extra]
-            commands[name] = " ".join(["python train.py", CONFIG, *flags])
-            init = measure(common.new_model(common.cpu_config(*flags), vocab_size), batches)
+            init = measure(common.new_model(common.cpu_config(*flags), data.vocab_size), batches)
             rms = f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"
             line = f"{name}: at init {rms}; training {args.iters} iterations"
             print(f"{line} ({progress(i, len(MODELS), t0)})", flush=True)
             trained = measure(trained_model(name, flags, args, Path(tmp) / str(i)), batches)
             results[name] = {"flags": flags, "init": init, "trained": trained}
-    results_dir.mkdir(parents=True, exist_ok=True)
     plot(results, args, results_dir / "dyt_stall.png")
     run_time = time.perf_counter() - t0
+    commands = {name: " ".join(["python train.py", CONFIG, *r["flags"]]) for name, r in results.items()}
     record = {"train_commands": commands, "iters": args.iters, "batches": args.batches}
     record |= {"run_time_s": round(run_time, 1), "results": results}
     common.write_json(results_dir / "dyt_stall.json", argv, record)

@@ -99,7 +99,6 @@ def main(argv: list[str] | None = None) -> None:
         "params": {name: {pn: stats(pv) for pn, pv in m.named_parameters()} for name, m in norms.items()},
     }
     out = Path(args.results_dir)
-    out.mkdir(parents=True, exist_ok=True)
     plot(result, norms, out / "inside_norms.png")
     result["run_time_s"] = round(time.perf_counter() - t0, 2)
     common.write_json(out / "inside_norms.json", argv, result)

@@ -79,17 +79,15 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
 def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
     """(b): four train.py runs; {name: {"command", "warmup_iters", "norm_position", "evals", "train", "summary",
     "diverged", "returncode", "wall_s"}}."""
+    same = {k: getattr(args, k) for k in [*SHARED, "learning_rate", "max_iters", "eval_interval", "eval_iters"]}
+    same |= {"n_layer": args.train_n_layer, "min_lr": args.learning_rate / 10, "lr_decay_iters": args.max_iters}
+    same |= {"log_interval": max(1, args.eval_interval // 4), "dropout": 0.0}
     runs = {}
     for position in POSITIONS:
         for warmup in (args.warmup_iters, 0):
             name = f"{position}, {'warmup ' + str(warmup) if warmup else 'no warmup'}"
             out_dir = tmp / f"{position}-warmup{warmup}"
-            options = {**{k: getattr(args, k) for k in SHARED}, "n_layer": args.train_n_layer}
-            options |= {"learning_rate": args.learning_rate, "min_lr": args.learning_rate / 10}
-            options |= {"max_iters": args.max_iters, "lr_decay_iters": args.max_iters, "warmup_iters": warmup}
-            options |= {"eval_interval": args.eval_interval, "eval_iters": args.eval_iters}
-            options |= {"log_interval": max(1, args.eval_interval // 4), "norm_position": position}
-            flags = [*(f"--{k}={v}" for k, v in options.items()), "--dropout=0.0"]
+            flags = [f"--{k}={v}" for k, v in {**same, "warmup_iters": warmup, "norm_position": position}.items()]
             print(f"(b) {name}: train.py {' '.join(flags)}", flush=True)
             t0 = time.perf_counter()
             proc = common.train(name, flags, args.data_dir, out_dir)
@@ -162,9 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     plot(args, grads, runs, results)
     run_time = time.perf_counter() - t0
     ratios = {p: {part: g[-1] / g[0] for part, g in grads[p].items()} for p in POSITIONS}
-    final = {
-        name: None if r["diverged"] or not r["summary"] else r["summary"]["final_val_loss"] for name, r in runs.items()
-    }
+    final = {name: None if r["diverged"] else r["summary"]["final_val_loss"] for name, r in runs.items()}
     record = {"args": vars(args), "run_time_s": run_time, "grad_norms_at_init": grads}
     record |= {"grad_norm_ratio_last_over_first": ratios, "final_val_loss": final, "runs": runs}
     common.write_json(results / "norm_placement.json", argv, record)
