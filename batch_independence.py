@@ -101,10 +101,7 @@ def base_weights(args: Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], s
         torch.manual_seed(args.seed)
         return config, GPT(config).state_dict(), f"random init (seed {args.seed}), the same weights in every row"
     path = checkpoint_path(args.out_dir, args.ckpt)
-    try:
-        ckpt = load_checkpoint(path)
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
+    ckpt = load_checkpoint(path)  # a CheckpointError says what is wrong with it
     config = GPTConfig.from_options(ckpt["model_args"])
     owner = "nanoGPT's checkpoint" if ckpt["format"] == NANOGPT_FORMAT else "checkpoint"
     source = f"{owner} {path} (trained with norm={config.norm}), loaded into every row's model with strict=False"
@@ -231,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, state, source = base_weights(args)
     except (DeviceError, ValueError) as e:  # a bad device, or a config file that is not a model (GPTConfig says why)
         raise SystemExit(f"error: --{'device' if isinstance(e, DeviceError) else 'config'}: {e}") from None
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}") from None
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 computed as float32
     torch.backends.cudnn.allow_tf32 = False
     notes = []  # from here on, args.prompt_len and args.new_tokens are what ran

@@ -138,10 +138,9 @@ def batch_invariant(
     if kernels not in KERNELS:
         raise ValueError(f"batch_invariant(kernels={kernels!r}): choose one of {', '.join(KERNELS)}")
     saved = F.linear, F.scaled_dot_product_attention
-    if enabled:
-        for name, fixed in zip(FIXES, (linear, attention), strict=True):
-            if fixed:
-                setattr(F, name, functools.partial(FIXES[name], kernels=kernels))
+    for name, fixed in zip(FIXES, (linear, attention), strict=True):
+        if enabled and fixed:
+            setattr(F, name, functools.partial(FIXES[name], kernels=kernels))
     try:
         yield
     finally:

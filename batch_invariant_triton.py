@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # fixed now, when the kernels below are defined
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # fixed now: linear_kernel reads it (a constexpr)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per dtype. Fixed, never tuned by shape: a tuner choosing by M would bring
 # back the dependence on the batch. BLOCK_M = 16, tl.dot's smallest, wastes least on decoding's 1-8 rows.
 LINEAR_TILES = {torch.float32: (16, 64, 32, 4), torch.bfloat16: (16, 64, 64, 4), torch.float16: (16, 64, 64, 4)}
@@ -60,8 +60,6 @@ def linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-    INTERPRETED: tl.constexpr,
 ):
     # 64-bit indices, so that index * stride cannot wrap past 2**31 elements (the LM head's M * N can reach it)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -79,12 +77,12 @@ def linear_kernel(
             mask=(ks[:, None] < K) & (cols[None, :] < N),
             other=0.0,
         )
-        if INTERPRETED:  # numpy runs the kernel. Its tl.dot is the host BLAS's matmul, which on some CPUs adds a
+        if INTERPRET:  # numpy runs the kernel. Its tl.dot is the host BLAS's matmul, which on some CPUs adds a
             # row's products in an order that depends on where the row sits in the tile: the products are summed
             # here instead, in one order for every row (and bfloat16, which numpy lacks, cast exactly to float32)
             acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
         else:
-            acc = tl.dot(x, w, acc, input_precision=PRECISION)
+            acc = tl.dot(x, w, acc, input_precision="ieee")  # float32 products, not TF32
     if HAS_BIAS:  # added once, after the whole sum: the same for every row
         acc += tl.load(Bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     tl.store(
@@ -102,17 +100,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(
             f"batch_invariant() linear takes {', '.join(map(str, LINEAR_TILES))} inputs of one dtype, got {got}"
         )
-    K = x.size(-1)
+    x2 = x.reshape(-1, x.size(-1))  # a view where it can be; strides are read as they are
+    M, K = x2.shape
     N = weight.size(0)
-    x2 = x.reshape(-1, K)  # a view where it can be; strides are read as they are
-    y = torch.empty(x2.size(0), N, dtype=x.dtype, device=x.device)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     block_m, block_n, block_k, warps = LINEAR_TILES[x.dtype]
     bias_arg = weight if bias is None else bias.contiguous()  # a placeholder pointer, never read without a bias
-    grid = (triton.cdiv(x2.size(0), block_m), triton.cdiv(N, block_n))
-    args = (x2, weight, bias_arg, y, x2.size(0), N, K, *x2.stride(), *weight.stride(), y.stride(0))
-    constexprs = (bias is not None, block_m, block_n, block_k, "ieee", INTERPRET)  # ieee: float32 products, not TF32
-    if x2.size(0):
-        launch(linear_kernel, grid, (*args, *constexprs), num_warps=warps)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    args = (x2, weight, bias_arg, y, M, N, K, *x2.stride(), *weight.stride(), y.stride(0))
+    if M:
+        launch(linear_kernel, grid, (*args, bias is not None, block_m, block_n, block_k), num_warps=warps)
     return y.view(*x.shape[:-1], N)
 
 

@@ -79,14 +79,13 @@ def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | Ti
 
 def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
     """Never sample ids the tokenizer can't decode: a model's vocabulary may be padded past the tokenizer's."""
-    if model.config.vocab_size <= vocab_size:  # nothing to mask: no hook on every decoding step
-        return
 
     def mask(_module: torch.nn.Module, _inputs: tuple, logits: torch.Tensor) -> torch.Tensor:
         logits[..., vocab_size:] = float("-inf")
         return logits
 
-    model.lm_head.register_forward_hook(mask)
+    if model.config.vocab_size > vocab_size:  # else nothing to mask: no hook on every decoding step
+        model.lm_head.register_forward_hook(mask)
 
 
 def main(argv: Sequence[str] | None = None) -> list[str]:
