@@ -79,15 +79,17 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
 def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
     """(b): four train.py runs; {name: {"command", "warmup_iters", "norm_position", "evals", "train", "summary",
     "diverged", "returncode", "wall_s"}}."""
-    same = {k: getattr(args, k) for k in [*SHARED, "learning_rate", "max_iters", "eval_interval", "eval_iters"]}
-    same |= {"n_layer": args.train_n_layer, "min_lr": args.learning_rate / 10, "lr_decay_iters": args.max_iters}
-    same |= {"log_interval": max(1, args.eval_interval // 4), "dropout": 0.0}
     runs = {}
     for position in POSITIONS:
         for warmup in (args.warmup_iters, 0):
             name = f"{position}, {'warmup ' + str(warmup) if warmup else 'no warmup'}"
             out_dir = tmp / f"{position}-warmup{warmup}"
-            flags = [f"--{k}={v}" for k, v in {**same, "warmup_iters": warmup, "norm_position": position}.items()]
+            options = {**{k: getattr(args, k) for k in SHARED}, "n_layer": args.train_n_layer}
+            options |= {"learning_rate": args.learning_rate, "min_lr": args.learning_rate / 10}
+            options |= {"max_iters": args.max_iters, "lr_decay_iters": args.max_iters, "warmup_iters": warmup}
+            options |= {"eval_interval": args.eval_interval, "eval_iters": args.eval_iters}
+            options |= {"log_interval": max(1, args.eval_interval // 4), "norm_position": position}
+            flags = [*(f"--{k}={v}" for k, v in options.items()), "--dropout=0.0"]
             print(f"(b) {name}: train.py {' '.join(flags)}", flush=True)
             t0 = time.perf_counter()
             proc = common.train(name, flags, args.data_dir, out_dir)
