@@ -24,8 +24,8 @@ from torch import Tensor
 
 from batch_invariant import batch_invariant, refusal
 from checkpoint import CheckpointError, checkpoint_path, checkpoint_weights, load_checkpoint
-from device import DEVICE_HELP, DeviceError, TritonUnavailableError, autocast, resolve_device
-from layernorm import NORMS
+from device import DEVICE_HELP, DeviceError, autocast, resolve_device
+from layernorm import NORMS, TritonUnavailableError
 from model import GPT, GPTConfig
 from nanogpt import FORMAT as NANOGPT_FORMAT
 from options import read_config_file

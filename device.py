@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 
-from layernorm import LAYERNORMS
-
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what --device takes, everywhere
 
 
@@ -201,49 +199,3 @@ class StopRequest:
         self._time = time.monotonic()
         if self.dist.master:  # one process of several says so
             os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
-
-
-# ---- where the Triton norm can run (layernorm_triton.py is imported on first use: `import layernorm` never does) ----
-
-
-class TritonUnavailableError(RuntimeError):
-    """The Triton norm was chosen where Triton cannot run."""
-
-
-# the LayerNorms that compute what the Triton norm does, on every device: "'custom' or 'builtin'"
-OTHER_LAYERNORMS = " or ".join(repr(n) for n in LAYERNORMS if n != "triton")
-
-
-def check_triton_device(device: torch.device | str) -> None:
-    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
-    Scripts call it to refuse before loading a model; TritonLayerNorm calls it for an input not on a GPU."""
-    device = torch.device(device)
-    kernels = import_layernorm_triton()  # without triton, that is the cause on every device
-    # on the CPU, the mode the kernels were defined in decides (triton.jit fixes it when layernorm_triton is imported)
-    if device.type == "cuda" or (device.type == "cpu" and kernels.INTERPRET):
-        return
-    setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        setting = "'1', but only after this process had compiled the kernels for a GPU"
-    raise TritonUnavailableError(
-        f"norm 'triton' cannot run on device {device}: its kernels run on a CUDA GPU, or on the CPU only "
-        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
-        f"data to a CUDA device, or use a machine with a CUDA GPU, or run on the CPU (--device=cpu) with "
-        f"TRITON_INTERPRET=1 set in the environment before starting Python, through Triton's (slow) interpreter, "
-        f"or choose another norm such as {OTHER_LAYERNORMS}"
-    )
-
-
-def import_layernorm_triton() -> Any:
-    """layernorm_triton, imported on first use; TritonUnavailableError, saying what to do, without triton."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        raise TritonUnavailableError(
-            f"norm 'triton' needs the triton package, which cannot be imported here ({e}): triton ships for "
-            f"Linux only, not macOS or Windows. To fix: choose {OTHER_LAYERNORMS}, the same LayerNorm on every "
-            f"device, or run on Linux with triton installed (pip install triton)"
-        ) from None
-    import layernorm_triton
-
-    return layernorm_triton

@@ -19,6 +19,9 @@ tokens of the batch. `BatchNorm` below is the counter-example (statistics per fe
 the simplification (no mean subtraction, no shift) and `DyT` the question whether statistics are needed at all.
 """
 
+import os
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -214,14 +217,58 @@ class BuiltinLayerNorm(LayerNorm):
         return F.layer_norm(x.to(wide), (self.dim,), self.weight.to(wide), bias, self.eps).to(x.dtype)
 
 
+# ---- where the Triton norm can run (layernorm_triton.py is imported on first use: `import layernorm` never does) ----
+
+
+class TritonUnavailableError(RuntimeError):
+    """The Triton norm was chosen where Triton cannot run."""
+
+
+# the LayerNorms that compute what the Triton norm does, on every device: "'custom' or 'builtin'"
+OTHER_LAYERNORMS = " or ".join(repr(n) for n in LAYERNORMS if n != "triton")
+
+
+def check_triton_device(device: torch.device | str) -> None:
+    """The kernels run on a CUDA GPU, or on CPU tensors through the interpreter: anything else gets told why.
+    Scripts call it to refuse before loading a model; TritonLayerNorm calls it for an input not on a GPU."""
+    device = torch.device(device)
+    kernels = import_layernorm_triton()  # without triton, that is the cause on every device
+    # on the CPU, the mode the kernels were defined in decides (triton.jit fixes it when layernorm_triton is imported)
+    if device.type == "cuda" or (device.type == "cpu" and kernels.INTERPRET):
+        return
+    setting = repr(os.environ["TRITON_INTERPRET"]) if "TRITON_INTERPRET" in os.environ else "unset"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        setting = "'1', but only after this process had compiled the kernels for a GPU"
+    raise TritonUnavailableError(
+        f"norm 'triton' cannot run on device {device}: its kernels run on a CUDA GPU, or on the CPU only "
+        f"through Triton's interpreter (TRITON_INTERPRET=1; here it is {setting}). To fix: move the model and "
+        f"data to a CUDA device, or use a machine with a CUDA GPU, or run on the CPU (--device=cpu) with "
+        f"TRITON_INTERPRET=1 set in the environment before starting Python, through Triton's (slow) interpreter, "
+        f"or choose another norm such as {OTHER_LAYERNORMS}"
+    )
+
+
+def import_layernorm_triton() -> Any:
+    """layernorm_triton, imported on first use; TritonUnavailableError, saying what to do, without triton."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise TritonUnavailableError(
+            f"norm 'triton' needs the triton package, which cannot be imported here ({e}): triton ships for "
+            f"Linux only, not macOS or Windows. To fix: choose {OTHER_LAYERNORMS}, the same LayerNorm on every "
+            f"device, or run on Linux with triton installed (pip install triton)"
+        ) from None
+    import layernorm_triton
+
+    return layernorm_triton
+
+
 class TritonLayerNorm(LayerNorm):
-    """The two fused Triton kernels of layernorm_triton.py, imported when the first one is built (device.py says
-    where they can run: `import layernorm` never imports triton)."""
+    """The two fused Triton kernels of layernorm_triton.py, imported when the first one is built (check_triton_device
+    says where they can run: `import layernorm` never imports triton)."""
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__(dim, bias=bias, eps=eps)
-        from device import import_layernorm_triton
-
         kernels = import_layernorm_triton()
         self._layer_norm_triton = kernels.layer_norm_triton
         self._cpu_ok = kernels.INTERPRET
@@ -229,8 +276,6 @@ class TritonLayerNorm(LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         if not (x.is_cuda or (x.is_cpu and self._cpu_ok)):
-            from device import check_triton_device
-
             check_triton_device(x.device)  # raises, saying why and what to do
         return self._layer_norm_triton(x, self.weight, self.bias, self.eps, feeds_linear=self.feeds_linear)
 

@@ -24,8 +24,8 @@ import torch
 import nanogpt
 from checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
 from data.common import fail, read_text_file
-from device import DEVICE_HELP, DeviceError, autocast, check_triton_device, resolve_device, resolve_dtype
-from layernorm import NORMS
+from device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
+from layernorm import NORMS, check_triton_device
 from model import GPT
 from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 

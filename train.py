@@ -40,14 +40,13 @@ from device import (
     DeviceError,
     Dist,
     StopRequest,
-    TritonUnavailableError,
     autocast,
-    check_triton_device,
     dist_from_env,
     peak_memory,
     resolve_device,
     resolve_dtype,
 )
+from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 from options import ConfigError, TrainConfig, build_config, parse_args
 from step import get_lr, train_step

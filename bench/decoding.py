@@ -17,7 +17,7 @@ import options
 from batch_invariant import batch_invariant, refusal
 from bench.common import comma_list, fmt, markdown_table, median, parse, parser, progress, spread, timed, write_results
 from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from device import TritonUnavailableError, check_triton_device
+from layernorm import TritonUnavailableError, check_triton_device
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")

@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import FORMAT, save_checkpoint
-from device import TritonUnavailableError
-from layernorm import layer_norm, layer_norm_naive, make_norm
+from layernorm import TritonUnavailableError, layer_norm, layer_norm_naive, make_norm
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]

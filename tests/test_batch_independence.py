@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import batch_independence
-from device import TritonUnavailableError
 from helpers import ROOT, TRITON_SKIP, Run, save_model, tiny_model
+from layernorm import TritonUnavailableError
 from model import GPT
 
 SMALL = ["--device", "cpu", "--prompt_len", "6", "--new_tokens", "6"]  # on the CPU; a few steps are enough

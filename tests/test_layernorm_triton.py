@@ -1,13 +1,16 @@
 """The Triton LayerNorm beyond the shared tests: wide rows, determinism, torch.compile, and the errors that say
 why Triton cannot run; at sizes Triton's interpreter (conftest.py) runs quickly."""
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
 import layernorm
-from device import TritonUnavailableError, check_triton_device
 from helpers import (
     DEVICE,
+    ROOT,
     TRITON_SKIP,
     assert_matches_reference,
     forward_backward,
@@ -16,7 +19,7 @@ from helpers import (
     python,
     rel_err,
 )
-from layernorm import make_norm
+from layernorm import TritonUnavailableError, check_triton_device, make_norm
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
@@ -284,23 +287,33 @@ def test_torch_compile_traces_a_model_with_the_norm(norm):
 # ---- Where Triton cannot run, the error says why and what to do ----
 
 
-@pytest.mark.slow  # a fresh interpreter
-def test_lazy_import_and_cpu_input_without_the_interpreter():
-    """A fresh Python without TRITON_INTERPRET: `import layernorm` does not import triton; the triton module
-    builds (triton imports), and a CPU input is refused with the reason and the fixes."""
-    code = (
-        "import sys, torch, device, layernorm\n"
-        "layernorm.make_norm('custom', 8)(torch.randn(2, 8)).sum().backward()\n"
-        "assert 'triton' not in sys.modules, 'importing layernorm imported triton'\n"
-        "m = layernorm.make_norm('triton', 8)\n"
-        "try:\n"
-        "    m(torch.randn(2, 8))\n"
-        "except device.TritonUnavailableError as e:\n"
-        "    print(e)\n"
-    )
-    proc = python("-c", code, timeout=300, drop=("TRITON_INTERPRET",))
-    out = proc.stdout
+COPIED_OUT = """
+import sys, torch, layernorm
+assert 'triton' not in sys.modules, 'importing layernorm imported triton'
+for name in (*layernorm.NORMS, layernorm.NO_NORM):
+    norm = layernorm.make_norm(name, 768)
+    x = torch.randn(2, 3, 768, requires_grad=True)
+    norm(x).square().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all(), name
+    print(name, 'ok')
+"""
+
+
+@pytest.mark.slow  # two fresh interpreters
+def test_the_two_files_work_copied_into_an_empty_folder(tmp_path: Path):
+    """The README's promise to an engineer: layernorm.py alone needs only torch, and with layernorm_triton.py beside
+    it every norm make_norm knows builds, runs forward and backward, in a folder holding those two files alone.
+    Without TRITON_INTERPRET, a CPU input to the Triton norm is refused with the reason and the fixes."""
+    for name in ("layernorm.py", "layernorm_triton.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    proc = python("-c", COPIED_OUT, cwd=tmp_path, timeout=300, drop=("PYTHONPATH",), TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [w for n in (*layernorm.NORMS, layernorm.NO_NORM) for w in (n, "ok")]
+    refused = "import torch, layernorm\ntry:\n    layernorm.make_norm('triton', 8)(torch.randn(2, 8))\n"
+    refused += "except layernorm.TritonUnavailableError as e:\n    print(e)\n"
+    proc = python("-c", refused, cwd=tmp_path, timeout=300, drop=("PYTHONPATH", "TRITON_INTERPRET"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
     assert "device cpu" in out and "CUDA" in out and "TRITON_INTERPRET=1" in out and "'builtin'" in out, out
     assert "here it is unset" in out
 

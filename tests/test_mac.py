@@ -18,8 +18,9 @@ import train
 from bench import common, decoding
 from checkpoint import load_checkpoint
 from data.common import run_prepare
-from device import TritonUnavailableError, check_triton_device, peak_memory
+from device import peak_memory
 from helpers import ROOT, TRITON_SKIP, assert_one_line_error, tiny_args, train_cli
+from layernorm import TritonUnavailableError, check_triton_device
 from tokenizer import CharTokenizer
 
 CERT_ERROR = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate"
