@@ -8,8 +8,8 @@
     python batch_independence.py --device=cuda --dtype=bfloat16  # on a GPU, under bfloat16 autocast
 
 Every row runs with PyTorch's kernels, where it passes when every difference is within the dtype's tolerance
-(relative to the largest value compared) and the greedy tokens agree, and in batch_invariant.py's mode, where every
-difference must be 0. TF32 is off. Exit 1 when a --require row fails.
+(relative to the largest value compared) and the greedy tokens agree, and in machinery/batch_invariant.py's mode,
+where every difference must be 0. TF32 is off. Exit 1 when a --require row fails.
 """
 
 import argparse
@@ -22,13 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from batch_invariant import batch_invariant, refusal
-from checkpoint import CheckpointError, checkpoint_path, checkpoint_weights, load_checkpoint
-from device import DEVICE_HELP, DeviceError, autocast, resolve_device
 from layernorm import NORMS, TritonUnavailableError
+from machinery.batch_invariant import batch_invariant, refusal
+from machinery.checkpoint import CheckpointError, checkpoint_path, checkpoint_weights, load_checkpoint
+from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device
+from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
+from machinery.options import read_config_file
 from model import GPT, GPTConfig
-from nanogpt import FORMAT as NANOGPT_FORMAT
-from options import read_config_file
 
 EVAL_ROW = "batchnorm-eval"
 STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
@@ -38,7 +38,10 @@ CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
 # A row passes with PyTorch's kernels when every difference is at most this times the largest |value| compared (the
 # logits, or the norm's output): some 80 float32 roundings, or 6 of bfloat16's (its 8 bits are 2**16 times coarser)
 TOLERANCE = {"float32": 1e-5, "bfloat16": 5e-2}
-WORLDS = {"rows": "With PyTorch's kernels:", "batch_invariant_rows": "In batch_invariant.py's mode (tolerance 0):"}
+WORLDS = {
+    "rows": "With PyTorch's kernels:",
+    "batch_invariant_rows": "In machinery/batch_invariant.py's mode (tolerance 0):",
+}
 SUFFIX = {"rows": "", "batch_invariant_rows": " (batch-invariant)"}  # after a row's name among errors and failures
 HEADER = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
 LEGEND = (
@@ -47,8 +50,8 @@ LEGEND = (
     "(3) norm alone: the final norm layer on x [B, T, C]: max |norm(x)[i] - norm(x[i:i+1])| over rows i.",
     "With PyTorch's kernels, the per-token rows' (1) and (2) (about 1e-6 in float32) are the matrix products' "
     "rounding: a product over 1 row, over 4, or over a cached prefix may add in another order; (3) isolates the norm.",
-    "The batch-invariant mode (batch_invariant.py) makes every matrix product and attention add in one fixed order "
-    "however the work is batched or cached: there every difference of a per-token row is 0.",
+    "The batch-invariant mode (machinery/batch_invariant.py) makes every matrix product and attention add in one "
+    "fixed order however the work is batched or cached: there every difference of a per-token row is 0.",
 )
 WHY_BATCHNORM_FAILS = (
     "batchnorm fails, in every table, because it normalizes each feature over every token of the batch: a token's "

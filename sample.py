@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-import nanogpt
-from checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
 from data.common import fail, read_text_file
-from device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
 from layernorm import NORMS, check_triton_device
+from machinery import nanogpt
+from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
+from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
+from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 from model import GPT
-from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
 SEPARATOR = "-" * 40
 

@@ -1,6 +1,6 @@
 """Train a GPT on a prepared dataset: one process, or several with torchrun.
 
-    python train.py [configs/NAME.json] [--key=value ...]        (--help lists the options: options.py)
+    python train.py [configs/NAME.json] [--key=value ...]        (--help lists the options: machinery/options.py)
     python train.py configs/shakespeare_char_cpu.json --norm=custom
     python train.py --init_from=resume --out_dir=DIR --max_iters=3000   (the checkpoint's options are the defaults)
     torchrun --standalone --nproc_per_node=2 train.py configs/shakespeare_char.json --gradient_accumulation_steps=2
@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoint
-import runlog
 from data.common import DataError, PreparedData
-from device import (
+from layernorm import TritonUnavailableError, check_triton_device
+from machinery import checkpoint, runlog
+from machinery.device import (
     DeviceError,
     Dist,
     StopRequest,
@@ -46,10 +46,9 @@ from device import (
     resolve_device,
     resolve_dtype,
 )
-from layernorm import TritonUnavailableError, check_triton_device
+from machinery.options import ConfigError, TrainConfig, build_config, parse_args
+from machinery.step import get_lr, train_step
 from model import GPT, GPTConfig
-from options import ConfigError, TrainConfig, build_config, parse_args
-from step import get_lr, train_step
 
 EVAL_SEED_OFFSET = 1_000_003  # the eval generator's seed is seed + this: a stream unrelated to the training one
 SAMPLE_TEMPERATURE = 0.8

@@ -43,7 +43,7 @@ class Child:
 def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = None, echo: str | None = None) -> Child:
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
     outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (bench/README.md)."""
-    from device import maxrss_bytes
+    from machinery.device import maxrss_bytes
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -69,7 +69,7 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
 
 def parser(description: str, config: bool = False) -> argparse.ArgumentParser:
     """The options every benchmark has (--device, --out) and, with config, train.py's (--config, --set)."""
-    from device import DEVICE_HELP
+    from machinery.device import DEVICE_HELP
 
     p = argparse.ArgumentParser(description=description.split("\n\n")[0])
     if config:
@@ -83,7 +83,7 @@ def parser(description: str, config: bool = False) -> argparse.ArgumentParser:
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """p's arguments, with args.argv (the command line, for write_results) and args.device resolved (a device that
     is not here is a one-line usage error)."""
-    from device import DeviceError, resolve_device
+    from machinery.device import DeviceError, resolve_device
 
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
@@ -96,8 +96,8 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
 
 def train_config(config: str, sets: Sequence[str], *flags: str) -> Any:
     """train.py's options (an options.TrainConfig) from a config file, KEY=VALUE items and --key=value flags on top,
-    typed and checked by options.py; one clear line (SystemExit) if something is wrong."""
-    import options
+    typed and checked by machinery/options.py; one clear line (SystemExit) if something is wrong."""
+    from machinery import options
 
     try:
         return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-import options
-from batch_invariant import batch_invariant, refusal
 from bench.common import comma_list, fmt, markdown_table, median, parse, parser, progress, spread, timed, write_results
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from layernorm import TritonUnavailableError, check_triton_device
+from machinery import options
+from machinery.batch_invariant import batch_invariant, refusal
+from machinery.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")

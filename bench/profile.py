@@ -15,11 +15,11 @@ from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as torch_profile
 
 from bench.common import fmt, markdown_table, median, open_data, parse, parser, timed, train_config, write_results
-from device import autocast, resolve_dtype
 from layernorm import Norm
+from machinery.device import autocast, resolve_dtype
+from machinery.options import TrainConfig
+from machinery.step import train_step
 from model import GPT, GPTConfig
-from options import TrainConfig
-from step import train_step
 
 STEPS = 10  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
 # An op goes to the first category its own name or a caller's (outermost first) matches; the clip's ops by name.

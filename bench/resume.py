@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import fmt, markdown_table, parse, parser, run_child, write_results
-from runlog import read_metrics
+from machinery.runlog import read_metrics
 
 ITERS = 4
 CUT = 2
@@ -24,7 +24,7 @@ def logged(out_dir: Path) -> dict[tuple[str, int], float]:
 
 def compare(straight: Path, resumed: Path, rtol: float) -> dict[str, Any]:
     """The two runs' logged losses side by side, their largest relative gap, the final weights' largest gap."""
-    from checkpoint import load_checkpoint
+    from machinery.checkpoint import load_checkpoint
 
     a = logged(straight)
     b = logged(resumed)

@@ -18,8 +18,8 @@ from typing import Any
 from bench import common
 from bench.common import Child, comma_list, fmt, markdown_table, median, spread
 from layernorm import NO_NORM, NORMS
-from options import TrainConfig
-from runlog import read_metrics
+from machinery.options import TrainConfig
+from machinery.runlog import read_metrics
 
 # train.py's flags for each mode; all but eager need CUDA.
 MODES = {

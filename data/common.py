@@ -108,8 +108,8 @@ def split_text(text: str, train_fraction: float = TRAIN_FRACTION) -> tuple[str, 
 def run_prepare(
     argv: Sequence[str] | None, *, description: str | None, script_file: str, make_tokenizer: Callable[[str], Any]
 ) -> None:
-    """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``: see tokenizer.py; a ValueError
-    or RuntimeError it raises is the message), 90/10 split, files."""
+    """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``: see machinery/tokenizer.py; a
+    ValueError or RuntimeError it raises is the message), 90/10 split, files."""
     script_dir = Path(script_file).resolve().parent
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, help="a UTF-8 text file (default: <out_dir>/input.txt, else downloaded)")
@@ -202,8 +202,8 @@ class PreparedData:
         return f"data {self.dir}: {tokens}, vocab {self.vocab_size}"
 
     def tokenizer(self) -> Any:
-        """The dataset's tokenizer (tokenizer.py, from meta.json); DataError if it cannot be built here."""
-        from tokenizer import tokenizer_from_meta  # only here: reading batches never needs tiktoken
+        """The dataset's tokenizer (machinery/tokenizer.py, from meta.json); DataError if it cannot be built here."""
+        from machinery.tokenizer import tokenizer_from_meta  # only here: reading batches never needs tiktoken
 
         try:
             return tokenizer_from_meta(self.meta["tokenizer"])

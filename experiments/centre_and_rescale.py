@@ -29,9 +29,9 @@ import torch
 from bench.common import markdown_table
 from data.common import PreparedData
 from layernorm import Norm
+from machinery.options import TrainConfig
+from machinery.step import get_lr, train_step
 from model import GPT
-from options import TrainConfig
-from step import get_lr, train_step
 
 ROWS = {  # name: (what it does, the registry norm it is built with)
     "layernorm": ("centre and rescale", "builtin"),

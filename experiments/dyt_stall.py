@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from bench.common import progress
-from checkpoint import load_checkpoint, model_from_checkpoint
+from machinery.checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPT
 
 CONFIG = common.CPU_CONFIG

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
+from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
 
 
 def stats(values: torch.Tensor) -> dict[str, float]:

@@ -22,8 +22,8 @@ import matplotlib.pyplot as plt
 import torch
 from torch.nn.utils import get_total_norm
 
+from machinery.runlog import read_metrics
 from model import GPT, GPTConfig
-from runlog import read_metrics
 
 POSITIONS = ("pre", "post")
 # The options both parts share, and their defaults (the model of (a); (b)'s models but for their depth).

@@ -25,8 +25,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import FORMAT, save_checkpoint
 from layernorm import TritonUnavailableError, layer_norm, layer_norm_naive, make_norm
+from machinery.checkpoint import FORMAT, save_checkpoint
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
-"""batch_invariant_triton.py, the mode's kernels for CUDA tensors, run through Triton's interpreter on CPU tensors
-(kernels="triton") where there is no GPU: a row's result does not depend on how many rows came, a query from the KV
-cache adds as inside the causal pass, the kernels compute the right functions, and a model decodes bit for bit the
-same alone, in a batch and uncached. (The interpreter shows the order of additions is fixed by the code; a GPU run
+"""machinery/batch_invariant_triton.py, the mode's kernels for CUDA tensors, run through Triton's interpreter on CPU
+tensors (kernels="triton") where there is no GPU: a row's result does not depend on how many rows came, a query from
+the KV cache adds as inside the causal pass, the kernels compute the right functions, and a model decodes bit for bit
+the same alone, in a batch and uncached. (The interpreter shows the order of additions is fixed by the code; a GPU run
 of this file shows the compiled kernels keep it.)"""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import batch_invariant as bi
 from helpers import needs_triton, tiny_model
+from machinery import batch_invariant as bi
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = needs_triton

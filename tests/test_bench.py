@@ -18,8 +18,8 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from bench import common, decoding, profile, resume, training
-from device import maxrss_bytes
 from helpers import MODEL_FLAGS, TINY, make_dataset, needs_triton, save_model, tiny_model
+from machinery.device import maxrss_bytes
 
 # A config file for the benchmarks: the tests' model, a short schedule.
 CONFIG = {

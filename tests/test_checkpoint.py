@@ -1,4 +1,4 @@
-"""checkpoint.py: atomic writes, and a clear CheckpointError for every way a checkpoint can be wrong."""
+"""machinery/checkpoint.py: atomic writes, and a clear CheckpointError for every way a checkpoint can be wrong."""
 
 import os
 import pickle
@@ -8,9 +8,9 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import checkpoint
-from checkpoint import FORMAT, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from helpers import TINY, save_with_payload, tiny_model
+from machinery import checkpoint
+from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 
 def _checkpoint(norm: str = "builtin") -> dict:

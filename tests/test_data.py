@@ -16,7 +16,7 @@ import torch
 
 from data.common import UINT16_IDS, PreparedData, split_text
 from helpers import NO_DOWNLOADS, ROOT, assert_one_line_error, python
-from tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
+from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
 CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
 BPE = ROOT / "data" / "shakespeare" / "prepare.py"
@@ -211,7 +211,8 @@ def test_tokenizer_from_meta_rejects_unknown_kind() -> None:
 
 
 def test_char_tokenizer_does_not_import_tiktoken() -> None:
-    code = "import sys, tokenizer; tokenizer.CharTokenizer.from_text('ab'); assert 'tiktoken' not in sys.modules"
+    code = "import sys\nfrom machinery import tokenizer\ntokenizer.CharTokenizer.from_text('ab')\n"
+    code += "assert 'tiktoken' not in sys.modules"
     proc = python("-c", code)
     assert proc.returncode == 0, proc.stderr
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from device import DeviceError, Dist, resolve_device
+from machinery.device import DeviceError, Dist, resolve_device
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,10 @@ import json
 import pytest
 import torch
 
-import checkpoint
-import options
 import train
-from device import Dist
 from helpers import TRITON_SKIP, python, tiny_args
+from machinery import checkpoint, options
+from machinery.device import Dist
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
@@ -133,7 +132,7 @@ RESULTS["shared memory"] = out
 # ---- The batch-invariant attention kernel: one compiled kernel for a full pass and for a cached step ----
 
 SPECIALIZATION = """\
-import batch_invariant_triton as bit
+from machinery import batch_invariant_triton as bit
 B, H, D, T = 2, 3, 12, 5  # head size 12 and 3C = 108: strides not multiples of 16
 kernel, calls = launches(bit, "attention_kernel")
 qkv = torch.randn(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # as model.py splits c_attn's output
@@ -148,7 +147,7 @@ bit.attention_kernel = kernel
 
 OFFSETS = """\
 import re
-import batch_invariant_triton as bit
+from machinery import batch_invariant_triton as bit
 calls_by_case = {
     "linear": ("linear_kernel", lambda: bit.linear(torch.randn(5, 40), torch.randn(24, 40), torch.randn(24))),
     "linear, x transposed": ("linear_kernel", lambda: bit.linear(torch.randn(40, 5).T, torch.randn(24, 40))),

@@ -14,10 +14,10 @@ import torch
 
 import train
 from helpers import TEXT, make_dataset, tiny_args
+from machinery.options import TrainConfig, build_config, parse_args
+from machinery.runlog import read_metrics
+from machinery.step import get_lr
 from model import GPT
-from options import TrainConfig, build_config, parse_args
-from runlog import read_metrics
-from step import get_lr
 
 # ---- the schedule ----
 

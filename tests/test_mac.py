@@ -16,12 +16,12 @@ import torch
 
 import train
 from bench import common, decoding
-from checkpoint import load_checkpoint
 from data.common import run_prepare
-from device import peak_memory
 from helpers import ROOT, TRITON_SKIP, assert_one_line_error, tiny_args, train_cli
 from layernorm import TritonUnavailableError, check_triton_device
-from tokenizer import CharTokenizer
+from machinery.checkpoint import load_checkpoint
+from machinery.device import peak_memory
+from machinery.tokenizer import CharTokenizer
 
 CERT_ERROR = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer certificate"
 

@@ -15,10 +15,8 @@ import pytest
 import torch
 
 import batch_independence
-import nanogpt
 import sample
 from bench import decoding
-from checkpoint import CheckpointError, load_checkpoint, load_resume_checkpoint
 from helpers import (
     CHARS,
     PAYLOADS,
@@ -31,8 +29,10 @@ from helpers import (
     write_meta,
 )
 from layernorm import LAYERNORMS
+from machinery import nanogpt
+from machinery.checkpoint import CheckpointError, load_checkpoint, load_resume_checkpoint
+from machinery.tokenizer import GPT2_ENCODING, TiktokenTokenizer
 from model import GPT
-from tokenizer import GPT2_ENCODING, TiktokenTokenizer
 
 BLOCK = 32  # nanogpt_model's
 CPU = ["--device", "cpu"]

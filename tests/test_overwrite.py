@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import train
-from checkpoint import CheckpointError, load_checkpoint
 from helpers import assert_one_line_error, tiny_args, train_cli
+from machinery.checkpoint import CheckpointError, load_checkpoint
 
 
 def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless_it_overwrites(

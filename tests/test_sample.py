@@ -21,8 +21,8 @@ from helpers import (
     sharpen_logits,
     tiny_model,
 )
+from machinery.tokenizer import TiktokenTokenizer
 from model import GPT
-from tokenizer import TiktokenTokenizer
 
 ITOS = list("\n !',.:;?abcdefghijklmnopqrstuvwxyz")
 BLOCK = 32

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import torch
 
-from checkpoint import restore_training_state, rng_state
-from device import Dist
 from helpers import TINY, tiny_model
+from machinery.checkpoint import restore_training_state, rng_state
+from machinery.device import Dist
 from model import GPT
 
 # float32: the fused kernel and the loop may round an update differently in the last bit (2**-23 relative),

@@ -15,12 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
-import options
 import train
-from checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from data.common import DataError, PreparedData
-from device import Dist
 from helpers import (
     ROOT,
     TEXT,
@@ -36,6 +32,9 @@ from helpers import (
     train_cli,
     train_losses,
 )
+from machinery import checkpoint, options
+from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
+from machinery.device import Dist
 
 # ---- options ----
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import train
-from checkpoint import load_checkpoint
 from helpers import ROOT, make_dataset, records, subprocess_env, tiny_args, train_losses, wait_for
-from options import ConfigError
+from machinery.checkpoint import load_checkpoint
+from machinery.options import ConfigError
 
 
 def torchrun(args: list[str]) -> subprocess.Popen[str]:

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import train
-from checkpoint import load_checkpoint
 from helpers import (
     assert_one_line_error,
     diverge_at,
@@ -30,6 +29,7 @@ from helpers import (
     train_losses,
     wait_for,
 )
+from machinery.checkpoint import load_checkpoint
 
 
 # dropout > 0: the dropout masks draw from the torch RNG, whose state must come back from the checkpoint too.

@@ -12,10 +12,10 @@ Offline, tiktoken reads the ranks file from TIKTOKEN_CACHE_DIR.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tokenizer.py and data/common.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: machinery/tokenizer.py and data/common.py
 
 from data.common import run_prepare
-from tokenizer import TiktokenTokenizer
+from machinery.tokenizer import TiktokenTokenizer
 
 if __name__ == "__main__":
     run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=lambda text: TiktokenTokenizer())

@@ -9,10 +9,10 @@ characters are train, the rest val. The text comes from --input, else <out_dir>/
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tokenizer.py and data/common.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: machinery/tokenizer.py and data/common.py
 
 from data.common import run_prepare
-from tokenizer import CharTokenizer
+from machinery.tokenizer import CharTokenizer
 
 if __name__ == "__main__":
     run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import layernorm
-from device import DEVICE_HELP
+from machinery.device import DEVICE_HELP
 from model import GPTConfig
 
 

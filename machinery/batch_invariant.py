@@ -62,7 +62,11 @@ def triton_kernels(device: torch.device, kernels: str) -> ModuleType | None:
     ValueError for neither. Imported here, at the first tensor that needs it: it imports triton."""
     if why := refusal(device, kernels):
         raise ValueError(why)
-    return importlib.import_module("batch_invariant_triton") if device.type == "cuda" or kernels == "triton" else None
+    return (
+        importlib.import_module("machinery.batch_invariant_triton")
+        if device.type == "cuda" or kernels == "triton"
+        else None
+    )
 
 
 def linear(

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from device import Dist
-from options import TrainConfig
+from machinery.device import Dist
+from machinery.options import TrainConfig
 
 
 class LossWindow:

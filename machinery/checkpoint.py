@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import Generator
 
-import nanogpt
 from data.common import PreparedData
 from layernorm import LAYERNORMS
+from machinery import nanogpt
+from machinery.options import TrainConfig
 from model import GPT, GPTConfig
-from options import TrainConfig
 
 FORMAT = "layernorm-gpt/1"
 # model_args that fix the weights' shapes or where the norms sit: a resume may change dropout and the norm, not these

@@ -19,7 +19,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from tokenizer import GPT2_ENCODING, CharTokenizer
+from machinery.tokenizer import GPT2_ENCODING, CharTokenizer
 
 FORMAT = "nanoGPT"  # what checkpoint.load_checkpoint marks a converted nanoGPT checkpoint with
 KEYS = ("model", "model_args", "config", "iter_num")  # what nanoGPT's train.py saves and this project's does too

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from options import TrainConfig
+from machinery.options import TrainConfig
 
 
 def get_lr(it: int, cfg: TrainConfig) -> float:
