@@ -24,7 +24,7 @@ from torch import Tensor
 
 from layernorm import NORMS, TritonUnavailableError
 from machinery.batch_invariant import batch_invariant, refusal
-from machinery.checkpoint import CheckpointError, checkpoint_path, checkpoint_weights, load_checkpoint
+from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device
 from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
 from machinery.options import read_config_file
@@ -101,14 +101,17 @@ def base_weights(args: Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], s
     if args.out_dir is None and args.ckpt is None:
         size = read_config_file(args.config) if args.config else {}  # a ConfigError says what is wrong with it
         config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
-        torch.manual_seed(args.seed)
-        return config, GPT(config).state_dict(), f"random init (seed {args.seed}), the same weights in every row"
+        return (
+            config,
+            GPT.from_seed(config, args.seed).state_dict(),
+            f"random init (seed {args.seed}), the same weights in every row",
+        )
     path = checkpoint_path(args.out_dir, args.ckpt)
     ckpt = load_checkpoint(path)  # a CheckpointError says what is wrong with it
     config = GPTConfig.from_options(ckpt["model_args"])
     owner = "nanoGPT's checkpoint" if ckpt["format"] == NANOGPT_FORMAT else "checkpoint"
     source = f"{owner} {path} (trained with norm={config.norm}), loaded into every row's model with strict=False"
-    return config, checkpoint_weights(ckpt), f"{source}: the norms share weight/bias"
+    return config, ckpt["model"], f"{source}: the norms share weight/bias"
 
 
 def attempt(measure: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, str | None]:

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from layernorm import make_norm
+from layernorm import LAYERNORMS, make_norm
 
 
 @dataclass
@@ -185,6 +185,44 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @classmethod
+    def from_seed(cls, config: GPTConfig, seed: int) -> GPT:
+        """A new GPT whose initial weights are drawn from `seed`: the one place a fresh model is seeded (it seeds
+        torch's global generator, as nanoGPT's train.py does before building its model)."""
+        torch.manual_seed(seed)
+        return cls(config)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: dict[str, Any], norm: str | None = None, **changes: Any) -> GPT:
+        """The GPT a checkpoint describes, with its weights, on the CPU in eval mode: the one place a model is built
+        from saved arguments (nanoGPT's from_pretrained, for this project's checkpoints). `changes` replace fields
+        of its model_args (a resume's dropout); `norm` swaps in another of layernorm.LAYERNORMS, which compute one
+        function from one parameter layout. A norm that computes another function, or weights that do not fit the
+        model the arguments describe, is a ValueError saying which."""
+        config = GPTConfig.from_options(checkpoint["model_args"], **changes)
+        if norm is not None and norm != config.norm:
+            if not (norm in LAYERNORMS and config.norm in LAYERNORMS):
+                others = ", ".join(LAYERNORMS) if config.norm in LAYERNORMS else repr(config.norm)
+                raise ValueError(
+                    f"this checkpoint was trained with norm={config.norm!r}; it can run with {others} "
+                    f"but not with {norm!r}, which computes a different function"
+                )
+            config = replace(config, norm=norm)
+        model = cls(config)
+        state = checkpoint["model"]
+        missing = sorted(model.state_dict().keys() - state.keys())
+        unexpected = sorted(state.keys() - model.state_dict().keys())
+        if missing or unexpected:
+            raise ValueError(
+                f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]})"
+            )
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:  # a shape that differs: torch's last line names the tensor
+            raise ValueError(f"the checkpoint's weights do not fit its model: {str(e).splitlines()[-1]}") from None
+        return model.eval()
 
     def _init_weights(self, module: nn.Module) -> None:
         # Norms keep their own init (weight 1, bias 0), whichever implementation they are.

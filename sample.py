@@ -6,7 +6,7 @@
     python sample.py --out_dir=../nanoGPT/out-shakespeare-char --temperature=0 --norm=custom   # nanoGPT's checkpoint
 
 The checkpoint's tokenizer (a nanoGPT checkpoint's: nanogpt.tokenizer_meta) turns text into tokens; `--norm` runs
-the same weights with another LayerNorm (checkpoint.model_from_checkpoint refuses the others). Each sample streams:
+the same weights with another LayerNorm (GPT.from_checkpoint refuses the others). Each sample streams:
 the prompt, the text of each token as soon as it is whole (GPT.stream), then a line of dashes. Greedy decoding and
 --no_kv_cache past block_size: README.md. Errors are one line, "error: ...", exit status 1.
 """
@@ -24,7 +24,7 @@ import torch
 from data.common import fail, read_text_file
 from layernorm import NORMS, check_triton_device
 from machinery import nanogpt
-from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
+from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
 from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 from model import GPT
@@ -60,7 +60,7 @@ def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | Ti
         checkpoint = load_checkpoint(path, map_location="cpu")
         if (args.norm or checkpoint["model_args"].get("norm")) == "triton":
             check_triton_device(device)  # refuse before building, with what to do instead
-        model = model_from_checkpoint(checkpoint, norm=args.norm, device=device)
+        model = GPT.from_checkpoint(checkpoint, norm=args.norm).to(device)
     except CheckpointError as e:
         fail(str(e))
     except (ValueError, RuntimeError) as e:  # e.g. Triton not installed

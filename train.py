@@ -94,13 +94,21 @@ class Run:
 def setup(
     cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str, dist: Dist
 ) -> Run:
+    """The run's one set-up, which the benchmarks and the experiments share: the data, the model (new, its weights
+    drawn from cfg.seed, or the checkpoint's with cfg's norm and dropout), the optimizer, the loss scaler, the data
+    stream and the seeds; a resume's state (restore_training_state) last."""
     data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
     device_type = torch.device(device).type
     if ckpt is None:
-        torch.manual_seed(cfg.seed)  # the initial weights: the same on every process
-        model = GPT(GPTConfig.from_options(cfg, vocab_size=data.vocab_size)).to(device)
+        model = GPT.from_seed(GPTConfig.from_options(cfg, vocab_size=data.vocab_size), cfg.seed)  # on every process
     else:
-        model = checkpoint.resume_model(ckpt, explicit, cfg, data).to(device)
+        path = checkpoint.checkpoint_path(cfg.out_dir)
+        checkpoint.check_resume(ckpt, explicit, data.vocab_size, data.meta.get("tokenizer"), path)
+        try:
+            model = GPT.from_checkpoint(ckpt, norm=cfg.norm, dropout=cfg.dropout).train()
+        except ValueError as e:  # a norm that computes another function, weights that do not fit
+            raise checkpoint.CheckpointError(f"cannot resume from {path}: {e}") from None
+    model.to(device)
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process; a resume restores each
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16

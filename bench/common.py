@@ -116,6 +116,21 @@ def open_data(data_dir: str | None, dataset: str, block_size: int, hint: str = "
         raise SystemExit(f"error: {e}{hint}") from None
 
 
+def new_run(cfg: Any, device: str = "cpu") -> Any:
+    """A new run as train.py sets it up (train.setup: the data, the model from cfg.seed, the optimizer, the data
+    stream), in this one process; a missing or broken dataset exits with a one-line error."""
+    import torch
+
+    import train
+    from data.common import DataError
+    from machinery.device import Dist, resolve_dtype
+
+    try:
+        return train.setup(cfg, {}, None, device, resolve_dtype(cfg.dtype, torch.device(device).type), Dist())
+    except DataError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def progress(done: int, total: int, t0: float) -> str:
     """'3/9 done, 42 s in, about 84 s left' (the rest estimated at the mean pace so far; none before the first)."""
     spent = time.perf_counter() - t0

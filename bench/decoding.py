@@ -17,7 +17,7 @@ from bench.common import comma_list, fmt, markdown_table, median, parse, parser,
 from layernorm import TritonUnavailableError, check_triton_device
 from machinery import options
 from machinery.batch_invariant import batch_invariant, refusal
-from machinery.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from machinery.checkpoint import CheckpointError, load_checkpoint
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
@@ -32,13 +32,12 @@ def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
         check_triton_device(device)  # one line saying what to do, before a model is loaded
     if args.checkpoint:
         ckpt = load_checkpoint(args.checkpoint, map_location=device)
-        loaded = [model_from_checkpoint(ckpt, norm=norm, device=device).eval() for norm in norms]
+        loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in norms]
         return [(f"{args.checkpoint} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
     out = []
     for path in args.sizes.split(","):
         config = GPTConfig.from_options(options.read_config_file(path), norm=norms[0])
-        torch.manual_seed(1337)
-        out.append((Path(path).stem, GPT(config).to(device).eval()))
+        out.append((Path(path).stem, GPT.from_seed(config, 1337).to(device).eval()))
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,10 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as torch_profile
 
-from bench.common import fmt, markdown_table, median, open_data, parse, parser, timed, train_config, write_results
+from bench.common import fmt, markdown_table, median, new_run, parse, parser, timed, train_config, write_results
 from layernorm import Norm
-from machinery.device import autocast, resolve_dtype
 from machinery.options import TrainConfig
 from machinery.step import train_step
-from model import GPT, GPTConfig
 
 STEPS = 10  # after 3 of warm-up: enough to count kernels per step, few enough for the profiler's trace
 # An op goes to the first category its own name or a caller's (outermost first) matches; the clip's ops by name.
@@ -63,15 +62,9 @@ def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
 
 def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None) -> dict[str, Any]:
     """STEPS training steps of one norm under torch.profiler, after 3 unprofiled ones."""
-    data = open_data(data_dir, cfg.dataset, cfg.block_size)
-    torch.manual_seed(cfg.seed)
-    model = GPT(GPTConfig.from_options(cfg, norm=norm, vocab_size=data.vocab_size)).to(device)
+    run = new_run(replace(cfg, norm=norm, data_dir=data_dir or cfg.data_dir), device)
+    model, data = run.model, run.data
     device_type = torch.device(device).type
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
-    dtype = resolve_dtype(cfg.dtype, device_type)
-    mixed = autocast(device, dtype)
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
-    gen = torch.Generator().manual_seed(cfg.seed)
     for module in model.modules():  # each norm's forward as a range of its own (its backward is an autograd node)
         if isinstance(module, Norm):
             module.register_forward_pre_hook(lambda m, _: setattr(m, "_range", record_function("norm").__enter__()))
@@ -80,8 +73,8 @@ def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None)
     def step() -> None:
         with record_function("data"):
             shape = (cfg.gradient_accumulation_steps, cfg.batch_size)
-            xs, ys = data.get("train", torch.randint(data.num_starts("train"), shape, generator=gen), device)
-        loss = train_step(model, optimizer, xs, ys, grad_clip=cfg.grad_clip, autocast=mixed, scaler=scaler)
+            xs, ys = data.get("train", torch.randint(data.num_starts("train"), shape, generator=run.data_gen), device)
+        loss = train_step(model, run.optimizer, xs, ys, grad_clip=cfg.grad_clip, autocast=run.amp, scaler=run.scaler)
         loss.item()  # the read-back train.py makes at a log line
 
     for _ in range(3):

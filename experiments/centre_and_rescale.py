@@ -21,17 +21,16 @@ import math
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
 from bench.common import markdown_table
-from data.common import PreparedData
 from layernorm import Norm
 from machinery.options import TrainConfig
 from machinery.step import get_lr, train_step
-from model import GPT
 
 ROWS = {  # name: (what it does, the registry norm it is built with)
     "layernorm": ("centre and rescale", "builtin"),
@@ -67,28 +66,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
     """train.py's options for this row: CPU_CONFIG, the row's norm (with its defaults: DyT's recipe) and the seed."""
-    return common.cpu_config(f"--norm={ROWS[row][1]}", f"--seed={seed}", *args.extra)
+    return common.cpu_config(f"--norm={ROWS[row][1]}", f"--seed={seed}", f"--data_dir={args.data_dir}", *args.extra)
 
 
-def build(row: str, cfg: TrainConfig, vocab_size: int) -> GPT:
-    """The row's model, from cfg.seed; the centre row's norms swapped for CentreOnly after construction."""
-    model = common.new_model(cfg, vocab_size)
+def new_row_run(row: str, cfg: TrainConfig) -> Any:
+    """The row's run as train.py sets it up (bench.common.new_run), from cfg.seed; the centre row's norms swapped
+    for CentreOnly after construction, and its optimizer built again over their parameters."""
+    run = common.new_run(cfg)
     if row == "centre":
+        model = run.model
         for block in model.transformer.h:
             block.ln_1 = CentreOnly(cfg.n_embd, bias=cfg.bias)
             block.ln_2 = CentreOnly(cfg.n_embd, bias=cfg.bias)
         model.transformer.ln_f = CentreOnly(cfg.n_embd, bias=cfg.bias)
-    return model
+        run.optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
+    return run
 
 
-def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Namespace, clock: dict) -> dict:
+def train_row(row: str, cfg: TrainConfig, val: list, args: argparse.Namespace, clock: dict) -> dict:
     """One run: {"row", "seed", "evals": [[iter, val loss]], "final_val_loss", "wall_s", "diverged"}."""
     t0 = time.perf_counter()
-    model = build(row, cfg, data.vocab_size)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
-    val = common.fixed_batches(data, "val", cfg.batch_size, args.eval_batches, seed=0)
-    torch.manual_seed(cfg.seed)  # dropout's stream, and the data stream's own generator, as train.py seeds them
-    data_gen = torch.Generator().manual_seed(cfg.seed)
+    run = new_row_run(row, cfg)
+    model, optimizer, data = run.model, run.optimizer, run.data
     evals = []
     for it in range(cfg.max_iters + 1):
         if it % args.eval_interval == 0 or it == cfg.max_iters:
@@ -106,9 +105,10 @@ def train_row(row: str, cfg: TrainConfig, data: PreparedData, args: argparse.Nam
             break
         for group in optimizer.param_groups:
             group["lr"] = get_lr(it, cfg)
-        starts = torch.randint(data.num_starts("train"), (1, cfg.batch_size), generator=data_gen)
+        starts = torch.randint(data.num_starts("train"), (1, cfg.batch_size), generator=run.data_gen)
         xs, ys = data.get("train", starts, "cpu")
         train_step(model, optimizer, xs, ys, grad_clip=cfg.grad_clip)
+    data.close()
     clock["done"] += cfg.max_iters
     final = evals[-1][1]
     run = {"row": row, "seed": cfg.seed, "evals": evals, "final_val_loss": final, "diverged": not math.isfinite(final)}
@@ -164,16 +164,17 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = row_config("layernorm", args.seeds[0], args)
     data = common.open_data(args.data_dir, common.DATASET, base.block_size)
+    val = common.fixed_batches(data, "val", base.batch_size, args.eval_batches, seed=0)  # the same for every run
+    data.close()
     todo = [
         (row, seed) for seed in args.seeds for row in args.rows if not (runs_dir / f"{row}_seed{seed}.json").exists()
     ]
     clock = {"t0": t0, "done": 0, "total": len(todo) * base.max_iters}
     print(f"{len(todo)} runs of {base.max_iters} iterations to go", flush=True)
     for row, seed in todo:
-        run = train_row(row, row_config(row, seed, args), data, args, clock)
+        run = train_row(row, row_config(row, seed, args), val, args, clock)
         (runs_dir / f"{row}_seed{seed}.json").write_text(json.dumps(run) + "\n", encoding="utf-8")
         print(f"{row} seed {seed}: final val loss {run['final_val_loss']:.4f} ({run['wall_s']:.0f} s)", flush=True)
-    data.close()
     runs = [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))]
     write(runs, results, base, args, time.perf_counter() - t0)
     print(f"wrote {results}/centre_and_rescale.json, .md, .png; total time {time.perf_counter() - t0:.0f} s")

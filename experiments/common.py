@@ -21,9 +21,8 @@ matplotlib.use("Agg")  # figures are written to files; no window opens
 
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
-from bench.common import machine_info, open_data, train_config  # noqa: E402, F401 (the root is on sys.path from here)
+from bench.common import machine_info, new_run, open_data, train_config  # noqa: E402, F401 (the root is on sys.path from here)
 from data.common import PreparedData  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
 
 CPU_CONFIG = "configs/shakespeare_char_cpu.json"  # as the results name it; read from ROOT
 DATASET = "shakespeare_char"
@@ -45,12 +44,6 @@ def parser(description: str, name: str, smoke_help: str, data_dir: bool = True) 
 def cpu_config(*flags: str) -> Any:
     """train.py's options (an options.TrainConfig) for CPU_CONFIG with these flags."""
     return train_config(str(ROOT / CPU_CONFIG), [], *flags)
-
-
-def new_model(cfg: Any, vocab_size: int) -> GPT:
-    """The model train.py builds from cfg (an options.TrainConfig), with its initial weights, drawn from cfg.seed."""
-    torch.manual_seed(cfg.seed)
-    return GPT(GPTConfig.from_options(cfg, vocab_size=vocab_size))
 
 
 def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, seed: int) -> list[tuple[Any, Any]]:

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from bench.common import progress
-from machinery.checkpoint import load_checkpoint, model_from_checkpoint
+from machinery.checkpoint import load_checkpoint
 from model import GPT
 
 CONFIG = common.CPU_CONFIG
@@ -50,7 +50,7 @@ def trained_model(name: str, flags: list[str], args: argparse.Namespace, out_dir
     proc = common.train(name, [CONFIG, *flags, *(f"--{k}={v}" for k, v in schedule.items())], args.data_dir, out_dir)
     if proc.returncode != 0:
         raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
-    return model_from_checkpoint(load_checkpoint(out_dir / "ckpt.pt"))
+    return GPT.from_checkpoint(load_checkpoint(out_dir / "ckpt.pt"))
 
 
 def token_rms(x: torch.Tensor) -> float:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="dyt_stall-") as tmp:
         for i, (name, flags) in enumerate(MODELS.items()):
             flags = [*flags, *args.extra]
-            init = measure(common.new_model(common.cpu_config(*flags), data.vocab_size), batches)
+            init = measure(common.new_run(common.cpu_config(*flags, f"--data_dir={args.data_dir}")).model, batches)
             rms = f"ln_1 of block 1 hands on RMS {init['norm_out']['h.0.ln_1']:.3g}, logits RMS {init['logits']:.3g}"
             line = f"{name}: at init {rms}; training {args.iters} iterations"
             print(f"{line} ({progress(i, len(MODELS), t0)})", flush=True)

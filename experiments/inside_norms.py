@@ -19,7 +19,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint, model_from_checkpoint
+from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
+from model import GPT
 
 
 def stats(values: torch.Tensor) -> dict[str, float]:
@@ -44,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     ckpt_path = checkpoint_path(args.out_dir, args.ckpt)
     try:
         ckpt = load_checkpoint(ckpt_path)
-        model = model_from_checkpoint(ckpt)  # on the CPU, in eval mode
-    except CheckpointError as e:
+        model = GPT.from_checkpoint(ckpt)  # on the CPU, in eval mode
+    except (CheckpointError, ValueError) as e:  # a ValueError: weights that do not fit the model
         raise SystemExit(f"error: {e}") from None
     cfg = model.config
     train_cfg = ckpt.get("config") or {}

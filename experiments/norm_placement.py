@@ -59,9 +59,8 @@ def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[flo
     for position in POSITIONS:
         sums = {part: torch.zeros(args.n_layer, dtype=torch.float64) for part in ("attn", "mlp")}
         for seed in range(args.grad_seeds):
-            torch.manual_seed(args.seed + seed)
             config = GPTConfig.from_options(args, vocab_size=data.vocab_size, norm_position=position)
-            model = GPT(config).train()
+            model = GPT.from_seed(config, args.seed + seed).train()
             for x, y in batches:
                 model.zero_grad(set_to_none=True)
                 model(x, y)[1].backward()

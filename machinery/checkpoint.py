@@ -19,18 +19,15 @@ import os
 import pickle
 import tempfile
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Generator
 
-from data.common import PreparedData
-from layernorm import LAYERNORMS
 from machinery import nanogpt
-from machinery.options import TrainConfig
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 FORMAT = "layernorm-gpt/1"
 # model_args that fix the weights' shapes or where the norms sit: a resume may change dropout and the norm, not these
@@ -122,7 +119,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:
             checkpoint = nanogpt.to_checkpoint(checkpoint)
-        GPTConfig.from_options(checkpoint["model_args"]), checkpoint_weights(checkpoint)
+        GPTConfig.from_options(checkpoint["model_args"])
+        checkpoint["model"] = unprefixed(checkpoint["model"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(
             f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); use another checkpoint"
@@ -139,42 +137,14 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The model's state_dict, with the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add taken off."""
-    state = {}
-    for key, value in checkpoint["model"].items():
+def unprefixed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state_dict with the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add taken off."""
+    out = {}
+    for key, value in state.items():
         while key.startswith(("_orig_mod.", "module.")):
             key = key.split(".", 1)[1]
-        state[key] = value
-    return state
-
-
-def model_from_checkpoint(checkpoint: dict[str, Any], norm: str | None = None, device: str = "cpu") -> GPT:
-    """The GPT a checkpoint describes, with its weights, in eval mode. `norm` swaps in another of
-    layernorm.LAYERNORMS (one function, one parameter layout); a norm that computes another function is refused."""
-    config = GPTConfig.from_options(checkpoint["model_args"])
-    if norm is not None and norm != config.norm:
-        if not (norm in LAYERNORMS and config.norm in LAYERNORMS):
-            raise CheckpointError(
-                f"this checkpoint was trained with norm={config.norm!r}; it can run with "
-                f"{', '.join(LAYERNORMS) if config.norm in LAYERNORMS else config.norm!r} "
-                f"but not with {norm!r}, which computes a different function"
-            )
-        config = replace(config, norm=norm)
-    model = GPT(config)
-    state = checkpoint_weights(checkpoint)
-    missing = sorted(model.state_dict().keys() - state)
-    unexpected = sorted(state.keys() - model.state_dict())
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]})"
-        )
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise CheckpointError(f"the checkpoint's weights do not fit its model: {str(e).splitlines()[-1]}") from None
-    return model.to(device).eval()
+        out[key] = value
+    return out
 
 
 # ---- resuming a training run ----
@@ -233,23 +203,20 @@ def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
     return ckpt
 
 
-def resume_model(ckpt: dict[str, Any], explicit: dict[str, Any], cfg: TrainConfig, data: PreparedData) -> GPT:
-    """The checkpoint's model on the CPU in train mode, with cfg's dropout and, if asked, an interchangeable norm.
-    CheckpointError names the keys if the shape or the vocabulary asked for explicitly is not the checkpoint's."""
+def check_resume(ckpt: dict[str, Any], explicit: dict[str, Any], vocab_size: int, tokenizer: Any, path: Path) -> None:
+    """CheckpointError naming the keys if the model's shape asked for explicitly, the dataset's vocabulary size or
+    its tokenizer (`tokenizer`, None if unknown) is not the checkpoint's at `path`."""
     saved = asdict(GPTConfig.from_options(ckpt["model_args"]))
-    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit} | {"vocab_size": data.vocab_size}
+    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit} | {"vocab_size": vocab_size}
     diffs = [f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted(wanted.items()) if saved[k] != v]
-    tokenizer = data.meta.get("tokenizer")
     if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
         diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
     if diffs:
         raise CheckpointError(
-            f"cannot resume from {checkpoint_path(cfg.out_dir)}: it does not match what was asked for (checkpoint "
+            f"cannot resume from {path}: it does not match what was asked for (checkpoint "
             f"-> asked): {'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
             f"or give another --out_dir to start a new run"
         )
-    ckpt = {**ckpt, "model_args": {**ckpt["model_args"], "dropout": cfg.dropout}}
-    return model_from_checkpoint(ckpt, norm=cfg.norm).train()
 
 
 def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:

@@ -6,7 +6,7 @@ nanoGPT's train.py saves one dict with torch.save:
      vocab_size, dropout}, "iter_num": int, "best_val_loss": float, "config": {train options, "dataset" among them}}
 
 Its GPT has this repository's parameter names and layout, and its LayerNorm is PyTorch's (builtin here), so its
-weights load as they are: a compiled run's "_orig_mod." prefixes come off (checkpoint.checkpoint_weights), and the
+weights load as they are: a compiled run's "_orig_mod." prefixes come off (checkpoint.load_checkpoint), and the
 causal-mask buffers an older PyTorch made it keep ("attn.bias") are dropped. The vocabulary of a character-level
 dataset is in data/<dataset>/meta.pkl, a pickle written by its prepare.py: {"vocab_size": int, "itos": {int: str},
 "stoi": {str: int}}; without one, GPT-2's BPE (tokenizer_meta), as nanoGPT's sample.py assumes.
