@@ -48,63 +48,39 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
 
 
 @pytest.mark.slow
-def test_default_run_passes_and_shows_batchnorm_failing(capsys: pytest.CaptureFixture[str]) -> None:
+def test_default_run_decodes_every_norm_in_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    """The default rows, each in both tables (triton where it can run), and exit 0: every required row (all but
+    batchnorm) passes, in the mode bit-exact. What the rows and the report say: the test below."""
     proc = run_script(capsys, *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = row_lines(proc.stdout)
     expected = ["custom", "builtin", "rmsnorm", "batchnorm", "dyt", "batchnorm-eval"]
     if TRITON_ON_CPU:
         expected.append("triton")
     else:
         assert "skipped triton" in proc.stdout
-    assert sorted(rows) == sorted(expected), proc.stdout
-    mode_rows = row_lines(proc.stdout, mode=True)
-    assert sorted(mode_rows) == sorted(expected), proc.stdout
-    for name in ("custom", "builtin", "rmsnorm", "triton", "dyt", "batchnorm-eval"):
-        if name in rows:
-            assert " PASS" in rows[name] and "agree" in rows[name], rows[name]
-            # in the mode: (1), (2) and (3) exactly 0
-            assert mode_rows[name].count("bit-exact") == 3 and " PASS" in mode_rows[name], mode_rows[name]
-    assert "FAIL  (not required)" in mode_rows["batchnorm"] and "differ from step" in mode_rows["batchnorm"]
-    # batchnorm: numbers, not an error: (1) and (3) far above the tolerance, the greedy tokens part ways
-    bn = rows["batchnorm"].split()
-    assert bn[-3:] == ["FAIL", "(not", "required)"] and "differ from step" in rows["batchnorm"], rows["batchnorm"]
-    alone_vs_batch, norm_alone = float(bn[3]), float(bn[-4])  # columns (1) and (3); "error" would not parse
-    assert alone_vs_batch > 1e-3 and norm_alone > 1e-3, rows["batchnorm"]
-    assert "no variance" in proc.stdout and "depends on the other tokens" in proc.stdout
-    assert "bias alone" in proc.stdout and "decodes blind" in proc.stdout
-    assert " PASS" in rows["batchnorm-eval"] and "running averages" in proc.stdout
-    tolerance = f"tolerance {batch_independence.TOLERANCE['float32']:g} x max |value|"
-    for legend in ("(1) alone vs batch", "(2) cached vs full", "(3) norm alone", tolerance, "float32, TF32 off"):
-        assert legend in proc.stdout
-    assert proc.stdout.rstrip().splitlines()[-1].startswith("OK")
+    assert sorted(row_lines(proc.stdout)) == sorted(expected), proc.stdout
+    assert sorted(row_lines(proc.stdout, mode=True)) == sorted(expected), proc.stdout
 
 
-def test_requiring_batchnorm_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
-    proc = run_script(capsys, "--norms", "builtin", "batchnorm", "--require", "batchnorm", *SMALL)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAIL: required rows that failed: batchnorm" in proc.stdout
-    assert "differ from step" in row_lines(proc.stdout)["batchnorm"]
-    assert "Traceback" not in proc.stderr
-
-
-def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
-    status, result = run_json(capsys, "--norms", "custom", "batchnorm", *SMALL)
-    assert status == 0 and result["ok"] is True
+def test_a_required_batchnorm_fails_the_run_and_the_report_reads_the_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """One run, batchnorm required: its JSON, then the text report main prints without --json, made from it."""
+    status, result = run_json(capsys, "--norms", "custom", "batchnorm", "--require", "batchnorm", *SMALL)
+    assert status == 1 and result["ok"] is False
+    assert result["failed"] == ["batchnorm", "batchnorm (batch-invariant)"]
     assert result["tolerance"] == batch_independence.TOLERANCE["float32"] and result["dtype"] == "float32"
     assert result["new_tokens"] == 6
     rows = {r["name"]: r for r in result["rows"]}
     assert list(rows) == ["custom", "batchnorm", "batchnorm-eval"]
 
     custom = rows["custom"]
-    assert custom["required"] and custom["passed"] and custom["statistics"] == "per token"
+    assert not custom["required"] and custom["passed"] and custom["statistics"] == "per token"
     ab = custom["alone_vs_batch"]
     assert ab["tokens_agree"] and len(ab["per_step_max_abs_diff"]) == 6
     assert ab["max_abs_diff"] <= 1e-5 and custom["cached_vs_full"]["max_abs_diff"] <= 1e-5
     assert custom["norm_alone"]["max_abs_diff"] <= 1e-5
 
     bn = rows["batchnorm"]
-    assert not bn["required"] and not bn["passed"] and bn["statistics"] == "batch statistics"
+    assert bn["required"] and not bn["passed"] and bn["statistics"] == "batch statistics"
     ab = bn["alone_vs_batch"]
     assert ab["error"] is None and len(ab["per_step_max_abs_diff"]) == 6
     assert ab["max_abs_diff"] > 1e-3  # the prefill step already differs: other statistics
@@ -113,9 +89,7 @@ def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert ab["tokens_agree"] is False and ab["first_divergent_step"] is not None
     assert bn["cached_vs_full"]["max_abs_diff"] > 1e-3
     assert bn["norm_alone"]["max_abs_diff"] > 1e-3 and not bn["norm_alone"]["bit_exact"]
-
-    ev = rows["batchnorm-eval"]
-    assert ev["passed"] and ev["statistics"] == "running averages"
+    assert rows["batchnorm-eval"]["passed"] and rows["batchnorm-eval"]["statistics"] == "running averages"
 
     # the same rows in the batch-invariant mode: exactly 0 for the per-token rows, BatchNorm as far off as before
     mode = {r["name"]: r for r in result["batch_invariant_rows"]}
@@ -125,29 +99,33 @@ def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
         assert mode[name]["cached_vs_full"]["max_abs_diff"] == 0.0 and mode[name]["cached_vs_full"]["bit_exact"]
     assert not mode["batchnorm"]["passed"] and mode["batchnorm"]["alone_vs_batch"]["max_abs_diff"] > 1e-3
 
+    text = batch_independence.report(result)
+    stock_lines, mode_lines = row_lines(text), row_lines(text, mode=True)
+    assert "6/6 agree" in stock_lines["custom"] and stock_lines["custom"].endswith("PASS  (not required)"), text
+    assert mode_lines["custom"].count("bit-exact") == 3, mode_lines["custom"]
+    assert "differ from step" in stock_lines["batchnorm"] and stock_lines["batchnorm"].endswith("FAIL"), text
+    tolerance = f"tolerance {batch_independence.TOLERANCE['float32']:g} x max |value|"
+    for fragment in (*batch_independence.LEGEND, tolerance, "float32, TF32 off", "no variance", "decodes blind"):
+        assert fragment in text, fragment
+    assert text.endswith("\nFAIL: required rows that failed: batchnorm, batchnorm (batch-invariant)"), text
+
 
 def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere."""
-    for trained_with in ("builtin", "batchnorm"):
+    """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere;
+    --out_dir takes the checkpoint file itself as well as its folder."""
+    for trained_with, file in (("builtin", ""), ("batchnorm", "ckpt.pt")):
         model = tiny_model(trained_with, vocab_size=20)
         with torch.no_grad():
             model.transformer.ln_f.weight.mul_(1.5)
-        out_dir = tmp_path / trained_with
-        save_model(out_dir / "ckpt.pt", model, {"kind": "char", "itos": list("abc")})
+        save_model(tmp_path / trained_with / "ckpt.pt", model, {"kind": "char", "itos": list("abc")})
         norms = ("--norms", "custom", "rmsnorm", "batchnorm")
-        status, result = run_json(capsys, "--out_dir", str(out_dir), "--device", "cpu", *norms)
+        status, result = run_json(capsys, "--out_dir", str(tmp_path / trained_with / file), "--device", "cpu", *norms)
         assert status == 0, result
         assert f"trained with norm={trained_with}" in result["source"] and "strict=False" in result["source"]
         assert result["model"] == {k: getattr(model.config, k) for k in result["model"]} and len(result["model"]) == 5
         assert result["prompt_len"] + result["new_tokens"] <= 16 and result["notes"]  # cut to fit the block
         rows = {r["name"]: r for r in result["rows"]}
         assert rows["custom"]["passed"] and rows["rmsnorm"]["passed"] and not rows["batchnorm"]["passed"]
-
-    checkpoint_file = str(tmp_path / "builtin" / "ckpt.pt")
-    assert batch_independence.main(["--out_dir", checkpoint_file, "--device", "cpu", "--norms", "builtin"]) == 0
-    out = capsys.readouterr().out  # the checkpoint file itself works as well as its folder
-    assert "checkpoint" in out and "PASS" in row_lines(out)["builtin"]
-    assert "PASS" in row_lines(out, mode=True)["builtin"]
 
 
 @pytest.mark.slow  # a model of configs/shakespeare_char.json's size (6 x 384), decoded
@@ -204,8 +182,7 @@ def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatc
     assert ab["per_step_max_abs_diff"] == [] and ab["max_abs_diff"] is None and ab["tokens_agree"] is None
     assert row["cached_vs_full"]["max_abs_diff"] <= 1e-5 and row["norm_alone"]["bit_exact"] and not row["passed"]
 
-    assert batch_independence.main(["--norms", "custom", *SMALL]) == 1
-    out = capsys.readouterr().out
+    out = batch_independence.report(result)  # what main prints without --json
     assert "alone fails" in row_lines(out)["custom"] and " FAIL" in row_lines(out)["custom"]
     assert "  custom: alone, RuntimeError: boom\n" in out and "FAIL: required rows that failed: custom" in out
     assert "alone fails" in row_lines(out, mode=True)["custom"]
@@ -251,9 +228,3 @@ def test_triton_is_skipped_with_a_reason_when_it_cannot_run(
     assert "skipped triton" in proc.stdout
     assert ("TRITON_INTERPRET" in proc.stdout) == (TRITON_SKIP is None)  # with triton, the interpreter is the fix
     assert sorted(row_lines(proc.stdout)) == ["custom"]
-
-    # required but skipped: a failure, and the last line says so
-    proc = run_script(capsys, "--norms", "triton", "custom", "--require", "triton", *SMALL)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "note: triton is required but was skipped: counted as a failure" in proc.stdout
-    assert proc.stdout.rstrip().splitlines()[-1] == "FAIL: required rows that failed: triton"

@@ -118,17 +118,32 @@ def test_what_the_mode_refuses_is_said_clearly(monkeypatch: pytest.MonkeyPatch) 
     assert "TRITON_INTERPRET=1" in bi.refusal("cpu", "triton")
     with pytest.raises(ValueError, match=r"batch_invariant\(kernels='cuda'\): choose one of auto, torch, triton"):
         bi.batch_invariant(kernels="cuda").__enter__()
-    with bi.batch_invariant():
-        with pytest.raises(ValueError, match="no implementation for meta"):
-            F.linear(torch.empty(2, 4, device="meta"), torch.empty(3, 4, device="meta"))
-        q = torch.randn(1, 1, 4, 8)
-        with pytest.raises(ValueError, match="without dropout, got dropout_p=0.1"):
-            F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
-        scattered = torch.tensor([[True, False, True, True]]).expand(4, 4)
-        with pytest.raises(ValueError, match="prefix of the keys"):
-            F.scaled_dot_product_attention(q, q, q, attn_mask=scattered)
-        with pytest.raises(ValueError, match="boolean masks .* got torch.float32"):  # not read as a bool: refused
-            F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(4, 4))
+
+
+Q = torch.ones(1, 1, 4, 8)
+SCATTERED = torch.tensor([[True, False, True, True]]).expand(4, 4)  # keys 0, 2, 3: not a prefix
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: F.linear(torch.empty(2, 4, device="meta"), torch.empty(3, 4, device="meta")),
+            "no implementation for meta",
+        ),
+        (lambda: F.scaled_dot_product_attention(Q, Q, Q, dropout_p=0.1), "without dropout, got dropout_p=0.1"),
+        (lambda: F.scaled_dot_product_attention(Q, Q, Q, attn_mask=SCATTERED), "prefix of the keys"),
+        # a float mask, not read as a bool: refused
+        (
+            lambda: F.scaled_dot_product_attention(Q, Q, Q, attn_mask=torch.zeros(4, 4)),
+            "boolean masks .* got torch.float32",
+        ),
+    ],
+    ids=["meta", "dropout", "scattered-mask", "float-mask"],
+)
+def test_what_the_mode_refuses_to_compute_is_said_clearly(call, message: str) -> None:
+    with bi.batch_invariant(), pytest.raises(ValueError, match=message):
+        call()
 
 
 @pytest.mark.slow  # a fresh interpreter

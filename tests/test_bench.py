@@ -83,7 +83,7 @@ def test_training_alternates_with_nanogpt_and_reads_our_metrics(bench_files, tmp
     command += " --iters 3 --target_val 3.85 --device cpu --out {out}"
     result = training.main(cli(command, **bench_files, out=out))
     ours, nano = result["sides"]["builtin eager"], result["sides"]["nanogpt"]
-    assert ours["runs_ok"] == nano["runs_ok"] == 2 and ours["ms_per_iter"] > 0 and ours["max_rss_mib"] > 10
+    assert ours["runs_ok"] == nano["runs_ok"] == 2 and ours["max_rss_mib"] > 10
     # nanoGPT ran 0..5; its eval iterations (0 and 5) and the warm-up (0, 1) are not timed: 2, 3, 4 are.
     assert nano["ms_per_iter"] == sorted(fake_ms(i) for i in (2, 3, 4))[1]
     assert nano["best_val_loss"] == pytest.approx(3.5)
@@ -169,42 +169,51 @@ def test_profile_sorts_a_training_step_into_its_categories(bench_files, tmp_path
     command = "--config {config} --data_dir {data} --norms builtin,custom --device cpu --out {out}"
     result = profile.main(cli(command, **bench_files, out=out))
     for row in result["norms"].values():
-        assert row["ms_per_step"] > 0 and row["kernels_per_step"] is None and row["cpu_us_per_step"]
+        assert row["kernels_per_step"] is None and row["cpu_us_per_step"]
         assert all(row["category_us_per_step"][c] > 0 for c in profile.CATEGORIES)
         assert row["matmul_gflop_per_step"] > 0 and row["matmul_gflops_alone"] > 0
     assert out.with_suffix(".png").stat().st_size > 1000 and "| custom |" in out.with_suffix(".md").read_text()
 
 
-def test_profile_categories_follow_the_outermost_caller():
-    """An op counts where its outermost matching caller puts it; the clip's and AdamW's ops are the optimizer's,
-    though no range of ours wraps them (step.train_step runs them)."""
+def chain(*names: str) -> SimpleNamespace:
+    """A profiler event and its callers, outermost first: the innermost event."""
+    event = None
+    for name in names:
+        event = SimpleNamespace(name=name, cpu_parent=event)
+    return event
 
-    def chain(*names):  # outermost first -> the innermost event
-        event = None
-        for name in names:
-            event = SimpleNamespace(name=name, cpu_parent=event)
-        return event
 
-    assert profile.category(chain("aten::linear", "aten::addmm")) == "matrix products"
-    assert profile.category(chain("aten::scaled_dot_product_attention", "aten::bmm")) == "attention"
-    assert profile.category(chain("autograd::engine::evaluate_function: MmBackward0", "aten::mm")) == "matrix products"
-    assert profile.category(chain("norm", "aten::mean")) == "norms"
-    assert profile.category(chain("Optimizer.step#AdamW.step", "aten::_fused_adamw_")) == "optimizer"
-    assert profile.category(chain("Optimizer.zero_grad#AdamW.zero_grad")) == "optimizer"
-    for clip_op in ("aten::_foreach_norm", "aten::stack", "aten::linalg_vector_norm", "aten::_foreach_mul_"):
-        assert profile.category(chain(clip_op)) == "optimizer", clip_op
-    assert profile.category(chain("data", "aten::randint")) == "data"
-    assert profile.category(chain("aten::add")) == "everything else"
+@pytest.mark.parametrize(
+    "names, category",
+    [
+        (("aten::linear", "aten::addmm"), "matrix products"),
+        (("aten::scaled_dot_product_attention", "aten::bmm"), "attention"),
+        (("autograd::engine::evaluate_function: MmBackward0", "aten::mm"), "matrix products"),
+        (("norm", "aten::mean"), "norms"),
+        (("Optimizer.step#AdamW.step", "aten::_fused_adamw_"), "optimizer"),
+        (("Optimizer.zero_grad#AdamW.zero_grad",), "optimizer"),
+        # the clip's ops are the optimizer's, though no range of ours wraps them (step.train_step runs them)
+        *[
+            ((op,), "optimizer")
+            for op in ("aten::_foreach_norm", "aten::stack", "aten::linalg_vector_norm", "aten::_foreach_mul_")
+        ],
+        (("data", "aten::randint"), "data"),
+        (("aten::add",), "everything else"),
+    ],
+)
+def test_profile_categories_follow_the_outermost_caller(names: tuple[str, ...], category: str) -> None:
+    assert profile.category(chain(*names)) == category
 
 
 @pytest.mark.slow  # three train.py processes
-def test_resume_finds_2_plus_2_iterations_the_same_as_4_with_dropout(bench_files, tmp_path):
-    command = "--config {config} --set data_dir={data} --set device=cpu --set dropout=0.2 --out {out}"
+def test_resume_compares_every_loss_the_straight_run_logged(bench_files, tmp_path):
+    """bench/resume's plumbing: both runs evaluate at the cut and log each iteration, the resumed run's losses
+    reach the comparison, --rtol the verdict. (That a resume is exact: tests/test_train.py.)"""
+    command = "--config {config} --set data_dir={data} --set device=cpu --rtol 1 --out {out}"
     result = resume.main(cli(command, **bench_files, out=tmp_path / "resume.json"))
-    assert result["same"] and result["max_relative_loss_gap"] == 0 and result["max_weight_gap"] == 0
-    logged = [(kind, it) for kind, it, _, _ in result["losses"]]
-    assert logged == [("eval", 0), ("eval", 2), ("eval", 4), *[("train", i) for i in range(4)]]
-    assert "the same run" in (tmp_path / "resume.md").read_text()
+    logged = [(kind, it, resumed is not None) for kind, it, _, resumed in result["losses"]]
+    assert logged == [("eval", 0, True), ("eval", 2, True), ("eval", 4, True), *[("train", i, True) for i in range(4)]]
+    assert "(allowed 1); final weights'" in (tmp_path / "resume.md").read_text()
 
 
 def test_resume_comparison_sees_a_different_loss_or_weight(tmp_path):
@@ -224,14 +233,13 @@ def test_resume_comparison_sees_a_different_loss_or_weight(tmp_path):
     assert not result["same"] and resume.compare(tmp_path / "a", tmp_path / "a", rtol=0)["same"]
 
 
-def test_decoding_paths_agree(bench_files, tmp_path):
+def test_decoding_times_every_path_at_every_batch(bench_files, tmp_path):
     out = tmp_path / "decode.json"
     command = "--sizes {config} --batches 1,2 --prompt_len 4 --new_tokens 16 --repeats 1 --device cpu --out {out}"
     result = decoding.main(cli(command, **bench_files, out=out))
-    assert [r["batch"] for r in result["runs"]] == [1, 2]
-    for r in result["runs"]:  # block 16, prompt 4: the first 12 tokens are compared cached vs uncached
-        assert set(r["tokens_per_s"]) == set(decoding.PATHS) and all(v > 0 for v in r["tokens_per_s"].values())
-        assert r["cached_equals_uncached_up_to_block"] and r["mode_equals_cached"]
+    assert [(r["batch"], sorted(r["tokens_per_s"])) for r in result["runs"]] == [
+        (b, sorted(decoding.PATHS)) for b in (1, 2)
+    ]
     assert "mode's time per token" in out.with_suffix(".md").read_text()
     assert "cached / linears" in out.with_suffix(".md").read_text()
 
@@ -259,11 +267,19 @@ def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
 
 
 @pytest.mark.parametrize(
-    "norms", [pytest.param("builtin,custom,triton", marks=[needs_triton, pytest.mark.slow]), "builtin,custom"]
+    "flag, norms",
+    [
+        pytest.param("--out_dir", "builtin,custom,triton", marks=[needs_triton, pytest.mark.slow]),
+        ("--out_dir", "builtin,custom"),
+        ("--ckpt", "builtin,custom"),
+    ],
 )
-def test_decoding_one_checkpoint_with_each_layernorm(trained, norms):
-    command = "--out_dir {out} --norms {norms} --paths cached --batches 1 --new_tokens 8 --repeats 1 --device cpu"
-    result = decoding.main(cli(command, out=trained[0], norms=norms))
+def test_decoding_one_checkpoint_with_each_layernorm(trained, flag, norms):
+    """A checkpoint's folder (--out_dir) or its file (--ckpt), loaded with each of --norms: the same tokens."""
+    where = trained[0] / "ckpt.pt" if flag == "--ckpt" else trained[0]
+    command = "{flag} {where} --norms {norms} --paths cached --batches 1 --new_tokens 8 --repeats 1 --device cpu"
+    result = decoding.main(cli(command, flag=flag, where=where, norms=norms))
+    assert [r["model"] for r in result["runs"]] == [f"{trained[0] / 'ckpt.pt'} norm={n}" for n in norms.split(",")]
     assert [r["same_tokens_as_first"] for r in result["runs"]] == [True] * len(norms.split(","))
 
 
@@ -276,10 +292,10 @@ def test_decoding_refuses_triton_where_it_cannot_run_in_one_line(trained, triton
     assert capsys.readouterr().out == ""
 
 
-def test_matmul_rows_in_the_mode_do_not_depend_on_their_company():
+def test_matmul_times_f_linear_at_each_count_of_rows():
+    """--matmul's plumbing; that the mode's rows do not depend on their company: tests/test_batch_invariant.py."""
     result = decoding.main(["--matmul", "--widths", "16", "--device", "cpu"])
-    assert [r["M"] for r in result["matmul"]] == list(decoding.MATMUL_ROWS)
-    assert all(r["mode_diff"] == 0 and r["stock_us"] > 0 and r["mode_us"] > 0 for r in result["matmul"])
+    assert [(r["K=N"], r["M"]) for r in result["matmul"]] == [(16, m) for m in decoding.MATMUL_ROWS]
 
 
 @pytest.mark.slow  # children that allocate, and one that must be killed

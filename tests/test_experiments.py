@@ -30,7 +30,7 @@ def test_inside_norms_smoke(tmp_path, tiny_data, monkeypatch, capsys, norm_posit
     result = json.loads((out / "inside_norms.json").read_text())
     for key in ("resid_in", "ln_1_out", "ln_2_out"):
         assert len(result["token_rms"][key]) == 3, key
-    assert result["model_args"]["n_layer"] == 3 and result["run_time_s"] > 0
+    assert result["model_args"]["n_layer"] == 3
     assert {"weight", "bias"} <= result["params"]["0.ln_1"].keys()
     assert ("ln_f" in result["params"]) == (norm_position == "pre")
     if norm_position == "pre":  # at init (weight 1, bias 0): RMS 1 (a little less: eps)
@@ -44,7 +44,7 @@ def test_norm_placement_smoke(tmp_path, tiny_data, monkeypatch, capsys):
     run_experiment(monkeypatch, capsys, "norm_placement", "--smoke", f"--data_dir={tiny_data}", f"--results_dir={out}")
     assert (out / "grad_norms.png").stat().st_size > 0 and (out / "training.png").stat().st_size > 0
     result = json.loads((out / "norm_placement.json").read_text())
-    assert result["run_time_s"] > 0 and "--smoke" in result["command"] and result["machine"]["cpu_count"]
+    assert "--smoke" in result["command"] and result["machine"]["cpu_count"]
     for position in ("pre", "post"):
         for part in ("attn", "mlp"):
             norms = result["grad_norms_at_init"][position][part]
@@ -110,7 +110,7 @@ def test_dyt_stall_smoke(tmp_path, tiny_data, monkeypatch, capsys):
     run_experiment(monkeypatch, capsys, "dyt_stall", "--smoke", f"--data_dir={tiny_data}", f"--results_dir={out}")
     assert (out / "dyt_stall.png").stat().st_size > 0
     result = json.loads((out / "dyt_stall.json").read_text())
-    assert result["run_time_s"] > 0 and set(result["train_commands"]) == set(result["results"])
+    assert set(result["train_commands"]) == set(result["results"])
     ln, old, new = result["results"].values()
     norms = ["h.0.ln_1", "h.0.ln_2", "h.1.ln_1", "h.1.ln_2", "ln_f"]
     for r in (ln, old, new):
@@ -134,7 +134,7 @@ def load_script(name: str):
     return module
 
 
-def test_centre_only_against_float64_and_swapped_in_for_every_norm():
+def test_centre_only_against_float64_and_swapped_in_for_every_norm(tiny_data):
     car = load_script("centre_and_rescale")
     m = car.CentreOnly(8)
     with torch.no_grad():
@@ -142,10 +142,12 @@ def test_centre_only_against_float64_and_swapped_in_for_every_norm():
     x = torch.randn(3, 5, 8)
     x64, w64, b64 = x.double(), m.weight.double(), m.bias.double()
     torch.testing.assert_close(m(x).double(), (x64 - x64.mean(-1, keepdim=True)) * w64 + b64, rtol=0, atol=1e-6)
-    args = car.parse(["--smoke"])
-    model = car.build("centre", car.row_config("centre", 0, args), vocab_size=30)
-    norms = [model.transformer.ln_f] + [n for b in model.transformer.h for n in (b.ln_1, b.ln_2)]
+    args = car.parse(["--smoke", f"--data_dir={tiny_data}"])
+    run = car.new_row_run("centre", car.row_config("centre", 0, args))
+    norms = [run.model.transformer.ln_f] + [n for b in run.model.transformer.h for n in (b.ln_1, b.ln_2)]
     assert all(type(n) is car.CentreOnly for n in norms)
+    optimized = {id(p) for group in run.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in run.model.parameters()}  # the CentreOnly weights are trained too
     assert set(car.ROWS) == {"layernorm", "rmsnorm", "centre", "dyt", "none"} and "centre" not in NORMS
     assert car.row_config("dyt", 0, args).embed_scale and not car.row_config("rmsnorm", 0, args).embed_scale
 

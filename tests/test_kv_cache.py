@@ -1,14 +1,14 @@
-"""Decoding with the KV cache: the same computation as without it, per row independent of the batch, and past
-block_size exactly the window model.py documents for the cached path (it refills the last block_size // 2 tokens;
-the uncached path's sliding window is nanoGPT's, checked in test_nanogpt.py)."""
+"""Decoding with the KV cache: the same computation as without it, and past block_size exactly the window model.py
+documents for the cached path (it refills the last block_size // 2 tokens; the uncached path's sliding window is
+nanoGPT's, checked in test_nanogpt.py). A row decodes the same alone and in a batch: batch_independence.py's check (1),
+every norm, in test_batch_independence.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers import TINY, needs_triton, randomize_norms, sharpen_logits, tiny_model
-from layernorm import LAYERNORMS
+from helpers import TINY, randomize_norms, sharpen_logits, tiny_model
 from model import GPT, KVCache
 
 BLOCK = TINY.block_size
@@ -57,28 +57,6 @@ def test_prefill_then_single_tokens_equal_one_full_forward(norm: str) -> None:
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=TOL)
 
 
-# The Triton interpreter is slow: Triton runs the cached path only, the one this is about.
-@pytest.mark.parametrize(
-    ("norm", "use_kv_cache"),
-    [
-        pytest.param(n, c, marks=[needs_triton, pytest.mark.slow]) if n == "triton" else (n, c)
-        for n in (*LAYERNORMS, "rmsnorm")
-        for c in (True, False)
-        if c or n != "triton"
-    ],
-)
-def test_a_row_alone_and_in_a_batch_decode_the_same(norm: str, use_kv_cache: bool) -> None:
-    model = tiny(norm)
-    batch = prompts(4, 6, seed=2)
-    assert len({tuple(row.tolist()) for row in batch}) == 4  # four different prompts
-    greedy = {"temperature": 0, "use_kv_cache": use_kv_cache, "return_logits": True}
-    alone, alone_logits = model.generate(batch[:1], BLOCK - 6, **greedy)
-    together, together_logits = model.generate(batch, BLOCK - 6, **greedy)
-    assert torch.equal(alone[0], together[0])
-    torch.testing.assert_close(alone_logits[0], together_logits[0], rtol=0, atol=TOL)
-    assert not torch.equal(together[1:, 6:], together[:1, 6:].expand(3, -1))  # the other rows are other text
-
-
 def reference_sampling(
     model: GPT, idx: torch.Tensor, steps: int, temperature: float, top_k: int, seed: int
 ) -> torch.Tensor:
@@ -105,7 +83,6 @@ def test_generate_for_a_seed_is_nanogpts_sampling_and_stream_yields_its_steps(us
     )
     assert torch.equal(out, reference_sampling(model, idx, steps, 0.8, 6, seed=11))
     streamed = list(model.stream(idx, steps, **sampling, generator=torch.Generator().manual_seed(11)))
-    assert [tuple(t.shape) for t, _ in streamed] == [(2, 1)] * steps
     assert torch.equal(torch.cat([idx, *(t for t, _ in streamed)], dim=1), out)
     assert torch.equal(torch.stack([step_logits for _, step_logits in streamed], dim=1), logits)
 
@@ -127,31 +104,20 @@ def test_cached_overflow_refills_the_last_half_block(prompt_len: int) -> None:
         with torch.no_grad():  # one full forward pass over the window; its last position's logits
             want = model(out[:, start:end])[0][:, -1]
         torch.testing.assert_close(logits[:, step], want, rtol=0, atol=TOL, msg=f"step {step}, window {start}:{end}")
-    # where the windows coincide (up to block_size tokens in all), the two paths agree
-    plain = model.generate(idx, steps, temperature=0, use_kv_cache=False, return_logits=True)[1]
-    same = [s for s, (start, end) in enumerate(windows) if start == max(0, end - BLOCK)]
-    assert same and torch.allclose(plain[:, same], logits[:, same], rtol=0, atol=TOL)
 
 
 # --- bad input -------------------------------------------------------------------------------------------------------
 
 
 def test_generate_rejects_bad_input_with_clear_errors() -> None:
+    """The prompt's shape and the cache's room; the sampling settings' checks (raised by GPT.stream's call itself,
+    before any step) are test_sample.py's test_bad_arguments, through the flags that name them."""
     model = tiny()
     idx = prompts(1, 3)
-    for temperature in (-0.5, float("nan")):
-        with pytest.raises(ValueError, match="temperature"):
-            model.generate(idx, 2, temperature=temperature)
-    with pytest.raises(ValueError, match="temperature"):
-        model.stream(idx, 2, temperature=-1.0)  # raised by the call itself, before any next()
-    with pytest.raises(ValueError, match="top_k"):
-        model.generate(idx, 2, top_k=0)
     with pytest.raises(ValueError, match=r"shape \[B, T\]"):
         model.generate(idx[0], 2)  # 1-D
     with pytest.raises(ValueError, match="T >= 1"):
         model.generate(idx[:, :0], 2)  # empty prompt
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        model.generate(idx, -1)
     out, logits = model.generate(idx, 0, return_logits=True)
     assert torch.equal(out, idx) and logits.shape == (1, 0, TINY.vocab_size)
     cache = KVCache(model.config, 1, idx.device, torch.float32)

@@ -5,9 +5,7 @@ import os
 import sys
 
 import pytest
-import torch
 
-import layernorm
 from bench import kernels
 from helpers import needs_triton, python
 
@@ -21,7 +19,7 @@ def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
         (i, n, c) for n in (16, 8) for c in (24, 40) for i in ("custom", "builtin", "naive")
     ]
     for r in result["results"]:  # the same function: within float32 rounding of the built-in
-        assert r["max_abs_err_vs_builtin"] < 1e-5 and r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0
+        assert r["max_abs_err_vs_builtin"] < 1e-5
         two_passes = 2 * r["rows"] * r["C"] * 4  # bytes: float32 read once and written once
         assert r["fwd_gbps"] == pytest.approx(two_passes / (r["fwd_ms"] / 1e3) / 1e9)
     assert "| custom | [16, 24] | float32 |" in out.with_suffix(".md").read_text()
@@ -45,16 +43,12 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
 def test_overhead_stubs_the_launches_and_puts_them_back():
     import layernorm_triton
 
-    before = layernorm_triton.layer_norm_fwd_kernel
-    x = torch.randn(8, 384)
+    before = dict(vars(layernorm_triton))
     result = kernels.main(["--device", "cpu", "--overhead", "--calls", "3", "--repeats", "1"])
     assert {(r["impl"], r["what"]) for r in result["overhead"]} == {
         (i, w) for i in ("builtin", "triton") for w in ("fwd", "fwd+bwd")
     }
-    assert all(r["us"] > 0 for r in result["overhead"])
-    assert layernorm_triton.layer_norm_fwd_kernel is before  # the real kernels again, for everything after
-    norm = layernorm.make_norm("triton", 384)
-    torch.testing.assert_close(norm(x), torch.nn.functional.layer_norm(x, (384,), norm.weight, norm.bias))
+    assert vars(layernorm_triton) == before  # every real kernel back, for everything after
 
 
 @pytest.mark.slow  # the script re-executes itself: two processes, twice

@@ -57,9 +57,8 @@ def test_get_lr_landmarks(name):
 # ---- the loop ----
 
 CLIP = 1.1  # the tiny model's first gradients have norms about 1.0 to 1.25: it binds at some iterations, not all
-MAX_ITERS = 6
 LOOP_FLAGS = [
-    f"--max_iters={MAX_ITERS}",
+    "--max_iters=6",
     "--eval_interval=1",
     "--eval_iters=3",
     "--gradient_accumulation_steps=2",
@@ -189,27 +188,18 @@ LOSS_REL = 1e-6
 
 def test_every_step_matches_the_reference_loop(loop_and_reference):
     """Iteration by iteration: the learning rate, the gradient the optimizer is handed (accumulated over the
-    micro-steps, then clipped), the parameters after the step."""
+    micro-steps, then clipped), the parameters after the step. With CLIP the clip binds at some iterations, not all:
+    a gradient clipped where it should not be, or not where it should, differs from the reference's."""
     seen, ref, _, cfg = loop_and_reference
     assert len(seen["grads"]) == len(ref["grads"]) == cfg.max_iters
+    if cfg.grad_clip:
+        assert min(ref["norm"]) < cfg.grad_clip < max(ref["norm"]), (ref["norm"], "choose CLIP between the norms")
     for it in range(cfg.max_iters):
         assert seen["lr"][it] == pytest.approx([ref["lr"][it]] * len(seen["lr"][it]), rel=1e-12), it
         for name, grad in seen["grads"][it].items():
             torch.testing.assert_close(grad, ref["grads"][it][name], **GRAD_TOL, msg=f"iteration {it}: grad of {name}")
         for name, param in seen["params"][it].items():
             torch.testing.assert_close(param, ref["params"][it][name], **PARAM_TOL, msg=f"iteration {it}: {name}")
-
-
-def test_the_clip_bound_where_it_should(loop_and_reference):
-    """The clip by hand: the gradient handed to the optimizer has norm grad_clip where the accumulated one's was
-    above it, and that norm elsewhere (or always, with grad_clip=0); with CLIP it binds at some iterations, not all."""
-    seen, ref, _, cfg = loop_and_reference
-    norms = [math.sqrt(sum(g.double().pow(2).sum().item() for g in grads.values())) for grads in seen["grads"]]
-    clipped = [raw > cfg.grad_clip for raw in ref["norm"]] if cfg.grad_clip else [False] * cfg.max_iters
-    expected = [cfg.grad_clip if c else raw for c, raw in zip(clipped, ref["norm"], strict=True)]
-    assert norms == pytest.approx(expected, rel=1e-5)
-    if cfg.grad_clip:
-        assert any(clipped) and not all(clipped), (ref["norm"], "choose CLIP between the norms")
 
 
 def test_logged_losses_match_the_reference_loop(loop_and_reference):

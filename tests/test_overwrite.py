@@ -21,17 +21,21 @@ def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless
     (out / "notes.txt").write_text("mine", encoding="utf-8")  # a folder without a checkpoint: not refused
     train.main(tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=4"))
     before = (out / "ckpt.pt").read_bytes()
-    proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=2", "--seed=7"))
-    err = assert_one_line_error(proc, 1, str(out / "ckpt.pt"), "--out_dir", "--init_from=resume", "--overwrite=True")
-    assert err.startswith("error: ")
+    proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=2"))
+    assert_one_line_error(
+        proc,
+        1,
+        f"error: {out / 'ckpt.pt'} holds another run's checkpoint",
+        "--out_dir",
+        "--init_from=resume",
+        "--overwrite=True",
+    )
     assert (out / "ckpt.pt").read_bytes() == before  # untouched
     with pytest.raises(CheckpointError):  # the same from train.main, before any data or model is loaded
         train.main(tiny_args(tmp_path / "missing", out, "--max_iters=2"))
-    # --overwrite=True replaces it with the new run's
-    assert load_checkpoint(out / "ckpt.pt")["config"]["seed"] == 1337
-    train.main(tiny_args(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--seed=7", "--overwrite=True"))
-    ckpt = load_checkpoint(out / "ckpt.pt")
-    assert ckpt["iter_num"] == 2 and ckpt["config"]["seed"] == 7
+    # --overwrite=True replaces it with the new run's (of 2 iterations, not 4)
+    train.main(tiny_args(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--overwrite=True"))
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 2
 
 
 def test_start_up_says_post_norm_and_a_learning_rate_that_will_not_decay_fully(
@@ -45,8 +49,7 @@ def test_start_up_says_post_norm_and_a_learning_rate_that_will_not_decay_fully(
     assert "lr_decay_iters=40 is past max_iters=3" in note and "--lr_decay_iters=3" in note
     ends_at = float(note.split("ends at ")[1].split(",")[0])
     cfg = train.build_config(train.parse_args(tiny_args(tiny_data, tmp_path)))
-    assert ends_at == pytest.approx(train.get_lr(2, cfg))
-    assert ends_at > 5e-4  # far from min_lr (1e-4): the point of the note
+    assert ends_at == pytest.approx(train.get_lr(2, cfg))  # the last iteration's, far above min_lr (1e-4)
     train.main(tiny_args(tiny_data, tmp_path / "pre", "--max_iters=3", "--lr_decay_iters=3"))
     out = capsys.readouterr().out
     assert "norm=builtin, pre-norm," in out and "note: lr_decay_iters" not in out

@@ -1,0 +1,182 @@
+"""train.py as processes: kill -9 then resume, Ctrl-C (SIGINT) and SIGTERM then resume, and several processes under
+torchrun (DistributedDataParallel over gloo on the CPU), one of them interrupted.
+
+Each interrupted run is a real process (the point is what a signal does to one, and the exit status a shell sees);
+a resumed one-process run and the uninterrupted reference run in this process with the same single thread, and the
+resumed run must give exactly the reference's losses, iteration by iteration. A 2-process run and a 1-process run
+with the same global batch (gradient_accumulation_steps is the global number of micro-batches) see the same data and
+must give the same losses, to float tolerance (the gradient all-reduce sums in another order).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from helpers import ROOT, n_train_records, records, start, subprocess_env, tiny_args, train_losses, wait_for
+from machinery.checkpoint import load_checkpoint
+from machinery.options import ConfigError
+
+# ---- one process, killed or interrupted ----
+
+
+# dropout > 0: the dropout masks draw from the torch RNG, whose state must come back from the checkpoint too.
+# (Every norm's exact resume: test_train.py::test_every_norm_resumes_with_the_losses_of_an_uninterrupted_run.)
+@pytest.mark.slow
+def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, tiny_data: Path) -> None:
+    args = tiny_args(tiny_data, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", "--dropout=0.1")
+    proc = start(args + ["--max_iters=100000"])
+    wait_for(lambda: n_train_records(tmp_path / "run") >= 15, proc)  # well past the checkpoint at 10, mid-run
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    k = load_checkpoint(tmp_path / "run" / "ckpt.pt")["iter_num"]
+    assert k >= 10 and k % 10 == 0
+    n = k + 6
+    train.main(args + ["--init_from=resume", f"--max_iters={n}"])
+    train.main([*args, f"--out_dir={tmp_path / 'whole'}", f"--max_iters={n}"])  # (a later flag wins)
+    # metrics.jsonl of the killed-and-resumed run reads as one run: the killed tail was replaced.
+    assert [r["iter"] for r in records(tmp_path / "run", "train")] == list(range(n))
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")
+
+
+def run_printed_command(command: str, *extra: str) -> str:
+    """The resume command train.py printed, `[mv A B && ]python train.py ARGS`, with EXTRA appended, run as printed
+    by a shell from the repository's root, its `python` this suite's interpreter. Returns its stdout."""
+    assert command.count("python train.py ") == 1, command
+    line = command.replace("python train.py ", f"{shlex.quote(sys.executable)} train.py ")
+    proc = subprocess.run(
+        f"{line} {shlex.join(extra)}", shell=True, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "always_save"),
+    [(signal.SIGINT, True), (signal.SIGINT, False), (signal.SIGTERM, True)],
+    ids=["ctrl-c", "ctrl-c-best-only", "sigterm"],
+)
+def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
+    tmp_path: Path, tiny_data: Path, sig: signal.Signals, always_save: bool
+) -> None:
+    """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
+    run with exactly the losses of an uninterrupted one."""
+    out = tmp_path / "run"
+    flags = ["--eval_interval=1000", "--lr_decay_iters=200", "--dropout=0.1", f"--always_save_checkpoint={always_save}"]
+    args = tiny_args(tiny_data, out, *flags)
+    proc = start(args + ["--max_iters=100000"])
+    wait_for(lambda: n_train_records(out) >= 5, proc)
+    proc.send_signal(sig)
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, (stdout[-1000:], err[-2000:])
+    assert "Traceback" not in err
+    # In best-only mode ckpt.pt is never overwritten by an interruption: the state goes beside it.
+    saved = out / ("ckpt.pt" if always_save else "ckpt_interrupted.pt")
+    assert (out / "ckpt.pt").exists() == always_save
+    k = load_checkpoint(saved)["iter_num"]  # eval_interval=1000: only the interruption saved one
+    assert k >= 5
+    assert f"interrupted ({sig.name}) after {k} iterations; saved {saved}. To continue the run: " in err
+    command = err.split("To continue the run: ")[1].strip()  # in best-only mode, `mv` it to ckpt.pt first
+    n = k + 4
+    resumed = run_printed_command(command, f"--max_iters={n}")
+    assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed
+    train.main([*args, f"--out_dir={tmp_path / 'whole'}", "--always_save_checkpoint=True", f"--max_iters={n}"])
+    assert sorted(train_losses(out)) == list(range(n))
+    assert train_losses(out) == train_losses(tmp_path / "whole")
+
+
+# ---- several processes ----
+
+
+def torchrun(args: list[str]) -> subprocess.Popen[str]:
+    """`torchrun --standalone --nproc_per_node=2 train.py ARGS` with this suite's interpreter, started."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args]
+    pipe = subprocess.PIPE
+    return subprocess.Popen(argv, cwd=ROOT, env=subprocess_env(), stdout=pipe, stderr=pipe, text=True)
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process(tmp_path: Path, tiny_data: Path) -> None:
+    args = ["--gradient_accumulation_steps=4", "--max_iters=4", "--eval_interval=2", "--dropout=0.0"]
+    proc = torchrun(tiny_args(tiny_data, tmp_path / "ddp", *args))
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    assert stdout.count("iter 3: loss") == 1  # only rank 0 prints
+    single = train.main(tiny_args(tiny_data, tmp_path / "one", *args))
+
+    assert [r["iter"] for r in records(tmp_path / "ddp", "train")] == [0, 1, 2, 3]  # one record each: rank 0 writes
+    assert train_losses(tmp_path / "ddp") == pytest.approx(train_losses(tmp_path / "one"), abs=1e-5)
+    ddp_evals, one_evals = eval_losses(tmp_path / "ddp"), eval_losses(tmp_path / "one")
+    assert sorted({it for it, _ in one_evals}) == [0, 2, 4]
+    assert ddp_evals == pytest.approx(one_evals, abs=1e-5)
+    (summary,) = records(tmp_path / "ddp", "summary")
+    assert summary["world_size"] == 2 and summary["final_val_loss"] == pytest.approx(single["final_val_loss"], abs=1e-5)
+
+    # The checkpoint is rank 0's model, the one-process run's.
+    ckpt = load_checkpoint(tmp_path / "ddp" / "ckpt.pt")
+    assert ckpt["iter_num"] == 4
+    for key, value in load_checkpoint(tmp_path / "one" / "ckpt.pt")["model"].items():
+        torch.testing.assert_close(ckpt["model"][key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_accumulation_steps_must_divide_among_processes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_data: Path
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError) as e:
+        train.main(tiny_args(tiny_data, tmp_path / "out", "--gradient_accumulation_steps=3"))
+    assert "gradient_accumulation_steps=3" in str(e.value) and "processes (2)" in str(e.value)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_uninterrupted_losses(
+    tmp_path: Path, tiny_data: Path
+) -> None:
+    """With no log line to wait for (log_interval is huge), a signal to rank 1 alone still stops both processes
+    at the next iteration, and rank 0 saves that iteration's state, each process's own dropout stream among it.
+    Resumed from it, the 2-process run gets the losses of a run never interrupted."""
+    args = ["--gradient_accumulation_steps=2", "--dropout=0.2", "--eval_interval=1000000"]
+    out = tmp_path / "cut"
+    proc = torchrun(tiny_args(tiny_data, out, *args, "--max_iters=1000000", "--log_interval=1000000"))
+    wait_for(lambda: (out / "metrics.jsonl").exists() and bool(records(out, "eval")), proc, timeout=180)
+    time.sleep(0.5)  # into training
+    rank1 = next(pid for pid in children(proc.pid) if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())
+    os.kill(rank1, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    it = ckpt["iter_num"]
+    assert 0 < it < 1000000
+    assert f"interrupted (SIGINT) after {it} iterations" in stderr, stderr[-2000:]
+    ranks = ckpt["rng_ranks"]
+    assert len(ranks) == 2 and not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+
+    end = it + 3
+    for out_dir, extra in ((out, ["--init_from=resume"]), (tmp_path / "whole", [])):
+        done = torchrun(tiny_args(tiny_data, out_dir, *args, f"--max_iters={end}", "--log_interval=1", *extra))
+        stdout, stderr = done.communicate(timeout=240)
+        assert done.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    whole, cut = train_losses(tmp_path / "whole"), train_losses(out)
+    assert sorted(whole) == list(range(end)) and sorted(cut) == [0, *range(it, end)]
+    assert [cut[i] for i in range(it, end)] == [whole[i] for i in range(it, end)]
+
+
+def eval_losses(out_dir: Path) -> dict[tuple[int, str], float]:
+    """(iteration, split) -> the evaluation's loss, from metrics.jsonl."""
+    return {(r["iter"], split): r[f"{split}_loss"] for r in records(out_dir, "eval") for split in ("train", "val")}
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
