@@ -23,9 +23,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from layernorm import TritonUnavailableError, layer_norm, layer_norm_naive, make_norm
+from layernorm import TritonUnavailableError, layer_norm_naive, make_norm
 from machinery.checkpoint import FORMAT, save_checkpoint
 from model import GPT, GPTConfig
 
@@ -36,9 +35,9 @@ VOCAB = len(set(TEXT))  # 30
 # The tests' model: every test that needs a GPT starts from this one (replace() what a test is about).
 TINY = GPTConfig(block_size=16, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size")
-TINY_FLAGS = [f"--{name}={getattr(TINY, name)}" for name in MODEL_FLAGS]  # TINY as train.py's options
+# TINY as train.py's options, and a short run of it: tiny_args, and what test_readme_commands appends to train.py.
 TINY_TRAIN = [
-    *TINY_FLAGS,
+    *(f"--{name}={getattr(TINY, name)}" for name in MODEL_FLAGS),
     *"--batch_size=4 --eval_iters=2 --log_interval=1 --warmup_iters=2 --lr_decay_iters=40 --device=cpu".split(),
     "--sample_at_end=False",
 ]
@@ -117,37 +116,35 @@ def make_inputs(
     return tuple(t.to(device=DEVICE, dtype=dtype) for t in (x, w, b, dy))
 
 
-def run_impl(impl: str, x, weight, bias, eps=1e-5) -> torch.Tensor:
-    if impl == "custom":
-        return layer_norm(x, weight, bias, eps)
-    if impl == "builtin":
-        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    if impl == "triton":
-        import layernorm_triton  # imports triton: only where a test asks for it
-
-        return layernorm_triton.layer_norm_triton(x, weight, bias, eps)
-    raise AssertionError(impl)
-
-
 def layer_norm_reference(x, weight, bias, dy, eps=1e-5, correction=0, name="layernorm") -> tuple[torch.Tensor, ...]:
     """(y, dx, dweight[, dbias]) in float64, autograd through the formula (of RMSNorm for name="rmsnorm")."""
     x, weight = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
     bias = None if bias is None else bias.detach().double().requires_grad_()
     if name == "rmsnorm":
-        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight + bias
+        y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight
+        y = y if bias is None else y + bias
     else:
         y = layer_norm_naive(x, weight, bias, eps, correction)
     inputs = (x, weight) if bias is None else (x, weight, bias)
     return y.detach(), *torch.autograd.grad(y, inputs, dy.double())
 
 
-def forward_backward(impl: str, x, weight, bias, dy, eps=1e-5) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """y and (dx, dweight[, dbias]) of run_impl(impl, ...) for the upstream gradient dy."""
-    x, weight = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
-    bias = None if bias is None else bias.detach().clone().requires_grad_()
-    y = run_impl(impl, x, weight, bias, eps)
-    inputs = (x, weight) if bias is None else (x, weight, bias)
-    return y.detach(), torch.autograd.grad(y, inputs, dy)
+def norm_with(name: str, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5) -> torch.nn.Module:
+    """make_norm(name)'s module holding `weight` and `bias` (None: bias=False), in their dtype and on their device."""
+    norm = make_norm(name, weight.shape[0], bias=bias is not None, eps=eps).to(weight)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+        if bias is not None:
+            norm.bias.copy_(bias)
+    return norm
+
+
+def forward_backward(name: str, x, weight, bias, dy, eps=1e-5) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """y and (dx, dweight[, dbias]) of norm_with(name, weight, bias) on x (its strides kept), for upstream dy."""
+    norm = norm_with(name, weight, bias, eps)
+    x = x.detach().requires_grad_()
+    y = norm(x)
+    return y.detach(), torch.autograd.grad(y, (x, *norm.parameters()), dy)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -157,9 +154,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return err / scale if scale > 0 else err
 
 
-def assert_matches_reference(impl: str, x, weight, bias, dy, tol: float = 1e-5) -> None:
-    y, grads = forward_backward(impl, x, weight, bias, dy)
-    for out, ref in zip((y, *grads), layer_norm_reference(x, weight, bias, dy), strict=True):
+def assert_matches_reference(name: str, x, weight, bias, dy, tol: float = 1e-5) -> None:
+    y, grads = forward_backward(name, x, weight, bias, dy)
+    for out, ref in zip((y, *grads), layer_norm_reference(x, weight, bias, dy, name=name), strict=True):
         assert rel_err(out, ref) <= tol, rel_err(out, ref)
 
 

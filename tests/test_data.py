@@ -158,12 +158,6 @@ def test_bpe_without_tiktoken_cache_mentions_tiktoken_cache_dir(tmp_path: Path) 
     assert_clean_error(proc, "r50k_base", "TIKTOKEN_CACHE_DIR")
 
 
-def test_help_lists_options(tmp_path: Path) -> None:
-    proc = python(CHAR, "--help", cwd=tmp_path)
-    assert proc.returncode == 0
-    assert "--input" in proc.stdout and "--out_dir" in proc.stdout and "--url" in proc.stdout
-
-
 # --- tokenizers ----------------------------------------------------------------------------------------------------
 
 
@@ -179,14 +173,34 @@ def test_char_tokenizer_round_trip_and_meta() -> None:
     assert tok.decode(np.array(ids, dtype=np.uint16)) == text  # ids straight from a .bin file
 
 
-def test_char_tokenizer_unknown_character() -> None:
-    tok = CharTokenizer.from_text("abc ")
-    with pytest.raises(ValueError, match=r"character 'é' \(U\+00E9\) at position 6 .*training text"):
-        tok.encode("abc caé")
-    with pytest.raises(ValueError, match="token id 4 at position 1 is outside the vocabulary"):
-        tok.decode([0, 4])
-    with pytest.raises(ValueError, match="token id -1"):
-        tok.decode([-1])
+ABC = CharTokenizer.from_text("abc ")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: ABC.encode("abc caé"), r"character 'é' \(U\+00E9\) at position 6 .*training text"),
+        (lambda: ABC.decode([0, 4]), "token id 4 at position 1 is outside the vocabulary"),
+        (lambda: ABC.decode([-1]), "token id -1"),
+        (
+            lambda: tokenizer_from_meta({"kind": "sentencepiece"}),
+            r"unknown tokenizer kind 'sentencepiece'; valid kinds: char, tiktoken",
+        ),
+        (lambda: tokenizer_from_meta({"kind": "char"}), "itos"),
+        (lambda: tokenizer_from_meta({"kind": "char", "itos": ["a", "bc"]}), "single character"),
+    ],
+    ids=[
+        "unknown-character",
+        "id-past-the-vocabulary",
+        "negative-id",
+        "unknown-kind",
+        "no-itos",
+        "itos-not-characters",
+    ],
+)
+def test_what_a_tokenizer_cannot_encode_decode_or_load_is_named(call, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
 
 
 def test_tiktoken_tokenizer_round_trip(gpt2_bpe: object) -> None:
@@ -199,15 +213,6 @@ def test_tiktoken_tokenizer_round_trip(gpt2_bpe: object) -> None:
     assert tok.to_meta() == {"kind": "tiktoken", "encoding": "r50k_base"}
     with pytest.raises(ValueError, match="token id 50257"):
         tok.decode([50257])
-
-
-def test_tokenizer_from_meta_rejects_unknown_kind() -> None:
-    with pytest.raises(ValueError, match=r"unknown tokenizer kind 'sentencepiece'; valid kinds: char, tiktoken"):
-        tokenizer_from_meta({"kind": "sentencepiece"})
-    with pytest.raises(ValueError, match="itos"):
-        tokenizer_from_meta({"kind": "char"})
-    with pytest.raises(ValueError, match="single character"):
-        tokenizer_from_meta({"kind": "char", "itos": ["a", "bc"]})
 
 
 def test_char_tokenizer_does_not_import_tiktoken() -> None:

@@ -29,21 +29,21 @@ def test_auto_prefers_cuda_then_mps_then_cpu(
     assert resolve_device("cpu") == "cpu"
 
 
-@pytest.mark.parametrize("name", ["nonsense", "tpu", "cuda:x"])
-def test_unknown_devices_are_refused(name: str) -> None:
-    with pytest.raises(DeviceError, match=f"device={name!r} is not a device here; choose auto, cpu"):
-        resolve_device(name)
+NO_MPS = pytest.mark.skipif(torch.backends.mps.is_available(), reason="MPS is available here")
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 
 
-@pytest.mark.skipif(torch.backends.mps.is_available(), reason="MPS is available here")
-@pytest.mark.parametrize("name", ["mps", "mps:0"])
-def test_mps_where_there_is_none(name: str) -> None:
-    with pytest.raises(DeviceError, match=f"device={name!r} but MPS is not available here; use --device=cpu"):
-        resolve_device(name)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
-@pytest.mark.parametrize("name", ["cuda", "cuda:1"])
-def test_cuda_where_there_is_none(name: str) -> None:
-    with pytest.raises(DeviceError, match=f"device={name!r} but CUDA is not available here"):
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        *[(name, "is not a device here; choose auto, cpu") for name in ("nonsense", "tpu", "cuda:x")],
+        *[
+            pytest.param(name, "but MPS is not available here; use --device=cpu", marks=NO_MPS)
+            for name in ("mps", "mps:0")
+        ],
+        *[pytest.param(name, "but CUDA is not available here", marks=NO_CUDA) for name in ("cuda", "cuda:1")],
+    ],
+)
+def test_a_device_that_is_not_here_is_refused_saying_what_to_use(name: str, message: str) -> None:
+    with pytest.raises(DeviceError, match=f"device={name!r} {message}"):
         resolve_device(name)

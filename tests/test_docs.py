@@ -42,16 +42,15 @@ def markdown_table_after(text: str, first_header: str) -> list[dict[str, str]]:
     return rows
 
 
-def runs_table() -> list[dict[str, str]]:
-    return markdown_table_after(RESULTS.read_text(encoding="utf-8"), "run")
+RUNS = markdown_table_after(RESULTS.read_text(encoding="utf-8"), "run")  # docs/05's table of runs
 
 
 def test_the_runs_table_lists_every_quoted_val_loss() -> None:
-    figures = {row["val loss"] for row in runs_table()}
+    figures = {row["val loss"] for row in RUNS}
     assert {"1.8667", "1.8894", "1.8979", "1.9018", "1.9047", "2.1528", "2.1618", "2.1662"} <= figures
 
 
-@pytest.mark.parametrize("row", runs_table(), ids=lambda row: f"{row['run']}-{row['norm']}-{row['val loss']}")
+@pytest.mark.parametrize("row", RUNS, ids=lambda row: f"{row['run']}-{row['norm']}-{row['val loss']}")
 def test_each_val_loss_is_in_the_file_it_cites(row: dict[str, str]) -> None:
     (cited,) = re.findall(r"`([^`]+)`", row["file"])
     text = (ROOT / cited).read_text(encoding="utf-8")
@@ -73,12 +72,9 @@ def test_each_chapter_ends_with_its_sources(chapter: str) -> None:
     assert all(WELL_FORMED.fullmatch(link) for link in links), links
 
 
-def test_the_readme_links_the_layernorm_paper() -> None:
-    assert "(https://arxiv.org/abs/1607.06450)" in (ROOT / "README.md").read_text(encoding="utf-8")
-
-
-def test_the_readme_sample_comes_from_the_file_it_cites() -> None:
+def test_the_readme_links_the_layernorm_paper_and_its_sample_comes_from_the_file_it_cites() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "(https://arxiv.org/abs/1607.06450)" in readme
     (sample,) = re.findall(r"\(`bench/results/quickstart_cpu.log`\):\n\n```\n(.*?)```", readme, re.S)
     assert sample.strip() and sample in (ROOT / "bench/results/quickstart_cpu.log").read_text(encoding="utf-8")
 

@@ -1,15 +1,13 @@
 """Every command the README and docs/ print runs as printed, from a fresh copy of the repository, in the README's
 order and then the chapters', with only flags that make it small appended (a later --key=value wins); at the end
-the Quickstart's checkpoint is still the one it trained. Consecutive `python` commands with the same environment
-run in one process, each as a fresh `python` would run it (tests/one_process.py); torchrun's get processes of their
-own. A nanoGPT checkpoint sits where the README's "Your nanoGPT checkpoint" commands read it, beside the copy.
-Commands that run for minutes are named in LONG, each with the test that runs its plumbing at a tiny size instead,
-so a new command that is neither fails here. The docs' Python snippets run, and every file and picture they link
-to or cite exists."""
+the Quickstart's checkpoint is still the one it trained. Each runs in a process of its own, forked from one that
+imported torch once (tests/one_process.py). A nanoGPT checkpoint sits where the README's "Your nanoGPT checkpoint"
+commands read it, beside the copy. Commands that run for minutes are named in LONG, each with the test that runs
+its plumbing at a tiny size instead, so a new command that is neither fails here. The docs' Python snippets run,
+and every file and picture they link to or cite exists."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -17,14 +15,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
 from helpers import (
     CHARS,
     ROOT,
-    TINY_FLAGS,
+    TINY_TRAIN,
     TRITON_SKIP,
     nanogpt_model,
     save_nanogpt_checkpoint,
@@ -37,14 +34,14 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXT = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
 README = TEXT[ROOT / "README.md"]
 QUICKSTART_CKPT = Path("out-shakespeare-char-cpu") / "ckpt.pt"
-# The tests' tiny model and a short run: what every train.py command of the README gets appended.
-TINY_TRAIN = [
-    *TINY_FLAGS,
-    *"--batch_size=2 --max_iters=2 --eval_iters=1 --eval_interval=2 --warmup_iters=0 --lr_decay_iters=2".split(),
-    *"--sample_tokens=5 --device=cpu --dropout=0.0".split(),
-]
+# train.py: the tests' tiny run for two iterations, at batch 2 and one eval batch (the --norm=triton run, through
+# Triton's interpreter, takes 9 s so, 16 s at TINY_TRAIN's 4 and 2), its sample at the end kept short.
 SIZE_FLAGS = {
-    "train.py": TINY_TRAIN,
+    "train.py": [
+        *TINY_TRAIN,
+        *"--max_iters=2 --eval_interval=2 --batch_size=2 --eval_iters=1".split(),
+        *"--sample_at_end=True --sample_tokens=5".split(),
+    ],
     "sample.py": ["--max_new_tokens=5", "--device=cpu"],
     "batch_independence.py": ["--prompt_len=2", "--new_tokens=2", "--device=cpu"],
     "bench.decoding": ["--prompt_len=4", "--new_tokens=4", "--repeats=1", "--batches=1", "--device=cpu"],
@@ -94,14 +91,6 @@ def script_of(command: str) -> str:
     return words[0] if words[0] != "-m" else words[1]
 
 
-def python_argv(command: str) -> list[str] | None:
-    """What follows `python` in a `python ...` command, with its size flags; None for any other command."""
-    words = split_env(command)[1]
-    if words[0] not in ("python", "python3"):
-        return None
-    return words[1:] + SIZE_FLAGS.get(script_of(command), [])
-
-
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> Path:
     """The repository's files as a fresh clone has them, Tiny Shakespeare where the README says to put it, and a
@@ -112,77 +101,36 @@ def clone(tmp_path_factory: pytest.TempPathFactory, shakespeare_path: Path) -> P
         if (ROOT / name).is_file():
             (out / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, out / name)
-    for dataset in ("shakespeare_char", "shakespeare"):
-        shutil.copy(shakespeare_path, out / "data" / dataset / "input.txt")
-    shutil.copy(shakespeare_path, out / "my.txt")
+    for where in ("data/shakespeare_char/input.txt", "data/shakespeare/input.txt", "my.txt"):
+        shutil.copy(shakespeare_path, out / where)
     nanogpt = out.parent / "nanoGPT"
     save_nanogpt_checkpoint(nanogpt / "out-shakespeare-char", nanogpt_model(len(CHARS), bias=False))
     write_meta(nanogpt / "data" / "shakespeare_char" / "meta.pkl")
     return out
 
 
-class Result(NamedTuple):
-    command: str
-    code: int | None  # None: it never finished
-    stderr: str
-    quickstart: str | None  # the sha256 of the Quickstart's checkpoint after it, if there is one
+def argv_of(command: str) -> list[str]:
+    """What follows `python` in a command (for torchrun, `-m torch.distributed.run`), with its size flags."""
+    words = split_env(command)[1]
+    words[:1] = ["-m", "torch.distributed.run"] if words[0] == "torchrun" else []
+    return words + SIZE_FLAGS.get(script_of(command), [])
 
 
-def sha256(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-
-
-def environment(command: str) -> dict[str, str]:
-    """The environment a command runs in: this one's, with its prefix (`TRITON_INTERPRET=1 python ...`) set."""
-    return subprocess_env(**split_env(command)[0])
-
-
-def batches(commands: list[str]) -> list[list[str]]:
-    """Consecutive `python` commands with the same environment together (triton, say, reads TRITON_INTERPRET once,
-    at import), each other command alone."""
-    out: list[list[str]] = []
-    for command in commands:
-        last = out[-1][-1] if out else None
-        same = last is not None and environment(last) == environment(command)
-        if same and python_argv(last) is not None and python_argv(command) is not None:
-            out[-1].append(command)
-        else:
-            out.append([command])
-    return out
-
-
-def run_in_one_process(commands: list[str], cwd: Path, scratch: Path) -> list[Result]:
-    """`python` commands with one environment, one after another in one process (tests/one_process.py)."""
-    spec = scratch / "commands.json"
-    spec.write_text(json.dumps({"commands": [python_argv(c) for c in commands], "watch": str(QUICKSTART_CKPT)}))
+def run_each(commands: list[str], cwd: Path, scratch: Path) -> list[dict]:
+    """The commands one after another from `cwd`, each in a process forked from one that imported torch once
+    (tests/one_process.py), with its environment prefix (`TRITON_INTERPRET=1 python ...`) set. For each: its exit
+    status ("code"), its "stderr", and the sha256 of the Quickstart's checkpoint after it ("watch", None before)."""
+    spec = {"commands": [{"argv": argv_of(c), "env": split_env(c)[0]} for c in commands], "watch": str(QUICKSTART_CKPT)}
     done = scratch / "results.jsonl"
-    runner = [sys.executable, str(ROOT / "tests" / "one_process.py"), str(spec), str(done)]
+    runner = [sys.executable, str(ROOT / "tests" / "one_process.py"), json.dumps(spec), str(done)]
     try:
-        proc = subprocess.run(
-            runner, cwd=cwd, env=environment(commands[0]), capture_output=True, text=True, timeout=300 * len(commands)
-        )
+        proc = subprocess.run(runner, cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=1800)
         stopped = f"the process running it stopped (exit {proc.returncode}): {proc.stderr.strip()[-600:]}"
     except subprocess.TimeoutExpired:
         stopped = "the process running it timed out"
     lines = done.read_text(encoding="utf-8").splitlines() if done.exists() else []
-    reported = map(json.loads, lines)
-    results = [Result(c, r["code"], r["stderr"], r["watch"]) for c, r in zip(commands, reported, strict=False)]
-    if len(results) < len(commands):  # the first command without a result stopped the process, the rest never ran
-        never_ran = len(commands) - len(results) - 1
-        results.append(
-            Result(commands[len(results)], None, f"{stopped}\n  ({never_ran} commands after it never ran)", None)
-        )
-    return results
-
-
-def run_alone(command: str, cwd: Path) -> Result:
-    """A command in a process of its own: torchrun's (its point is the processes it starts)."""
-    words = split_env(command)[1]
-    if words[0] == "torchrun":
-        words[:1] = [sys.executable, "-m", "torch.distributed.run"]
-    words += SIZE_FLAGS.get(script_of(command), [])
-    proc = subprocess.run(words, cwd=cwd, env=environment(command), capture_output=True, text=True, timeout=300)
-    return Result(command, proc.returncode, proc.stderr, sha256(cwd / QUICKSTART_CKPT))
+    assert len(lines) == len(commands), f"{commands[len(lines)]}\n  never finished: {stopped}"
+    return [json.loads(line) for line in lines]
 
 
 def code_blocks(text: str, language: str = "") -> list[str]:
@@ -208,12 +156,13 @@ def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
     assert f"`pip install torch=={pin} --index-url https://download.pytorch.org/whl/cpu`" in README
 
 
-def as_documented(r: Result) -> bool:
+def as_documented(command: str, result: dict) -> bool:
     """Ran cleanly; or, where triton cannot be imported (macOS, Windows), a --norm=triton command refused in the
     one line the docs show for it."""
-    if TRITON_SKIP is not None and "--norm=triton" in r.command:
-        return r.code == 2 and "needs the triton package" in r.stderr and "Traceback" not in r.stderr
-    return r.code == 0 and "Traceback" not in r.stderr
+    clean = "Traceback" not in result["stderr"]
+    if TRITON_SKIP is not None and "--norm=triton" in command:
+        return result["code"] == 2 and "needs the triton package" in result["stderr"] and clean
+    return result["code"] == 0 and clean
 
 
 @pytest.mark.slow  # every command the docs print, the Quickstart's training run first
@@ -228,20 +177,18 @@ def test_every_doc_command_runs_as_printed(clone: Path, tmp_path: Path) -> None:
         if long and not command.startswith(QUICK_BENCH):
             continue  # LONG, bench/ and experiments/: test_bench.py, test_gpu_sh.py, test_experiments.py
         ran.append(command)
-    results = []
-    for i, batch in enumerate(batches(ran)):
-        scratch = tmp_path / str(i)
-        scratch.mkdir()
-        in_one = python_argv(batch[0]) is not None
-        results += run_in_one_process(batch, clone, scratch) if in_one else [run_alone(batch[0], clone)]
-    failed = [f"{r.command}\n  exit {r.code}: {r.stderr.strip()[-600:]}" for r in results if not as_documented(r)]
+    results = run_each(ran, clone, tmp_path)
+    failed = [
+        f"{c}\n  exit {r['code']}: {r['stderr'].strip()[-600:]}"
+        for c, r in zip(ran, results, strict=True)
+        if not as_documented(c, r)
+    ]
     assert not failed, "\n".join(failed)
-    assert [r.command for r in results] == ran
     assert len(ran) >= 15 and any(c.startswith("torchrun") for c in ran) and any("sample.py" in c for c in ran)
     assert any("../nanoGPT/" in c for c in ran)
     # No later command replaced the Quickstart's checkpoint (each run has a folder of its own).
-    quickstart = next(r.quickstart for r in results if r.quickstart is not None)
-    assert sha256(clone / QUICKSTART_CKPT) == quickstart
+    quickstart = next(r["watch"] for r in results if r["watch"] is not None)
+    assert results[-1]["watch"] == quickstart
 
 
 def test_long_commands_are_still_in_the_docs() -> None:
