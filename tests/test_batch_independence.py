@@ -110,6 +110,20 @@ def test_a_required_batchnorm_fails_the_run_and_the_report_reads_the_json(capsys
     assert text.endswith("\nFAIL: required rows that failed: batchnorm, batchnorm (batch-invariant)"), text
 
 
+def test_the_verdict_is_the_tolerance_and_the_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    """A row passes when every check is within --tol of its scale and the tokens agree: the custom row fails with
+    --tol at half its largest relative difference; batchnorm, whose tokens differ, fails however loose --tol is."""
+    _, result = run_json(capsys, "--norms", "custom", *SMALL)
+    worst = max(
+        c["max_abs_diff"] / c["scale"] for c in (result["rows"][0][check] for check in batch_independence.CHECKS)
+    )
+    assert worst > 0  # PyTorch's kernels round a batch of one and of four differently
+    status, result = run_json(capsys, "--norms", "custom", "--tol", str(worst / 2), *SMALL)
+    assert status == 1 and result["failed"] == ["custom"]
+    status, result = run_json(capsys, "--norms", "batchnorm", "--require", "batchnorm", "--tol", "1e30", *SMALL)
+    assert status == 1 and result["failed"][0] == "batchnorm"
+
+
 def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere;
     --out_dir takes the checkpoint file itself as well as its folder."""

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import train
-from helpers import TEXT, make_dataset, tiny_args
+from helpers import TEXT, TINY, VOCAB, make_dataset, tiny_args, tiny_model
 from machinery.options import TrainConfig, build_config, parse_args
 from machinery.runlog import read_metrics
-from machinery.step import get_lr
+from machinery.step import get_lr, train_step
 from model import GPT
 
 # ---- the schedule ----
@@ -138,6 +138,7 @@ def reference_loop(seen: dict, windows: Windows, cfg: TrainConfig) -> dict:
     model.load_state_dict(seen["init"])
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
     data_gen = torch.Generator().manual_seed(cfg.seed)  # the data stream's generator, as train.setup seeds it
+    torch.manual_seed(cfg.seed)  # dropout's masks: the global generator, as train.setup seeds it (one process)
     steps = cfg.gradient_accumulation_steps
     ref = {"lr": [], "grads": [], "params": [], "loss": [], "norm": [], "evals": []}
     for it in range(cfg.max_iters + 1):
@@ -165,13 +166,14 @@ def reference_loop(seen: dict, windows: Windows, cfg: TrainConfig) -> dict:
     return ref
 
 
-@pytest.fixture(scope="module", params=[0.0, CLIP], ids=["no clip", f"clip {CLIP}"])
+@pytest.fixture(scope="module", params=[(0.0, 0.0), (CLIP, 0.1)], ids=["no clip", f"clip {CLIP}, dropout 0.1"])
 def loop_and_reference(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loop")
     # TEXT repeats with a period that divides the split point, so its val windows are train windows; three more
     # characters shift the split, and an eval that read train batches for val would no longer match
     data = make_dataset(tmp / "data", text=TEXT + "the")
-    argv = tiny_args(data, tmp / "out", *LOOP_FLAGS, f"--grad_clip={request.param}")
+    clip, dropout = request.param
+    argv = tiny_args(data, tmp / "out", *LOOP_FLAGS, f"--grad_clip={clip}", f"--dropout={dropout}")
     seen = run_recorded(argv)
     cfg = build_config(parse_args(argv))
     ref = reference_loop(seen, Windows(data, cfg.block_size), cfg)
@@ -189,7 +191,8 @@ LOSS_REL = 1e-6
 def test_every_step_matches_the_reference_loop(loop_and_reference):
     """Iteration by iteration: the learning rate, the gradient the optimizer is handed (accumulated over the
     micro-steps, then clipped), the parameters after the step. With CLIP the clip binds at some iterations, not all:
-    a gradient clipped where it should not be, or not where it should, differs from the reference's."""
+    a gradient clipped where it should not be, or not where it should, differs from the reference's; and dropout
+    draws the reference's masks only if the loop seeds them as the reference does."""
     seen, ref, _, cfg = loop_and_reference
     assert len(seen["grads"]) == len(ref["grads"]) == cfg.max_iters
     if cfg.grad_clip:
@@ -214,3 +217,19 @@ def test_logged_losses_match_the_reference_loop(loop_and_reference):
     assert [r["lr"] for r in trains] == pytest.approx(ref["lr"], rel=1e-12)
     for r, expected in zip(evals, ref["evals"], strict=True):
         assert (r["train_loss"], r["val_loss"]) == pytest.approx((expected["train"], expected["val"]), rel=LOSS_REL)
+
+
+def test_a_loss_scale_changes_nothing_but_the_scale() -> None:
+    """float16's GradScaler multiplies the loss by a power of two and divides the gradients back before the clip and
+    the step. With the clip binding, a step with a scaler is the step without one, to the bit: a clip of the scaled
+    gradients would shrink this step by the scale."""
+    model = tiny_model()
+    xs = torch.randint(VOCAB, (1, 4, TINY.block_size))  # [micro_steps, B, T]
+    ys = torch.randint(VOCAB, (1, 4, TINY.block_size))
+    after = []
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**12)):
+        m = copy.deepcopy(model)
+        train_step(m, torch.optim.SGD(m.parameters(), lr=1.0), xs, ys, grad_clip=1e-3, scaler=scaler)
+        after.append(m.state_dict())
+    assert all(torch.equal(after[0][k], after[1][k]) for k in after[0])
+    assert not torch.equal(after[0]["lm_head.weight"], model.state_dict()["lm_head.weight"])  # it stepped

@@ -230,3 +230,15 @@ def test_norm_alpha_reaches_every_dyt_and_is_refused_elsewhere() -> None:
     for norm, alpha in (("custom", 0.5), ("dyt", 0.0)):
         with pytest.raises(ValueError, match="alpha"):
             GPTConfig(norm=norm, norm_alpha=alpha)
+
+
+@pytest.mark.parametrize(
+    ("trained", "asked"), [("builtin", "rmsnorm"), ("rmsnorm", "custom"), ("batchnorm", "builtin"), ("dyt", "rmsnorm")]
+)
+def test_from_checkpoint_refuses_a_norm_that_computes_another_function(trained: str, asked: str) -> None:
+    """The LayerNorms swap for one another (tests/test_nanogpt.py samples with each); a contrast never swaps, in
+    either direction."""
+    m = tiny_model(trained)
+    checkpoint = {"model_args": vars(m.config), "model": m.state_dict()}
+    with pytest.raises(ValueError, match=f"trained with norm='{trained}'.* but not with '{asked}'"):
+        GPT.from_checkpoint(checkpoint, norm=asked)

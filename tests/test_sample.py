@@ -221,7 +221,6 @@ def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir
         (["--start", ""], ["--start is empty"]),
         (["--start", "the Queen"], ["error: --start: character 'Q'", "position 4", "vocabulary"]),
         (["--norm", "rmsnorm"], ["trained with norm='builtin'", "not with 'rmsnorm'"]),
-        (["--norm", "batchnorm"], ["trained with norm='builtin'", "not with 'batchnorm'"]),
     ],
     ids=" ".join,
 )

@@ -287,6 +287,8 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, dict], tiny_data
 
 
 def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_loss(tmp_path: Path, tiny_data: Path):
+    """always_save_checkpoint=False: a checkpoint at each new best only, and a resume keeps the best it read; set to
+    True, every evaluation after the start saves, better or not."""
     out = tmp_path / "run"
     train.main(tiny_args(tiny_data, out, "--max_iters=6", "--eval_interval=3", "--always_save_checkpoint=False"))
     best = min(records(out, "eval"), key=lambda r: r["val_loss"])  # the last new best: the one saved, if after 0
@@ -296,6 +298,9 @@ def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_l
     torch.save(ckpt, out / "ckpt.pt")
     summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=9"])
     assert summary["best_val_loss"] == 0.0 and load_checkpoint(out / "ckpt.pt")["iter_num"] == best["iter"]
+    train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=12", "--always_save_checkpoint=True"])
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["iter_num"] == 12 and ckpt["best_val_loss"] == 0.0
 
 
 # The exact resume of train.py (bench/resume.py's, tests/test_bench.py, is the benchmark's plumbing).
