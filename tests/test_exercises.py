@@ -1,6 +1,7 @@
-"""The exercises' checker: every reference solution passes, every stub is "not started", each message is what a
-planted wrong solution gets, and the stubs' doctest examples hold for the solutions. The learner's work is never
-graded here: a stub the learner has edited is skipped, so half-finished work never fails the suite."""
+"""The exercises' checker: every reference solution passes, every stub is "not started", the stubs' doctest examples
+hold for the solutions, and each wrong solution of the table below, written as a learner writes it, is refused with
+the message it must get. The learner's work is never graded here: a stub the learner has edited is skipped, so
+half-finished work never fails the suite."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import doctest
 import importlib
 import re
 import runpy
+import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -18,7 +22,7 @@ import torch
 
 from exercises import check
 from exercises.__main__ import FILES, grade, main
-from helpers import ROOT
+from helpers import ROOT, subprocess_env, wait_for
 
 TRITON_WHY = check.triton_unavailable()
 needs_interpreter = pytest.mark.skipif(TRITON_WHY is not None, reason=f"the Triton exercise: {TRITON_WHY}")
@@ -68,6 +72,15 @@ def test_the_stubs_examples_hold_for_the_solutions(n: int) -> None:
     assert runner.failures == 0
 
 
+@pytest.mark.parametrize("n", [4, 7])
+def test_the_derive_it_exercises_do_not_print_dx(n: int) -> None:
+    """Exercises 4 and 7 lead to dx with hints; the derivation and the formula are in the solution only."""
+    text = (ROOT / "exercises" / f"{FILES[n]}.py").read_text()
+    solution = (ROOT / "exercises" / "solutions" / f"{FILES[n]}.py").read_text()
+    formula = {4: "xhat_j * mean(g * xhat)", 7: "xn_j * mean(g * xn)"}[n]
+    assert formula in solution and formula not in text and "mean(g * x" not in text
+
+
 def test_main_prints_a_line_per_exercise_and_exits_0_when_each_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([], "exercises.solutions") == 0
     lines = capsys.readouterr().out.splitlines()
@@ -83,12 +96,28 @@ def test_main_exits_1_when_one_does_not_pass(monkeypatch: pytest.MonkeyPatch, ca
     assert capsys.readouterr().out == f"exercise 2 (ex2_layer_norm.py): {check.SAMPLE_VARIANCE}\n"
 
 
+def test_explain_lists_every_case_the_checker_tries(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["3", "--explain"], "exercises.solutions") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("exercise 3 (ex3_variance.py): what it checks: centre_and_variance on each case")
+    assert [line.removeprefix("  - ") for line in out.splitlines() if line.startswith("  - ")] == [
+        str(case) for case in check.EX3_CASES
+    ]
+    assert "x [4, 16, 384] float32, rows at offset 0 and 1e4 in one batch" in out
+    assert main(["--explain"], "exercises.solutions") == 0
+    out = capsys.readouterr().out
+    assert all(f"exercise {n} ({FILES[n]}.py): what it checks: " in out for n in FILES)
+    assert "a norm that adds each token's position in the batch: per token False" in out
+
+
 def test_python_m_exercises_refuses_an_n_that_is_no_exercise(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setattr(sys, "argv", ["exercises", "8"])
     with pytest.raises(SystemExit) as stopped:  # `python -m exercises 8`, its __main__ block included, in-process
         runpy.run_path(str(ROOT / "exercises" / "__main__.py"), run_name="__main__")
     assert stopped.value.code == 2
-    assert capsys.readouterr() == ("", "usage: python -m exercises [N], N one of 1, 2, 3, 4, 5, 6, 7; got 8\n")
+    usage = "usage: python -m exercises [N] [--explain], N one of 1, 2, 3, 4, 5, 6, 7; got 8\n"
+    assert capsys.readouterr() == ("", usage)
+    assert main(["--explian"]) == 2
 
 
 def test_the_triton_exercise_is_skipped_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -101,27 +130,95 @@ def test_the_triton_exercise_is_skipped_where_it_cannot_run(monkeypatch: pytest.
         assert grade(5, "exercises.solutions").startswith("skipped: it runs under Triton's interpreter")
 
 
-def test_a_file_that_does_not_import_gets_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> str:
+    """A package `name` holding ex2_layer_norm.py with text: a learner's file, for grade(2, name)."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "planted_syntax").mkdir()
-    (tmp_path / "planted_syntax" / "ex2_layer_norm.py").write_text("def layer_norm(x, gamma, beta, eps)\n    pass\n")
-    result = grade(2, "planted_syntax")
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "ex2_layer_norm.py").write_text(text)
+    return name
+
+
+def test_a_file_that_does_not_import_gets_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = planted(tmp_path, monkeypatch, "planted_syntax", "def layer_norm(x, gamma, beta, eps)\n    pass\n")
+    result = grade(2, package)
     assert result.startswith("ex2_layer_norm.py does not import: SyntaxError") and "\n" not in result, result
 
 
 def test_an_exception_gets_one_line_that_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "planted_raises").mkdir()
-    (tmp_path / "planted_raises" / "ex2_layer_norm.py").write_text(
-        "def layer_norm(x, gamma, beta, eps):\n    return x.mean(dim=5)\n"
+    text = "def layer_norm(x, gamma, beta, eps):\n    return x.mean(dim=5)\n"
+    result = grade(2, planted(tmp_path, monkeypatch, "planted_raises", text))
+    assert result.startswith("layer_norm on x [4, 3, 8] float64, eps 0.01: IndexError (in layer_norm, line 2): Dim")
+    assert "\n" not in result and "Traceback" not in result, result
+
+
+def test_an_exit_in_the_learners_code_is_a_mistake_not_a_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    text = "import sys\n\ndef layer_norm(x, gamma, beta, eps):\n    sys.exit(0)\n"
+    assert main(["2"], planted(tmp_path, monkeypatch, "planted_exit", text)) == 1
+    assert capsys.readouterr().out == (
+        "exercise 2 (ex2_layer_norm.py): layer_norm on x [4, 3, 8] float64, eps 0.01: your code called sys.exit(0); "
+        "return the result instead\n"
     )
-    result = grade(2, "planted_raises")
-    assert result.startswith("IndexError (in layer_norm, line 2): Dimension out of range"), result
-    assert "\n" not in result and "Traceback" not in result
+    (tmp_path / "planted_exit_at_import").mkdir()
+    (tmp_path / "planted_exit_at_import" / "ex2_layer_norm.py").write_text("raise SystemExit(0)\n")
+    assert main(["2"], "planted_exit_at_import") == 1
+    assert "ex2_layer_norm.py calls sys.exit(0) when it is imported" in capsys.readouterr().out
+
+
+def test_an_interrupt_while_grading_stops_with_one_line_and_status_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    text = "def layer_norm(x, gamma, beta, eps):\n    raise KeyboardInterrupt\n"  # as Ctrl-C raises it
+    assert main([], planted(tmp_path, monkeypatch, "planted_interrupt", text)) == 130
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == (
+        "exercise 2 (ex2_layer_norm.py): interrupted (Ctrl-C, or a KeyboardInterrupt raised by your code): not graded"
+    )
+    assert len(out) == 2 and out[0].startswith("exercise 1 ("), out  # exercise 1 graded, the rest not
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_grading_ends_in_one_line_and_status_130(tmp_path: Path) -> None:
+    """`python -m exercises 2` in a copy of the tree whose exercise 2 waits; SIGINT once it runs, as Ctrl-C."""
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("layernorm.py", "layernorm_triton.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    started = tmp_path / "started"
+    (tmp_path / "exercises" / "ex2_layer_norm.py").write_text(
+        f"import pathlib, time\n\ndef layer_norm(x, gamma, beta, eps):\n"
+        f"    pathlib.Path({str(started)!r}).touch()\n    time.sleep(60)\n"
+    )
+    argv = [sys.executable, "-m", "exercises", "2"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(started.exists, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == b"", err.decode()[-2000:]
+    assert out.decode() == (
+        "exercise 2 (ex2_layer_norm.py): interrupted (Ctrl-C, or a KeyboardInterrupt raised by your code): not graded\n"
+    )
+
+
+def test_ex2_gives_the_numbers_that_show_it() -> None:
+    matched = check.check_ex2(SimpleNamespace(layer_norm=ln_sample_variance))
+    to, off = (float(n) for n in re.search(r"matches that to (\S+); it is off by (\S+)\)", matched).groups())
+    assert to < 1e-12 and off > 1e-2, matched
+    unmatched = check.check_ex2(SimpleNamespace(layer_norm=ln_sign_flipped))
+    found = re.search(r"off by (\S+) at index (\[.*?\]): expected (\S+), got (\S+) .*; (\d+) of 12 rows off", unmatched)
+    error, at, want, got, rows_off = found.groups()
+    x = check.EX2_CASES[0].x(seed=0)
+    gamma, beta = check.params(8, torch.float64, seed=10)
+    index = tuple(int(i) for i in at.strip("[]").split(", "))
+    right = check.ln(x, gamma, beta, 1e-2)[index].item()
+    wrong = ln_sign_flipped(x, gamma, beta, 1e-2)[index].item()
+    assert (float(want), float(got)) == pytest.approx((right, wrong), rel=1e-5)
+    assert float(error) == pytest.approx(abs(right - wrong), rel=1e-2) and rows_off == "12", unmatched
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Planted wrong solutions, each written as a learner would get it wrong, with the message it must get.
+# Wrong solutions, each written as a learner writes it, with (part of) the message it must get. Every one is
+# refused, in one line; the message names the mistake, or says which output is off, where and on which case.
 
 
 class Textbook:
@@ -137,17 +234,13 @@ class Textbook:
         return self.gamma * xhat + self.beta
 
 
-class OverTheBatch(Textbook):
-    """BatchNorm1d's statistics: over dim 0."""
-
+class OverTheBatch(Textbook):  # BatchNorm1d's statistics: over dim 0
     def __call__(self, x):
         xhat = (x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, keepdim=True, correction=0) + self.eps)
         return self.gamma * xhat + self.beta
 
 
-class KeepsARunningMean(Textbook):
-    """Right on its first call; then, like BatchNorm1d's running mean, it mixes the batch's mean into each row's."""
-
+class KeepsARunningMean(Textbook):  # right on its first call; then it mixes the last batch's mean into each row's
     def __call__(self, x):
         mean = x.mean(1, keepdim=True)
         var = x.var(1, keepdim=True, correction=0)
@@ -173,20 +266,43 @@ class CallNotWritten(Textbook):
         raise NotImplementedError
 
 
-@pytest.mark.parametrize(
-    ("wrong", "message"),
-    [
-        (Textbook, check.SAMPLE_VARIANCE),
-        (OverTheBatch, "you reduced over dim 0: the batch; LayerNorm reduces over the last dim only"),
-        (KeepsARunningMean, "row 0's output changed by"),
-        (SmallerEps, "LayerNorm1d(16).eps is 1e-06; the default is 1e-5"),
-        (RandomGamma, "LayerNorm1d(16).gamma must start as torch.ones(16)"),
-        (CallNotWritten, "not finished: __init__ runs; __call__ still raises NotImplementedError"),
-    ],
-)
-def test_ex1_names_the_mistake(wrong, message: str) -> None:
-    result = check.check_ex1(SimpleNamespace(LayerNorm1d=wrong))
-    assert result.startswith(message) and "\n" not in result, result
+class CentresInPlace(Textbook):
+    def __call__(self, x):
+        x -= x.mean(1, keepdim=True)
+        return self.gamma * x / torch.sqrt(x.square().mean(1, keepdim=True) + self.eps) + self.beta
+
+
+class NoKeepdim(Textbook):
+    def __call__(self, x):
+        xc = x - x.mean(1)
+        return self.gamma * xc / torch.sqrt(xc.square().mean(1) + self.eps) + self.beta
+
+
+class InFloat64(Textbook):  # "more accurate": and a float64 output for a float32 x
+    def __call__(self, x):
+        x = x.double()
+        xhat = (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
+        return self.gamma * xhat + self.beta
+
+
+class EpsForgotten(Textbook):
+    def __call__(self, x):
+        xhat = (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0))
+        return self.gamma * xhat + self.beta
+
+
+EX1_WRONG = [
+    (Textbook, check.SAMPLE_VARIANCE),
+    (OverTheBatch, "you reduced over dim 0: the batch; LayerNorm reduces over the last dim only"),
+    (KeepsARunningMean, "row 0's output changed by"),
+    (SmallerEps, "LayerNorm1d(16).eps is 1e-06; the default is 1e-5"),
+    (RandomGamma, "LayerNorm1d(16).gamma must start as torch.ones(16)"),
+    (CallNotWritten, "not finished: __init__ runs; __call__ still raises NotImplementedError"),
+    (CentresInPlace, "changed its input x in place"),
+    (NoKeepdim, check.BROADCAST),
+    (InFloat64, "is torch.float64; expected torch.float32"),
+    (EpsForgotten, check.EPS_LEFT_OUT),
+]
 
 
 def centred(x, dims=-1):
@@ -199,6 +315,10 @@ def ln_sample_variance(x, gamma, beta, eps):
 
 def ln_eps_outside(x, gamma, beta, eps):
     return centred(x) / (x.std(-1, keepdim=True, correction=0) + eps) * gamma + beta
+
+
+def ln_std_plus_eps(x, gamma, beta, eps):
+    return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + eps) * gamma + beta
 
 
 def ln_eps_left_out(x, gamma, beta, eps):
@@ -229,6 +349,10 @@ def ln_no_sqrt(x, gamma, beta, eps):
     return centred(x) / (x.var(-1, keepdim=True, correction=0) + eps) * gamma + beta
 
 
+def ln_sign_flipped(x, gamma, beta, eps):
+    return (x.mean(-1, keepdim=True) - x) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps) * gamma + beta
+
+
 def ln_no_return(x, gamma, beta, eps):
     y = centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps) * gamma + beta  # noqa: F841
 
@@ -241,70 +365,151 @@ def ln_as_a_list(x, gamma, beta, eps):
     return torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps).tolist()
 
 
-@pytest.mark.parametrize(
-    ("wrong", "message"),
-    [
-        (ln_sample_variance, check.SAMPLE_VARIANCE),
-        (ln_eps_outside, check.EPS_OUTSIDE),
-        (ln_eps_left_out, check.EPS_LEFT_OUT),
-        (ln_dim_1, "you reduced over dim 1; LayerNorm reduces over the last dim only"),
-        (ln_dim_0, "you reduced over dim 0: the batch; LayerNorm reduces over the last dim only"),
-        (ln_every_dim, check.ALL_DIMS),
-        (ln_swapped, check.SWAPPED),
-        (ln_no_affine, check.NO_AFFINE),
-        (ln_no_sqrt, "layer_norm of x of shape [4, 3, 8] (eps=0.01) is off by"),
-        (ln_no_return, "layer_norm of x of shape [4, 3, 8] (eps=0.01) is None: a return statement missing?"),
-        (ln_rows_flattened, "layer_norm of x of shape [4, 3, 8] (eps=0.01) has shape [12, 8]; expected [4, 3, 8]"),
-        (ln_as_a_list, "layer_norm of x of shape [4, 3, 8] (eps=0.01) must be a tensor, got list"),
-    ],
-)
-def test_ex2_names_the_mistake(wrong, message: str) -> None:
-    result = check.check_ex2(SimpleNamespace(layer_norm=wrong))
-    assert result.startswith(message) and "\n" not in result, result
+def ln_with_view(x, gamma, beta, eps):  # rows flattened with view, which needs x laid out in order
+    rows = x.view(-1, x.shape[-1])
+    xhat = centred(rows) / torch.sqrt(rows.var(-1, keepdim=True, correction=0) + eps)
+    return (xhat * gamma + beta).view(x.shape)
 
 
-def test_ex2_gives_the_numbers_that_show_it() -> None:
-    matched = check.check_ex2(SimpleNamespace(layer_norm=ln_sample_variance))
-    to, off = (float(n) for n in re.search(r"matches that to (\S+); it is off by (\S+)\)", matched).groups())
-    assert to < 1e-12 and off > 1e-2, matched
-    unmatched = check.check_ex2(SimpleNamespace(layer_norm=ln_no_sqrt))
-    error, at, want, got = re.search(r"off by (\S+) at index (\[.*?\]): expected (\S+), got (\S+) ", unmatched).groups()
-    x = check.rows((4, 3, 8), torch.float64, seed=0)
-    gamma, beta = check.params(8, torch.float64, seed=10)
-    index = tuple(int(i) for i in at.strip("[]").split(", "))
-    right = check.ln(x, gamma, beta, 1e-2)[index].item()
-    wrong = ln_no_sqrt(x, gamma, beta, 1e-2)[index].item()
-    assert (float(want), float(got)) == pytest.approx((right, wrong), rel=1e-5)
-    assert float(error) == pytest.approx(abs(right - wrong), rel=1e-2), unmatched
+def ln_no_keepdim(x, gamma, beta, eps):
+    return (x - x.mean(-1)) / torch.sqrt(x.var(-1, correction=0) + eps) * gamma + beta
 
 
-def naive_variance(x):
-    return x.square().mean(-1) - x.mean(-1).square()
+def ln_in_place(x, gamma, beta, eps):
+    x -= x.mean(-1, keepdim=True)
+    x /= torch.sqrt(x.square().mean(-1, keepdim=True) + eps)
+    return x * gamma + beta
 
 
-@pytest.mark.parametrize(
-    ("wrong", "message"),
-    [
-        (naive_variance, f"{check.PRECISION}: right at offset 0, off by"),
-        (lambda x: x.var(-1), check.SAMPLE_VARIANCE),
-        (lambda x: x.double().var(-1, correction=0), "variance returned torch.float64"),
-        (lambda x: x.var(-1, keepdim=True, correction=0), "variance at offset 0 has shape [64, 1]; expected [64]"),
-    ],
-)
-def test_ex3_names_the_mistake(wrong, message: str) -> None:
-    result = check.check_ex3(SimpleNamespace(variance=wrong))
-    assert result.startswith(message), result
-    if wrong is naive_variance:  # the error far from 0 is the variance's own size or more, not float32 rounding
-        assert float(result.split("off by ")[1].split()[0]) > 1e-2 and "at offset 1e4" in result, result
+def ln_into_zeros(x, gamma, beta, eps):  # a result made with torch.zeros: float32 whatever x's dtype
+    y = torch.zeros(x.shape)
+    y[:] = centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps) * gamma + beta
+    return y
 
 
-@pytest.mark.parametrize(
-    "right",
-    [lambda x: x.var(-1, correction=0), lambda x: centred(x).square().mean(-1)],
-    ids=["torch's var", "two passes"],
-)
-def test_ex3_passes_other_right_answers(right) -> None:
-    assert check.check_ex3(SimpleNamespace(variance=right)) == check.PASS
+def ln_as_a_batch(x, gamma, beta, eps):  # a 1-D x made a batch of one, and left so
+    if x.dim() == 1:
+        x = x.unsqueeze(0)
+    return centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps) * gamma + beta
+
+
+SHAPE_0 = "layer_norm on x [4, 3, 8] float64, eps 0.01"
+EX2_WRONG = [
+    (ln_sample_variance, check.SAMPLE_VARIANCE),
+    (ln_eps_outside, check.EPS_OUTSIDE),
+    (ln_std_plus_eps, check.STD_PLUS_EPS),
+    (ln_eps_left_out, check.EPS_LEFT_OUT),
+    (ln_dim_1, "you reduced over dim 1; LayerNorm reduces over the last dim only"),
+    (ln_dim_0, "you reduced over dim 0: the batch; LayerNorm reduces over the last dim only"),
+    (ln_every_dim, check.ALL_DIMS),
+    (ln_swapped, check.SWAPPED),
+    (ln_no_affine, check.NO_AFFINE),
+    (ln_no_sqrt, check.NO_SQRT),
+    (ln_sign_flipped, f"{SHAPE_0} is off by"),
+    (ln_no_return, f"{SHAPE_0} is None: a return statement missing?"),
+    (ln_rows_flattened, f"{SHAPE_0} has shape [12, 8]; expected [4, 3, 8]"),
+    (ln_as_a_list, f"{SHAPE_0} must be a tensor, got list"),
+    (ln_with_view, f"layer_norm on x [4, 3, 8] float64, transposed (not contiguous), eps 1e-5: {check.VIEW}"),
+    (ln_no_keepdim, check.BROADCAST),
+    (ln_in_place, f"{SHAPE_0}: it changed its input x in place"),
+    (ln_into_zeros, f"{SHAPE_0} is torch.float32; expected torch.float64, the input's"),
+    (ln_as_a_batch, "layer_norm on x [8] float64, eps 1e-5 has shape [1, 8]; expected [8]"),
+]
+
+
+def one_pass(x):  # the textbook's shortcut: E[x^2] - E[x]^2, and x - mean beside it
+    return x - x.mean(-1, keepdim=True), x.square().mean(-1) - x.mean(-1).square()
+
+
+def two_passes_unshifted(x):
+    xc = x - x.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def torch_var_unshifted(x):
+    var, mean = torch.var_mean(x, -1, correction=0)
+    return x - mean.unsqueeze(-1), var
+
+
+def shift_by_the_first_number(x):  # one shift for the whole batch
+    s = x - x.flatten()[0]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def shift_by_the_batch_mean(x):
+    s = x - x.mean()
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def shift_by_the_first_row(x):  # x[:1] where x[..., :1] belongs
+    s = x - x[:1]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def in_float64(x):  # accurate, and not in float32
+    x64 = x.double()
+    xc = x64 - x64.mean(-1, keepdim=True)
+    return xc.float(), xc.square().mean(-1).float()
+
+
+def mean_in_float64(x):  # only the mean, "just to be safe"
+    xc = x - x.mean(-1, keepdim=True, dtype=torch.float64).float()
+    return xc, xc.square().mean(-1)
+
+
+def first_element_without_keepdim(x):
+    s = x - x[..., 0]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def sample_variance(x):
+    s = x - x[..., :1]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().sum(-1) / (x.shape[-1] - 1)
+
+
+def variance_keepdim(x):
+    s = x - x[..., :1]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1, keepdim=True)
+
+
+def shifts_in_place(x):
+    x -= x[..., :1].clone()
+    xc = x - x.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def variance_only(x):
+    s = x - x[..., :1]
+    return (s - s.mean(-1, keepdim=True)).square().mean(-1)
+
+
+def swapped_outputs(x):
+    xc, var = shift_then_torch_var(x)
+    return var, xc
+
+
+EX3_WRONG = [
+    (one_pass, (f"{check.MEAN_FAR} (x - mean is off by", f"; and {check.ONE_PASS} (the variance is off by")),
+    (two_passes_unshifted, f"{check.MEAN_FAR} (x - mean is off by"),
+    (torch_var_unshifted, f"{check.MEAN_FAR} (x - mean is off by"),
+    (shift_by_the_first_number, f"{check.ONE_SHIFT} (x - mean is off by"),
+    (shift_by_the_batch_mean, check.ONE_SHIFT),
+    (shift_by_the_first_row, check.FIRST_ROW),
+    (in_float64, check.STAY_FLOAT32),
+    (mean_in_float64, check.STAY_FLOAT32),
+    (first_element_without_keepdim, check.BROADCAST),
+    (sample_variance, check.SAMPLE_VARIANCE),
+    (variance_keepdim, "the variance on x [64, 384] float32, rows at offset 0 has shape [64, 1]; expected [64]"),
+    (shifts_in_place, "it changed its input x in place"),
+    (variance_only, "centre_and_variance must return two tensors, (x - mean, the variance)"),
+    (swapped_outputs, "returned (the variance, x - mean); the order is (x - mean, variance)"),
+]
 
 
 def function(forward, backward):
@@ -338,62 +543,48 @@ def ln_forward(x, gamma, beta, eps, correction=0):
     return xhat * gamma + beta, (xhat, rstd, gamma)
 
 
-def ln_dx(xhat, rstd, gamma, dy, mean_term=True, along_term=True, gamma_in_g=True):
+def ln_dx(xhat, rstd, gamma, dy, mean_term=True, along_sign=-1, gamma_in_g=True, scale=True):
     g = dy * gamma if gamma_in_g else dy
     mean = g.mean(-1, keepdim=True) if mean_term else 0
-    along = xhat * (g * xhat).mean(-1, keepdim=True) if along_term else 0
-    return rstd * (g - mean - along)
+    along = xhat * (g * xhat).mean(-1, keepdim=True)
+    return (rstd if scale else 1) * (g - mean + along_sign * along)
 
 
 def ln_backward(xhat, rstd, gamma, dy):
     return ln_dx(xhat, rstd, gamma, dy), rows_sum(dy * xhat), rows_sum(dy), None
 
 
+def with_grads(dx=None, dgamma=None, dbeta=None):
+    """ln_backward with some of its results replaced by what a wrong derivation gives: f(xhat, rstd, gamma, dy)."""
+
+    def backward(xhat, rstd, gamma, dy):
+        right = ln_backward(xhat, rstd, gamma, dy)
+        wrong = [f(xhat, rstd, gamma, dy) if f else r for f, r in zip((dx, dgamma, dbeta), right, strict=False)]
+        return (*wrong, None)
+
+    return backward
+
+
 def ln_sample_forward(x, gamma, beta, eps):
     return ln_forward(x, gamma, beta, eps, correction=1)
 
 
-def dgamma_mean(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy), rows_mean(dy * xhat), rows_sum(dy), None
+def forward_in_place(x, gamma, beta, eps):
+    x -= x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    return x * rstd * gamma + beta, (x * rstd, rstd, gamma)
 
 
-def dbeta_mean(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy), rows_sum(dy * xhat), rows_mean(dy), None
-
-
-def dgamma_of_dy(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy), rows_sum(dy), rows_sum(dy), None
-
-
-def dgamma_of_centred_x(xhat, rstd, gamma, dy):  # x - mean saved where xhat belongs
-    return ln_dx(xhat, rstd, gamma, dy), rows_sum(dy * xhat / rstd), rows_sum(dy), None
-
-
-def dx_without_the_mean(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy, mean_term=False), rows_sum(dy * xhat), rows_sum(dy), None
-
-
-def dx_without_the_along(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy, along_term=False), rows_sum(dy * xhat), rows_sum(dy), None
-
-
-def dx_without_either(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy, False, False), rows_sum(dy * xhat), rows_sum(dy), None
-
-
-def dx_without_gamma(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy, gamma_in_g=False), rows_sum(dy * xhat), rows_sum(dy), None
-
-
-def none_for_dgamma(xhat, rstd, gamma, dy):
-    return ln_dx(xhat, rstd, gamma, dy), None, rows_sum(dy), None
+def forward_saving_centred_x(x, gamma, beta, eps):  # saves x - mean where backward reads xhat
+    y, (xhat, rstd, gamma) = ln_forward(x, gamma, beta, eps)
+    return y, (xhat / rstd, rstd, gamma)
 
 
 def no_none_for_eps(xhat, rstd, gamma, dy):
     return ln_dx(xhat, rstd, gamma, dy), rows_sum(dy * xhat), rows_sum(dy)
 
 
-def backward_not_written(xhat, rstd, gamma, dy):
+def backward_not_written(*saved):
     raise NotImplementedError
 
 
@@ -402,27 +593,65 @@ def right_for_a_dense_dy(xhat, rstd, gamma, dy):  # wrong for gradcheck's one-ho
     return (dx if dy.count_nonzero() > 1 else 1.5 * dx), rows_sum(dy * xhat), rows_sum(dy), None
 
 
-@pytest.mark.parametrize(
-    ("forward", "backward", "message"),
-    [
-        (ln_sample_forward, ln_backward, f"{check.SAMPLE_VARIANCE} (the forward's output matches"),
-        (ln_forward, dgamma_mean, "dgamma is off by a factor of N=12: you took the mean over rows, not the sum"),
-        (ln_forward, dbeta_mean, "dbeta is off by a factor of N=12: you took the mean over rows, not the sum"),
-        (ln_forward, dgamma_of_dy, "dgamma sums dy alone, which is dbeta"),
-        (ln_forward, dgamma_of_centred_x, "dgamma sums dy * (x - mean); dgamma sums dy * xhat"),
-        (ln_forward, dx_without_the_mean, "dx leaves out the -mean(g) term"),
-        (ln_forward, dx_without_the_along, "dx leaves out the -xhat * mean(g * xhat) term"),
-        (ln_forward, dx_without_either, "dx leaves out both terms: it is only rstd * dy * gamma"),
-        (ln_forward, dx_without_gamma, "dx leaves out gamma: the gradient reaching xhat is g = dy * gamma"),
-        (ln_forward, none_for_dgamma, "backward returned None for dgamma"),
-        (ln_forward, no_none_for_eps, "RuntimeError: function PlantedBackward returned an incorrect number"),
-        (ln_forward, backward_not_written, "not finished: the forward runs; backward still raises"),
-        (ln_forward, right_for_a_dense_dy, "torch.autograd.gradcheck fails"),
-    ],
-)
-def test_ex4_names_the_mistake(forward, backward, message: str) -> None:
-    result = check.check_ex4(SimpleNamespace(LayerNormFunction=function(forward, backward)))
-    assert result.startswith(message) and "\n" not in result, result
+def unsummed(xhat, rstd, gamma, dy):  # what autograd.grad would have summed for it
+    return ln_dx(xhat, rstd, gamma, dy), dy * xhat, dy, None
+
+
+def summed_over_dim_0(xhat, rstd, gamma, dy):
+    return ln_dx(xhat, rstd, gamma, dy), (dy * xhat).sum(0), dy.sum(0), None
+
+
+def dy_scaled_in_place(xhat, rstd, gamma, dy):
+    dbeta, dgamma = rows_sum(dy), rows_sum(dy * xhat)
+    g = dy.mul_(gamma)
+    dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    return dx, dgamma, dbeta, None
+
+
+def sums_with_view(xhat, rstd, gamma, dy):
+    C = dy.shape[-1]
+    return ln_dx(xhat, rstd, gamma, dy), (dy * xhat).view(-1, C).sum(0), dy.view(-1, C).sum(0), None
+
+
+def summed_with_keepdim(xhat, rstd, gamma, dy):
+    return ln_dx(xhat, rstd, gamma, dy), (dy * xhat).sum((0, 1), keepdim=True), dy.sum((0, 1), keepdim=True), None
+
+
+def autograd_inside(xhat, rstd, gamma, dy):  # the forward redone under autograd: no derivation at all
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (xhat, gamma)]
+        return (*torch.autograd.grad(leaves[0] * leaves[1], leaves, dy), rows_sum(dy), None)
+
+
+EX4_WRONG = [
+    (ln_sample_forward, ln_backward, f"{check.SAMPLE_VARIANCE} (the forward's output on x [3, 4, 8]"),
+    (forward_in_place, ln_backward, "forward on x [3, 4, 8] float64, eps 0.01: it changed its input x in place"),
+    (ln_forward, with_grads(dgamma=lambda xh, r, g, dy: rows_mean(dy * xh)), "dgamma is off by a factor of N=12"),
+    (ln_forward, with_grads(dbeta=lambda xh, r, g, dy: rows_mean(dy)), "dbeta is off by a factor of N=12"),
+    (ln_forward, with_grads(dgamma=lambda xh, r, g, dy: rows_sum(dy)), "dgamma sums dy alone, which is dbeta"),
+    (forward_saving_centred_x, with_grads(dx=lambda xh, r, g, dy: ln_dx(xh * r, r, g, dy)), "dgamma sums dy * (x -"),
+    (ln_forward, with_grads(dgamma=lambda xh, r, g, dy: rows_sum(dy * (xh / r))), "dgamma sums dy * (x - mean)"),
+    (ln_forward, with_grads(dx=lambda xh, r, g, dy: ln_dx(xh, r, g, dy, mean_term=False)), "-mean(g) term"),
+    (ln_forward, with_grads(dx=lambda xh, r, g, dy: ln_dx(xh, r, g, dy, along_sign=0)), "-xhat * mean(g * xhat)"),
+    (ln_forward, with_grads(dx=lambda xh, r, g, dy: r * dy * g), "dx leaves out both terms"),
+    (ln_forward, with_grads(dx=lambda xh, r, g, dy: ln_dx(xh, r, g, dy, along_sign=1)), "dx adds the xhat *"),
+    (ln_forward, with_grads(dx=lambda xh, r, g, dy: ln_dx(xh, r, g, dy, scale=False)), "dx leaves out the factor"),
+    (ln_forward, with_grads(dx=lambda xh, r, g, dy: ln_dx(xh, r, g, dy, gamma_in_g=False)), "dx leaves out gamma"),
+    (ln_forward, lambda xh, r, g, dy: (ln_dx(xh, r, g, dy), None, rows_sum(dy), None), "returned None for dgamma"),
+    (ln_forward, no_none_for_eps, "backward returned 3 values; it returns one gradient per input of forward"),
+    (ln_forward, backward_not_written, "not finished: the forward runs; backward still raises"),
+    (ln_forward, right_for_a_dense_dy, "torch.autograd.gradcheck fails"),
+    (ln_forward, unsummed, "dbeta has shape [3, 4, 8]; expected [8]: sum it over every row"),
+    (ln_forward, summed_over_dim_0, "dbeta has shape [4, 8]; expected [8]: sum it over every row"),
+    (ln_forward, summed_with_keepdim, "dbeta has shape [1, 1, 8]; expected [8]: summed with keepdim=True"),
+    (ln_forward, autograd_inside, "backward calls autograd (torch.autograd.grad or .backward()): derive the"),
+    (ln_forward, dy_scaled_in_place, "backward on x [3, 4, 8] float64, eps 0.01: it changed its input dy in place"),
+    (
+        ln_forward,
+        sums_with_view,
+        f"dy transposed (not contiguous): {check.VIEW}",
+    ),
+]
 
 
 def triton_solution_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right: str, wrong: str) -> ModuleType:
@@ -435,24 +664,31 @@ def triton_solution_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right:
     return importlib.import_module("planted_triton")
 
 
-@needs_interpreter
-@pytest.mark.parametrize(
-    ("right", "wrong", "message"),
-    [
-        ("tl.where(mask, x - mean, 0.0)", "x - mean", check.PADDING),
-        ("tl.sqrt(var + eps)", "(tl.sqrt(var) + eps)", check.EPS_OUTSIDE),
-        ("var = tl.sum(xc * xc, axis=0) / C", "var = tl.sum(xc * xc, axis=0) / (C - 1)", check.SAMPLE_VARIANCE),
-        ("tl.sum(x, axis=0)", "tl.summ(x, axis=0)", "AttributeError (in row_statistics, line 10): module"),
-    ],
-)
-def test_ex5_names_the_mistake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right, wrong, message) -> None:
-    result = check.check_ex5(triton_solution_with(tmp_path, monkeypatch, right, wrong))
-    assert result.startswith(message) and "\n" not in result, result
+EX5_WRONG = [  # (the solution's text, what the learner wrote instead, the message)
+    ("tl.where(mask, x - mean, 0.0)", "x - mean", check.PADDING),
+    ("tl.sqrt(var + eps)", "(tl.sqrt(var) + eps)", check.EPS_OUTSIDE),
+    ("var = tl.sum(xc * xc, axis=0) / C", "var = tl.sum(xc * xc, axis=0) / (C - 1)", check.SAMPLE_VARIANCE),
+    ("tl.sum(x, axis=0)", "tl.summ(x, axis=0)", "AttributeError (in row_statistics, line 11): module"),
+    ("return mean, 1.0 / tl.sqrt(var + eps)", "return mean, tl.sqrt(var + eps)", check.STD_NOT_RSTD),
+    ("var = tl.sum(xc * xc, axis=0) / C", "var = tl.sum(x * x, axis=0) / C - mean * mean", check.ONE_PASS_NEAR_100),
+    (
+        "    mean = tl.sum(x, axis=0) / C",
+        "    C = x.shape[0]  # the row's length\n    mean = tl.sum(x, axis=0) / C",
+        check.BLOCK_WIDTH,
+    ),
+]
 
 
 def same_batch_twice(norm, dim):  # compares the batch with itself: never looks at a token alone
     x = torch.randn(8, dim)
     return bool(torch.equal(norm(x), norm(x)))
+
+
+def shuffled_batch(norm, dim):  # a shuffled batch: BatchNorm's statistics do not change
+    x = torch.randn(8, dim)
+    order = torch.randperm(8)
+    with torch.no_grad():
+        return torch.allclose(norm(x)[order], norm(x[order]), atol=1e-6)
 
 
 def one_copied_token(norm, dim):  # alone vs in a batch of copies of itself: nothing to differ by
@@ -472,30 +708,41 @@ def in_eval_mode(norm, dim):  # BatchNorm in eval mode uses its running averages
         return torch.equal(norm(x), torch.cat([norm(x[i : i + 1]) for i in range(8)]))
 
 
+def first_row_only(norm, dim):
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        return torch.allclose(norm(x)[0], norm(x[:1])[0], atol=1e-6)
+
+
+def loose_tolerance(norm, dim):
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        return torch.allclose(norm(x), torch.cat([norm(x[i : i + 1]) for i in range(8)]), atol=1e-2)
+
+
+def returns_a_tensor(norm, dim):
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        return (norm(x) == torch.cat([norm(x[i : i + 1]) for i in range(8)])).all()
+
+
 def bit_for_bit(norm, dim):  # what the hint allows: torch.equal
     x = torch.randn(8, dim)
     with torch.no_grad():
         return torch.equal(norm(x), torch.cat([norm(x[i : i + 1]) for i in range(8)]))
 
 
-@pytest.mark.parametrize(
-    ("wrong", "message"),
-    [
-        (same_batch_twice, "is_per_token said True for BatchNorm in training mode"),
-        (one_copied_token, "is_per_token said True for BatchNorm in training mode"),
-        (in_eval_mode, "is_per_token said True for BatchNorm in training mode"),
-        (by_class_name, "is_per_token said False for BatchNorm in eval mode"),
-        (lambda norm, dim: False, "is_per_token said False for LayerNorm; it is True"),
-        (lambda norm, dim: torch.tensor(True), "is_per_token must return True or False, got Tensor"),
-    ],
-)
-def test_ex6_names_the_mistake(wrong, message: str) -> None:
-    result = check.check_ex6(SimpleNamespace(is_per_token=wrong))
-    assert result.startswith(message), result
-
-
-def test_ex6_passes_a_bit_for_bit_comparison() -> None:
-    assert check.check_ex6(SimpleNamespace(is_per_token=bit_for_bit)) == check.PASS
+EX6_WRONG = [
+    (same_batch_twice, "is_per_token said True for BatchNorm in training mode; it is False: its statistics are"),
+    (shuffled_batch, "is_per_token said True for BatchNorm in training mode"),
+    (one_copied_token, "is_per_token said True for BatchNorm in training mode"),
+    (in_eval_mode, "is_per_token switched LayerNorm to eval mode: judge the norm as it is given"),
+    (by_class_name, "is_per_token said False for BatchNorm in eval mode; it is True: in eval mode it uses"),
+    (lambda norm, dim: False, "is_per_token said False for LayerNorm; it is True"),
+    (returns_a_tensor, "is_per_token must return True or False, got Tensor"),
+    (first_row_only, "said True for a norm that adds each token's position in the batch; it is False: row 0"),
+    (loose_tolerance, "said True for a norm that adds 1e-3 of the batch's mean token; it is False: a row alone"),
+]
 
 
 def rms_forward(x, gamma, eps, subtract_mean=False, sum_of_squares=False, eps_outside=False, dim=-1, scale=True):
@@ -506,50 +753,110 @@ def rms_forward(x, gamma, eps, subtract_mean=False, sum_of_squares=False, eps_ou
     return (xn * gamma if scale else xn), (xn, rrms, gamma)
 
 
-def rms_dx(xn, rrms, gamma, dy, along_term=True, mean_term=False, gamma_in_g=True):
+def rms_dx(xn, rrms, gamma, dy, along_sign=-1, mean_term=False, gamma_in_g=True, along_scaled=True):
     g = dy * gamma if gamma_in_g else dy
     mean = g.mean(-1, keepdim=True) if mean_term else 0
-    along = xn * (g * xn).mean(-1, keepdim=True) if along_term else 0
-    return rrms * (g - mean - along)
+    along = xn * (g * xn).mean(-1, keepdim=True)
+    return rrms * (g - mean) + along_sign * (rrms if along_scaled else 1) * along
 
 
-def rms_backward(xn, rrms, gamma, dy):
-    return rms_dx(xn, rrms, gamma, dy), rows_sum(dy * xn), None
+def rms_grads(dx=None, dgamma=None):
+    """RMSNorm's right backward with dx or dgamma replaced by what a wrong derivation gives: f(xn, rrms, gamma, dy)."""
+
+    def backward(xn, rrms, gamma, dy):
+        return (
+            (dx or rms_dx)(xn, rrms, gamma, dy),
+            (dgamma or (lambda xn, r, g, dy: rows_sum(dy * xn)))(xn, rrms, gamma, dy),
+            None,
+        )
+
+    return backward
 
 
-@pytest.mark.parametrize(
-    ("forward", "backward", "message"),
-    [
-        ({"subtract_mean": True}, rms_backward, "you subtracted the mean: RMSNorm does not centre the row"),
-        ({"eps_outside": True}, rms_backward, "eps is added outside the square root: sqrt(mean(x^2)) + eps"),
-        ({"sum_of_squares": True}, rms_backward, "you divided by the root of the sum of squares"),
-        ({"dim": 0}, rms_backward, "you reduced over dim 0: the batch; RMSNorm reduces over the last dim only"),
-        ({"scale": False}, rms_backward, "your output ignores gamma: y = x * rrms * gamma"),
-        (
-            {},
-            lambda xn, r, g, dy: (rms_dx(xn, r, g, dy), rows_mean(dy * xn), None),
-            "dgamma is off by a factor of N=12",
-        ),
-        ({}, lambda xn, r, g, dy: (rms_dx(xn, r, g, dy), rows_sum(dy), None), "dgamma sums dy alone"),
-        (
-            {},
-            lambda xn, r, g, dy: (rms_dx(xn, r, g, dy, along_term=False), rows_sum(dy * xn), None),
-            "dx leaves out the -xn",
-        ),
-        (
-            {},
-            lambda xn, r, g, dy: (rms_dx(xn, r, g, dy, mean_term=True), rows_sum(dy * xn), None),
-            "dx subtracts mean(g)",
-        ),
-        (
-            {},
-            lambda xn, r, g, dy: (rms_dx(xn, r, g, dy, gamma_in_g=False), rows_sum(dy * xn), None),
-            "dx leaves out gamma",
-        ),
-        ({}, backward_not_written, "not finished: the forward runs; backward still raises NotImplementedError"),
-    ],
-)
-def test_ex7_names_the_mistake(forward: dict, backward, message: str) -> None:
+def rms_dy_in_place(xn, rrms, gamma, dy):
+    dgamma = rows_sum(dy * xn)
+    dy *= gamma
+    return rrms * (dy - xn * (dy * xn).mean(-1, keepdim=True)), dgamma, None
+
+
+EX7_WRONG = [
+    ({"subtract_mean": True}, rms_grads(), "you subtracted the mean: RMSNorm does not centre the row"),
+    ({"eps_outside": True}, rms_grads(), "eps is added outside the square root: sqrt(mean(x^2)) + eps"),
+    ({"sum_of_squares": True}, rms_grads(), "you divided by the root of the sum of squares"),
+    ({"dim": 0}, rms_grads(), "you reduced over dim 0: the batch; RMSNorm reduces over the last dim only"),
+    ({"scale": False}, rms_grads(), "your output ignores gamma: y = x * rrms * gamma"),
+    ({}, rms_grads(dgamma=lambda xn, r, g, dy: rows_mean(dy * xn)), "dgamma is off by a factor of N=12"),
+    ({}, rms_grads(dgamma=lambda xn, r, g, dy: rows_sum(dy)), "dgamma sums dy alone"),
+    ({}, rms_grads(dgamma=lambda xn, r, g, dy: rows_sum(dy * xn / r)), "dgamma sums dy * x; it sums dy * x * rrms"),
+    ({}, rms_grads(dgamma=lambda xn, r, g, dy: dy * xn), "dgamma has shape [3, 4, 8]; expected [8]"),
+    ({}, rms_grads(dx=lambda xn, r, g, dy: r * dy * g), "dx leaves out the term from rrms's dependence on x"),
+    ({}, rms_grads(dx=lambda *saved: rms_dx(*saved, mean_term=True)), "dx subtracts mean(g)"),
+    ({}, rms_grads(dx=lambda *saved: rms_dx(*saved, along_sign=1)), "dx adds the term from rrms's dependence"),
+    ({}, rms_grads(dx=lambda *saved: rms_dx(*saved, along_scaled=False)), "dx's second term lacks a factor rrms"),
+    ({}, rms_grads(dx=lambda *saved: rms_dx(*saved, gamma_in_g=False)), "dx leaves out gamma"),
+    ({}, rms_dy_in_place, "it changed its input dy in place"),
+    ({}, backward_not_written, "not finished: the forward runs; backward still raises NotImplementedError"),
+]
+
+
+def refused(result: str, message: str | tuple[str, ...]) -> None:
+    """result is a refusal in one line that says each part of message."""
+    parts = (message,) if isinstance(message, str) else message
+    assert result != check.PASS and "\n" not in result and "Traceback" not in result, result
+    assert all(part in result for part in parts), result
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX1_WRONG, ids=[w.__name__ for w, _ in EX1_WRONG])
+def test_ex1_refuses_and_names(wrong, message: str) -> None:
+    refused(check.check_ex1(SimpleNamespace(LayerNorm1d=wrong)), message)
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX2_WRONG, ids=[w.__name__ for w, _ in EX2_WRONG])
+def test_ex2_refuses_and_names(wrong, message: str) -> None:
+    refused(check.check_ex2(SimpleNamespace(layer_norm=wrong)), message)
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX3_WRONG, ids=[w.__name__ for w, _ in EX3_WRONG])
+def test_ex3_refuses_and_names(wrong, message) -> None:
+    refused(check.check_ex3(SimpleNamespace(centre_and_variance=wrong)), message)
+
+
+def shift_then_torch_var(x):
+    s = x - x[..., :1]
+    return s - s.mean(-1, keepdim=True), s.var(-1, correction=0)
+
+
+def shift_then_one_pass(x):  # with each row shifted, the one-pass formula no longer cancels
+    s = x - x[..., :1]
+    return s - s.mean(-1, keepdim=True), s.square().mean(-1) - s.mean(-1).square()
+
+
+@pytest.mark.parametrize("right", [shift_then_torch_var, shift_then_one_pass])
+def test_ex3_passes_other_right_answers(right) -> None:
+    assert check.check_ex3(SimpleNamespace(centre_and_variance=right)) == check.PASS
+
+
+@pytest.mark.parametrize(("forward", "backward", "message"), EX4_WRONG, ids=[str(i) for i in range(len(EX4_WRONG))])
+def test_ex4_refuses_and_names(forward, backward, message: str) -> None:
+    refused(check.check_ex4(SimpleNamespace(LayerNormFunction=function(forward, backward))), message)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(("right", "wrong", "message"), EX5_WRONG, ids=[m[:30] for _, _, m in EX5_WRONG])
+def test_ex5_refuses_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right, wrong, message) -> None:
+    refused(check.check_ex5(triton_solution_with(tmp_path, monkeypatch, right, wrong)), message)
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX6_WRONG, ids=[m[:40] for _, m in EX6_WRONG])
+def test_ex6_refuses_and_names(wrong, message: str) -> None:
+    refused(check.check_ex6(SimpleNamespace(is_per_token=wrong)), message)
+
+
+def test_ex6_passes_a_bit_for_bit_comparison() -> None:
+    assert check.check_ex6(SimpleNamespace(is_per_token=bit_for_bit)) == check.PASS
+
+
+@pytest.mark.parametrize(("forward", "backward", "message"), EX7_WRONG, ids=[str(i) for i in range(len(EX7_WRONG))])
+def test_ex7_refuses_and_names(forward: dict, backward, message: str) -> None:
     planted = function(lambda x, gamma, eps: rms_forward(x, gamma, eps, **forward), backward)
-    result = check.check_ex7(SimpleNamespace(RMSNormFunction=planted))
-    assert result.startswith(message) and "\n" not in result, result
+    refused(check.check_ex7(SimpleNamespace(RMSNormFunction=planted)), message)

@@ -7,10 +7,11 @@ import triton.language as tl
 
 @triton.jit
 def row_statistics(x, mask, C, eps):
-    mean = tl.sum(x, axis=0) / C  # the padding is 0.0: it adds nothing to the sum
-    xc = tl.where(mask, x - mean, 0.0)  # but x - mean is -mean there: masked, so it adds nothing to var
-    var = tl.sum(xc * xc, axis=0) / C
-    return mean, 1.0 / tl.sqrt(var + eps)
+    # The block is BLOCK_SIZE wide, C of it the row's features; the rest was loaded as 0.0 (other=0.0).
+    mean = tl.sum(x, axis=0) / C  # the padding is 0.0: it adds nothing to the sum; divide by C, not the width
+    xc = tl.where(mask, x - mean, 0.0)  # but x - mean is -mean there: masked to 0, so it adds nothing to var
+    var = tl.sum(xc * xc, axis=0) / C  # two passes over the row, both in registers: the population variance
+    return mean, 1.0 / tl.sqrt(var + eps)  # rstd, which the kernel multiplies by; eps inside the root
 
 
 # ---- given: the kernel and its launcher ----
