@@ -14,12 +14,10 @@ on CUDA tensors, or on CPU tensors through Triton's interpreter where TRITON_INT
 Which path a call takes (`layer_norm_triton` decides; `_forward` and `_backward` are the launchers they share):
 
     call                                   forward                     backward               launch (`_launch`)
-    eager, grad needed                     _LayerNormTriton.apply      its backward           direct*, or kernel[grid]
-    eager, no grad (decoding, eval)        _forward alone              -                      direct*, or kernel[grid]
+    eager, grad needed                     _LayerNormTriton.apply      its backward           kernel[grid]
+    eager, no grad (decoding, eval)        _forward alone              -                      kernel[grid]
     under torch.compile                    the op layernorm::triton_fwd its registered rule   wrap_triton (TRITON_OP),
                                            (traced=True)               -> triton_bwd          else kernel[grid]
-
-    * direct: on CUDA with DIRECT_LAUNCH, the cached compiled kernel called without Triton's argument binding.
 
 `traced` means "inside a torch.library op": there no two kernel arguments may share one tensor and no two outputs
 one buffer, so an unused pointer gets a tensor of its own and dw, db come from two reductions. Eager mode does
@@ -28,6 +26,7 @@ neither: a small model's step is bound by the CPU launching kernels, so the eage
 
 import functools
 import os
+from contextlib import nullcontext
 
 import torch
 import triton
@@ -36,14 +35,6 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # as triton.jit reads it, when the kernels below are defined
 MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider rows loop over blocks
 ONE_PROGRAM_ROWS = 32  # a backward of at most this many rows runs as one program (see _backward_programs)
-
-
-def _direct_launch_supported(version: str) -> bool:
-    """Triton 3.6 and 3.7 launch a compiled kernel as `compiled[grid](*every kernel argument)`; others never direct."""
-    return (3, 6) <= tuple(int(part) for part in version.split(".")[:2]) <= (3, 7)
-
-
-DIRECT_LAUNCH = _direct_launch_supported(triton.__version__) and not INTERPRET  # the interpreter compiles nothing
 # Under torch.compile: torch.library.triton_op (torch 2.6+) lets Inductor launch the kernels from its own code and
 # CUDA graphs capture them; an interpreted kernel is no compiled one, so there, and on older torch, a custom op.
 TRITON_OP = hasattr(torch.library, "triton_op") and not INTERPRET
@@ -150,7 +141,7 @@ def _forward(
         w = weight.contiguous()
         b = _unused_pointer(w, traced) if bias is None else bias.contiguous()
         args = (x2, y, w, b, stats, stride_x, C, C, N, eps, bias is not None, block, one_block)
-        _launch(layer_norm_fwd_kernel, (N,), args, warps, traced, tensors=5)
+        _launch(layer_norm_fwd_kernel, (N,), args, warps, traced)
     return y, stats
 
 
@@ -327,7 +318,7 @@ def _backward(
         rows_per_program = -(-N // programs)  # rounded up
         stages = _num_stages(block, x2, dy2) if one_block else 1
         args = (*tensors, stride_dy, stride_x, C, N, C, rows_per_program, has_bias, block, one_block, stages)
-        _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced, tensors=7)
+        _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced)
     if one_program:
         return dx, slabs[0], slabs[1] if has_bias else None
     if traced:  # an op's outputs may not share memory: two reductions, not one
@@ -338,35 +329,20 @@ def _backward(
 
 # ----------------------------------------------------------------------------------------------------------------
 # Launching. Triton launches on the current CUDA device's stream, so a launch is made with the tensors' device
-# current (a model on cuda:1 must not launch on cuda:0); when it already is, nothing is switched. Triton's normal
-# launch binds and specializes every argument and looks the compiled kernel up, 10-25 us of Python a call on a
-# GPU. With DIRECT_LAUNCH, the compiled kernel a normal launch returned for tensors that are all 16-byte aligned
-# is kept under everything else that chose it (every argument after the tensors, their dtypes, the device) and
-# called directly the next time the same arguments come. Traced, wrap_triton hands the launch to Inductor.
-
-_COMPILED: dict[tuple, object] = {}
+# current (a model on cuda:1 must not launch on cuda:0); when it already is, nothing is switched. Eager, every call
+# goes through Triton's own launch, kernel[grid], which binds the arguments and looks the compiled kernel up (its
+# cost per call: python -m bench.kernels --overhead). Traced, wrap_triton hands the launch to Inductor.
 
 
-def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool, tensors: int) -> None:
-    """kernel[grid](*args) where args are `tensors` tensors, then the integers, floats and constexprs."""
+def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool) -> None:
+    """kernel[grid](*args, num_warps=num_warps), eager or (traced) inside a torch.library op."""
     if traced and TRITON_OP:
         torch.library.wrap_triton(kernel)[grid](*args, num_warps=num_warps)
         return
     index = args[0].device.index if args[0].is_cuda else None
-    if index is not None and index != torch.cuda.current_device():
-        with torch.cuda.device(index):
-            return _launch(kernel, grid, args, num_warps, traced, tensors)
-    if not DIRECT_LAUNCH or any(t.data_ptr() % 16 for t in args[:tensors]):
+    switch = index is not None and index != torch.cuda.current_device()
+    with torch.cuda.device(index) if switch else nullcontext():
         kernel[grid](*args, num_warps=num_warps)
-        return
-    key = (kernel, grid, num_warps, index, args[tensors:], *[t.dtype for t in args[:tensors]])
-    compiled = _COMPILED.get(key)
-    if compiled is not None:
-        compiled(*args)
-        return
-    compiled = kernel[grid](*args, num_warps=num_warps)
-    if len(_COMPILED) < 4096:  # (a new shape per call, as in uncached decoding, must not grow it forever)
-        _COMPILED[key] = compiled[(*grid, 1, 1)[:3]]  # a compiled kernel's launcher takes all three grid sizes
 
 
 # ----------------------------------------------------------------------------------------------------------------

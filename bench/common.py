@@ -27,22 +27,26 @@ PACKED = ("summary.md", "results.json", "gpu_results.tar.gz")  # what bench/gpu.
 
 @dataclass
 class Child:
-    """One finished child process: exit code, output lines, wall time, peak resident memory (its own, from wait4)."""
+    """One finished child process: exit code, output lines, wall time, peak resident memory (its own, from wait4);
+    whether it was killed at its time limit, or because this process was interrupted (SIGINT) while it ran."""
 
     returncode: int
     lines: list[str]
     wall_s: float
     max_rss_bytes: int
     timed_out: bool
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and not self.interrupted
 
 
 def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = None, echo: str | None = None) -> Child:
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
-    outlives timeout_s is killed. os.wait4 reaps it, so ru_maxrss is this child's peak (bench/README.md)."""
+    outlives timeout_s is killed, and so is the child of an interrupted benchmark (SIGINT: Ctrl-C, or bench/gpu.sh's
+    time limit), which then returns what it has. os.wait4 reaps it, so ru_maxrss is this child's peak
+    (bench/README.md)."""
     from machinery.device import maxrss_bytes
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -55,16 +59,22 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
         timer.start()  # kills a child that has gone silent, too
     t0 = time.perf_counter()
     lines = []
+    interrupted = False
     assert proc.stdout is not None
-    for raw in proc.stdout:
-        lines.append(raw.rstrip("\n"))
-        if echo is not None:
-            print(f"[{echo}] {lines[-1]}", flush=True)
+    try:
+        for raw in proc.stdout:
+            lines.append(raw.rstrip("\n"))
+            if echo is not None:
+                print(f"[{echo}] {lines[-1]}", flush=True)
+    except KeyboardInterrupt:  # the child is not left running: its figures so far are read, then this one stops
+        interrupted = True
+        proc.kill()
     timer.cancel()
     proc.stdout.close()
     _, status, rusage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen the child is reaped
-    return Child(proc.returncode, lines, time.perf_counter() - t0, maxrss_bytes(rusage.ru_maxrss), killed.is_set())
+    wall = time.perf_counter() - t0
+    return Child(proc.returncode, lines, wall, maxrss_bytes(rusage.ru_maxrss), killed.is_set(), interrupted)
 
 
 def parser(description: str, config: bool = False) -> argparse.ArgumentParser:
@@ -166,6 +176,21 @@ def comma_list(choices: Sequence[str] | None = None) -> Callable[[str], list]:
     return parse
 
 
+def at_least(least: float, kind: type = int) -> Callable[[str], Any]:
+    """An argparse type: a `kind` (int or float) that is >= least; NaN is refused too."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an int' if kind is int else 'a number'}") from None
+        if not value >= least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
+        return value
+
+    return parse
+
+
 def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -194,7 +219,8 @@ def write_results(args: argparse.Namespace, module: str, result: dict[str, Any],
 
 
 def machine_info() -> dict[str, Any]:
-    """The commit measured ('+changes' if the files differ from it), CPU, GPU and the versions behind the figures."""
+    """The commit measured (BENCH_COMMIT, as bench/gpu.sh passes it to a copy of the tree without git; else git's,
+    '+changes' if the files differ from it; else None), CPU, GPU and the versions behind the figures."""
     import torch
 
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
@@ -203,7 +229,9 @@ def machine_info() -> dict[str, Any]:
         triton = metadata.version("triton")
     except metadata.PackageNotFoundError:
         triton = None
-    commit = output_of("git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7")
+    commit = os.environ.get("BENCH_COMMIT") or output_of(
+        "git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"
+    )
     info = {"commit": commit, "platform": platform.platform(), "python": platform.python_version()}
     info |= {"cpu": cpu[0] if cpu else platform.processor(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
     info |= {"torch_threads": torch.get_num_threads(), "triton": triton}
@@ -216,7 +244,12 @@ def machine_info() -> dict[str, Any]:
 
 
 def output_of(*cmd: str) -> str | None:
-    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip() or None
+    """cmd's output, or None where it fails or is not installed (no git, no nvidia-smi: the figures still count)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
 
 
 def pack(res: Path, out: Path) -> None:

@@ -13,12 +13,24 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from bench.common import comma_list, fmt, markdown_table, median, parse, parser, progress, spread, timed, write_results
-from layernorm import TritonUnavailableError, check_triton_device
+from bench.common import (
+    at_least,
+    comma_list,
+    fmt,
+    markdown_table,
+    median,
+    parse,
+    parser,
+    progress,
+    spread,
+    timed,
+    write_results,
+)
+from layernorm import NORMS, TritonUnavailableError, check_triton_device
 from machinery import options
 from machinery.batch_invariant import batch_invariant, refusal
 from machinery.checkpoint import CheckpointError, load_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, gpt2_checkpoint
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
 PATHS = ("uncached", "cached", "mode", "linears")
@@ -26,14 +38,16 @@ MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
-    """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) with each of --norms."""
+    """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) or GPT-2's weights
+    (args.init_from) with each of --norms."""
     norms = args.norms.split(",")
     if "triton" in norms:
         check_triton_device(device)  # one line saying what to do, before a model is loaded
-    if args.checkpoint:
-        ckpt = load_checkpoint(args.checkpoint, map_location=device)
+    if args.checkpoint or args.init_from:
+        ckpt = gpt2_checkpoint(args.init_from) if args.init_from else load_checkpoint(args.checkpoint, device)
         loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in norms]
-        return [(f"{args.checkpoint} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
+        source = args.init_from or args.checkpoint
+        return [(f"{source} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
     out = []
     for path in args.sizes.split(","):
         config = GPTConfig.from_options(options.read_config_file(path), norm=norms[0])
@@ -169,15 +183,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default=",".join(SIZES), help="comma list of config files (random-init models)")
     p.add_argument("--out_dir", help="decode the checkpoint <out_dir>/ckpt.pt instead, with each of --norms")
     p.add_argument("--ckpt", help="decode this checkpoint file instead; overrides --out_dir")
+    p.add_argument("--init_from", help="decode GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder")
     p.add_argument("--norms", default="builtin", help="comma list of norms (default builtin)")
     p.add_argument("--paths", default=list(PATHS), type=comma_list(PATHS), help=f"comma list from {', '.join(PATHS)}")
     p.add_argument("--batches", default=[1, 8], type=comma_list(), help="comma list of batch sizes (default 1,8)")
-    p.add_argument("--prompt_len", type=int, default=16)
-    p.add_argument("--new_tokens", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--prompt_len", type=at_least(1), default=16)
+    p.add_argument("--new_tokens", type=at_least(1), default=48)
+    p.add_argument("--repeats", type=at_least(1), default=5)
     p.add_argument("--matmul", action="store_true", help="the matrix product alone instead of decoding")
     p.add_argument("--widths", default=[384, 1536], type=comma_list(), help="--matmul's K = N (default 384,1536)")
     args = parse(p, argv)
+    if bad := [n for n in args.norms.split(",") if n not in NORMS]:
+        p.error(f"--norms: {', '.join(map(repr, bad))} is not a norm; choose from {', '.join(NORMS)}")
     args.checkpoint = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt" if args.out_dir else None
     return args
 
@@ -200,7 +217,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for done, ((label, model), batch) in enumerate(todo):
                 run = decode(label, model, batch, args, device)
                 tokens = run.pop("tokens")
-                run["same_tokens_as_first"] = first.setdefault(batch, tokens) == tokens if args.checkpoint else None
+                run["same_tokens_as_first"] = (
+                    first.setdefault(batch, tokens) == tokens if args.checkpoint or args.init_from else None
+                )
                 result["runs"].append(run)
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
             table = decode_table(result)

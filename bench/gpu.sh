@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Every GPU measurement in one run of at most 7 minutes by its own clock (bench/README.md says what each step does).
+# Every GPU measurement in one run of at most 8 minutes by its own clock (bench/README.md says what each step does).
 #
-#   bash bench/gpu.sh [--dry-run] [--input TINY_SHAKESPEARE.txt] [--nanogpt NANOGPT_CHECKOUT] [OUT_DIR]
+#   bash bench/gpu.sh [--dry-run] [--input TINY_SHAKESPEARE.txt] [--nanogpt NANOGPT_CHECKOUT] [--commit REV] [OUT_DIR]
 #
-# PY: the python that has torch (default python3). SHARES: each step's seconds of the 420-s budget, in the order the
-# steps run. GPU_SH_BUDGET_S scales every share (default 420 s, 1260 s with --dry-run); GPU_SH_STEPS="data,tests ...":
-# run only those steps (the others: not selected).
+# PY: the python that has torch (default python3). SHARES: each step's share of the 480-s budget in s and the time
+# it is estimated to take (bench/README.md: where each estimate comes from), in the order the steps run.
+# GPU_SH_BUDGET_S scales every share (default 480 s, 1440 s with --dry-run); GPU_SH_STEPS="data,tests:30 ...": run
+# only those steps (the others: not selected), NAME:S with a limit of S seconds instead of its share. --commit (or
+# BENCH_COMMIT): the commit measured, for a copy of the tree without git.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 fail() { echo "bench/gpu.sh: $1" >&2 && exit 2; }
@@ -15,28 +17,44 @@ while (($#)); do
         --dry-run) DRY=1 ;;
         --input) INPUT=$2 && shift ;;
         --nanogpt) NANOGPT=$2 && shift ;;
-        -*) fail "unknown option '$1'; options: --dry-run, --input PATH, --nanogpt PATH" ;;
+        --commit) export BENCH_COMMIT=$2 && shift ;;
+        -*) fail "unknown option '$1'; options: --dry-run, --input PATH, --nanogpt PATH, --commit REV" ;;
         *) OUT_DIR=$1 ;;
     esac
     shift
 done
-if [[ -n $NANOGPT ]]; then WIDE_S=0 NANO_S=30; else WIDE_S=30 NANO_S=0; fi
-SHARES=(report:10 data:5 tests:40 triton_eager:15 triton_graphs_float16:15 triton_compile:45 resume_graphs:25
-    demo_float32:15 demo_bfloat16:15 grid_6x384:75 profile:15 decode:20 matmul:10 full_run:50
-    grid_12x768:$WIDE_S nanogpt:$NANO_S kernels:20 overhead:15)
-PY=${PY:-python3} BUDGET=${GPU_SH_BUDGET_S:-$((DRY ? 1260 : 420))} START=$(date +%s)
+if [[ -n $NANOGPT ]]; then WIDE=0:0 NANO=60:55; else WIDE=60:50 NANO=0:0; fi
+SHARES=(report:15:10 data:5:1 grid_6x384:80:75 demo_float32:20:15 demo_bfloat16:20:15 decode:20:15 kernels:20:14
+    grid_6x384_compile:85:70 grid_6x384_reduce_overhead:55:50 full_run:60:60 grid_12x768:$WIDE nanogpt:$NANO
+    overhead:12:11 tests:28:25)
+PY=${PY:-python3} BUDGET=${GPU_SH_BUDGET_S:-$((DRY ? 1440 : 480))} START=$(date +%s)
 share() {  # share NAME: its seconds of BUDGET
     local item && for item in "${SHARES[@]}"; do
-        [[ ${item%%:*} == "$1" ]] && echo $((${item#*:} * BUDGET / 420)) && return
+        [[ ${item%%:*} == "$1" ]] && item=${item#*:} && echo $((${item%:*} * BUDGET / 480)) && return
     done
 }
 [[ -s $INPUT ]] || fail "no Tiny Shakespeare at '$INPUT': give its path with --input PATH (or TINY_SHAKESPEARE)"
 [[ -z $NANOGPT || -f $NANOGPT/train.py ]] || fail "--nanogpt '$NANOGPT' is not a nanoGPT checkout (no train.py)"
 mkdir -p "$OUT_DIR" 2>/dev/null && [[ -w $OUT_DIR ]] || fail "output folder '$OUT_DIR' is not writable"
 OUT_DIR=$(cd "$OUT_DIR" && pwd) WORK=$(mktemp -d) && RES=$WORK/gpu_results && mkdir -p "$RES"
-trap 'rm -rf "$WORK"' EXIT
-"$PY" -c "import json; from bench.common import machine_info; print(json.dumps(machine_info()))" \
-    >"$RES/machine.json" 2>/dev/null || fail "'$PY' cannot import torch; set PY to the python that has it"
+# A step runs in a process group of its own (timeout makes one), named in step.pid while it runs: stopping this
+# script (SIGINT, SIGTERM) stops it too. (SIGKILL cannot be caught: a caller's limit should send SIGTERM first.)
+trap '[[ -s $WORK/step.pid ]] && kill -KILL -- "-$(<"$WORK/step.pid")" 2>/dev/null; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT && trap 'exit 143' TERM
+# One python for the checks: the machine (commit, versions, GPU), and exit 3 where CUDA is needed and absent.
+CHECK="import json, sys; from bench.common import machine_info; m = machine_info(); print(json.dumps(m))
+sys.exit(3 if not m['gpu'] and not $DRY else 0)"
+"$PY" -c "$CHECK" >"$RES/machine.json" 2>"$WORK/check.log"
+case $? in
+    0) ;;
+    3) fail "no CUDA device here; try --dry-run" ;;
+    *) cat "$WORK/check.log" >&2 && fail "'$PY' could not report the machine (its error above); set PY to the python \
+that has torch" ;;
+esac
+COMMIT=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['commit'] or '')" "$RES/machine.json")
+[[ -n $COMMIT ]] && export BENCH_COMMIT=$COMMIT  # every step's JSON names it, as machine.json does
+# The mode's row sums on CUDA tensors (machinery/batch_invariant.py): off by default until a GPU run passes them.
+export BATCH_INVARIANT_CUDA_ROW_SUMS=1
 if ((DRY)); then
     export TRITON_INTERPRET=1
     DEV=cpu TINY=(--set n_layer=1 --set n_head=2 --set n_embd=32 --set block_size=16 --set batch_size=4)
@@ -44,78 +62,73 @@ if ((DRY)); then
     FULL=("${GRID[@]}" --set max_iters=4 --set eval_interval=2 --set eval_iters=1 --set log_interval=1)
     NORMS=(--norms builtin,triton:eager) WIDE=(--norms builtin) DEMO=(--norms builtin --prompt_len 4 --new_tokens 4)
     TESTS=(--collect-only) DECODE=(--sizes configs/shakespeare_char_cpu.json --batches 1 --new_tokens 3 --repeats 1)
-    MATMUL=(--widths 32) KERNELS=(--sizes 32 --rows 16 --reps 1) OVERHEAD=(--calls 10 --repeats 1)
-    PROFILE=(--config configs/shakespeare_char_cpu.json "${TINY[@]}" --norms builtin) GRAPHS=() COMPILE=()
-    SMOKE=(--n_layer=1 --n_head=2 --n_embd=32 --block_size=16 --batch_size=4 --max_iters=2 --eval_interval=2
-        --eval_iters=1) RESUME=(--config configs/shakespeare_char_cpu.json "${TINY[@]}" --set eval_iters=1)
+    KERNELS=(--sizes 32 --rows 16 --reps 1) OVERHEAD=(--calls 10 --repeats 1)
 else
-    "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || fail "no CUDA device here; try --dry-run"
     unset TRITON_INTERPRET  # the kernels must compile for the GPU
-    DEV=cuda GRID=(--config configs/shakespeare_char.json --warmup 10 --iters 30 --eval_iters 5 --time_limit 60)
+    DEV=cuda GRID=(--config configs/shakespeare_char.json --warmup 10 --iters 30 --eval_iters 5)
     FULL=(--config configs/shakespeare_char.json) NORMS=(--norms builtin,triton,custom:eager)
-    WIDE=(--set n_layer=12 --set n_head=12 --set n_embd=768 --norms builtin,triton --modes eager,graphs)
-    PROFILE=(--config configs/shakespeare_char.json --norms builtin,triton) COMPILE=(--compile=True)
-    DEMO=() TESTS=() DECODE=() MATMUL=() KERNELS=() OVERHEAD=()
-    SMOKE=(--max_iters=20 --eval_interval=20 --eval_iters=2) GRAPHS=(--cuda_graphs=True --dtype=float16)
-    RESUME=(--config configs/shakespeare_char.json --set cuda_graphs=True --set dtype=float32 --set eval_iters=2
-        --rtol 1e-4)  # float32: a GPU's atomic additions still differ in the last bits, run to run
+    WIDE=(--set n_layer=12 --set n_head=12 --set n_embd=768 --norms builtin,triton)
+    DEMO=(--config configs/shakespeare_char.json) TESTS=() DECODE=()  # the demo 384 wide: see bench/README.md
+    KERNELS=(--system-malloc) OVERHEAD=(--system-malloc)  # (the timed tensors live on the GPU, not in glibc's heap)
 fi
 # One Inductor and Triton cache for the whole run: a later step loads what an earlier one compiled.
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$WORK/inductor_cache TRITON_CACHE_DIR=$WORK/triton_cache
 rm -f "$OUT_DIR"/{summary.md,results.json,gpu_results.tar.gz}
 SUM=0 PLAN="" && for item in "${SHARES[@]}"; do
-    SUM=$((SUM + $(share "${item%%:*}"))) PLAN+="${item%%:*} $(share "${item%%:*}"), "
+    name=${item%%:*} && SUM=$((SUM + $(share "$name"))) PLAN+="$name $(share "$name") (est. ${item##*:}), "
 done
-echo "Budget $BUDGET s; each step's share in s: ${PLAN%, }; sum $SUM s." | tee "$RES/plan.txt"
+echo "Commit ${COMMIT:-unknown (no git here: give --commit REV)}. Budget $BUDGET s; each step's share in s (estimate): ${PLAN%, }; sum $SUM s." |
+    tee "$RES/plan.txt"
 : >"$RES/steps.tsv"
 pack() {  # the three files from what is done so far
     timeout 20 "$PY" -m bench.common "$RES" "$OUT_DIR" || tar czf "$OUT_DIR/gpu_results.tar.gz" -C "$WORK" gpu_results
 }
 pack
 
-# step NAME COMMAND...: COMMAND under timeout (SIGINT, so that pytest and train.py still report), its output to the
-# console and $RES/NAME.log, its exit code and seconds to $RES/steps.tsv; then the three files again.
+# step NAME COMMAND...: COMMAND under timeout with the step's share (SIGINT first, so that pytest and the benchmarks
+# still report; SIGKILL 5 s later), its output to the console and $RES/NAME.log, its exit code and seconds to
+# $RES/steps.tsv; then the three files again. Once it returns, whatever is left of its process group is killed:
+# nothing it started (Inductor's compile workers ignore SIGINT) runs on into the next step.
 step() {
     local name=$1 limit && limit=$(share "$1") && shift
     local left=$((BUDGET - $(share report) / 2 - $(date +%s) + START)) t0=$SECONDS why=""
+    local picked=no selection=${GPU_SH_STEPS:-}  # (picked: named there, with or without a limit of its own)
+    [[ " ${selection//,/ } " =~ \ $name(:([0-9]+))?\  ]] && picked=yes && limit=${BASH_REMATCH[2]:-$limit}
     ((left < limit)) && limit=$left
-    ((limit < 5)) && why="budget spent" && [[ " ${SHARES[*]} " == *" $name:0 "* ]] && why="no share"
-    [[ -n ${GPU_SH_STEPS:-} && " ${GPU_SH_STEPS//,/ } " != *" $name "* ]] && why="not selected"
+    ((limit < 5)) && why="budget spent" && [[ " ${SHARES[*]} " == *" $name:0:"* ]] && why="no share"
+    [[ -n $selection && $picked == no ]] && why="not selected"
     [[ -n $why ]] && printf "%s\tskipped (%s)\t0\t0\n" "$name" "$why" >>"$RES/steps.tsv" && return
     echo "=== $name (at most ${limit} s; $(($(date +%s) - START)) of ${BUDGET} s spent): $*"
-    timeout -s INT -k 5 "$limit" "$@" 2>&1 | tee "$RES/$name.log"
-    printf "%s\t%s\t%s\t%s\n" "$name" "${PIPESTATUS[0]}" $((SECONDS - t0)) "$limit" >>"$RES/steps.tsv"
+    { bash -c 'echo $$ >"$0" && exec "$@"' "$WORK/step.pid" timeout -s INT -k 5 "$limit" "$@"
+        echo $? >"$WORK/step.rc" && kill -KILL -- "-$(<"$WORK/step.pid")" 2>/dev/null; } 2>&1 | tee "$RES/$name.log" &
+    wait $!  # (in the background, so that a signal to this script is handled at once, by the trap above)
+    rm -f "$WORK/step.pid"
+    printf "%s\t%s\t%s\t%s\n" "$name" "$(<"$WORK/step.rc")" $((SECONDS - t0)) "$limit" >>"$RES/steps.tsv"
     pack
 }
 step data "$PY" data/shakespeare_char/prepare.py --input "$INPUT" --out_dir "$WORK/data"
-step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_paths.py tests/test_batch_invariant_triton.py \
-    tests/test_layernorm_triton.py ${TESTS[@]+"${TESTS[@]}"}
-SMOKE=(train.py configs/shakespeare_char.json --norm=triton --device=$DEV --data_dir="$WORK/data"
-    --log_interval=5 --sample_at_end=False "${SMOKE[@]}")
-step triton_eager "$PY" "${SMOKE[@]}" --out_dir="$WORK/triton_eager"
-step triton_graphs_float16 "$PY" "${SMOKE[@]}" ${GRAPHS[@]+"${GRAPHS[@]}"} --out_dir="$WORK/triton_graphs"
-step triton_compile "$PY" "${SMOKE[@]}" ${COMPILE[@]+"${COMPILE[@]}"} --out_dir="$WORK/triton_compile"
-step resume_graphs "$PY" -m bench.resume "${RESUME[@]}" --set dropout=0.2 --device $DEV \
-    --set data_dir="$WORK/data" --out "$RES/resume_graphs.json"
-step demo_float32 "$PY" batch_independence.py --device=$DEV ${DEMO[@]+"${DEMO[@]}"}
-step demo_bfloat16 "$PY" batch_independence.py --device=$DEV --dtype=bfloat16 ${DEMO[@]+"${DEMO[@]}"}
 GRID+=(--data_dir "$WORK/data" --repeats 1)
-step grid_6x384 "$PY" -m bench.training "${GRID[@]}" --modes eager,graphs,compile,reduce-overhead "${NORMS[@]}" \
-    --out "$RES/grid_6x384.json"
-step profile "$PY" -m bench.profile "${PROFILE[@]}" --data_dir "$WORK/data" --device $DEV --out "$RES/profile.json"
+step grid_6x384 "$PY" -m bench.training "${GRID[@]}" --modes eager,graphs "${NORMS[@]}" --out "$RES/grid_6x384.json"
+step demo_float32 "$PY" batch_independence.py --device=$DEV "${DEMO[@]}"
+step demo_bfloat16 "$PY" batch_independence.py --device=$DEV --dtype=bfloat16 "${DEMO[@]}"
 step decode "$PY" -m bench.decoding --device $DEV --paths cached,mode ${DECODE[@]+"${DECODE[@]}"} \
     --out "$RES/decode.json"
-step matmul "$PY" -m bench.decoding --device $DEV --matmul ${MATMUL[@]+"${MATMUL[@]}"} --out "$RES/matmul.json"
-FASTEST=$("$PY" -c "import json, sys; s = json.load(open(sys.argv[1]))['sides']; print(min((v['ms_per_iter'], k)
-    for k, v in s.items() if v['ms_per_iter'] and not k.startswith('custom'))[1])" "$RES/grid_6x384.json" 2>/dev/null)
+step kernels "$PY" -m bench.kernels --device $DEV "${KERNELS[@]}" --out "$RES/kernels.json"
+step grid_6x384_compile "$PY" -m bench.training "${GRID[@]}" --modes compile --norms builtin,triton \
+    --out "$RES/grid_6x384_compile.json"
+step grid_6x384_reduce_overhead "$PY" -m bench.training "${GRID[@]}" --modes reduce-overhead --norms builtin,triton \
+    --out "$RES/grid_6x384_reduce_overhead.json"
+FASTEST=$("$PY" -c "import json, sys; s = {k: v for f in sys.argv[1:] for k, v in json.load(open(f))['sides'].items()}
+print(min((v['ms_per_iter'], k) for k, v in s.items() if v['ms_per_iter'] and not k.startswith('custom'))[1])" \
+    "$RES"/grid_6x384*.json 2>/dev/null)
 read -r NORM MODE <<<"${FASTEST:-builtin eager}"
+# train.py stops at max_wall_s and then evaluates and saves: 20 s of the share are kept for that and the start.
 step full_run "$PY" -m bench.training "${FULL[@]}" --curves --norms "$NORM" --modes "$MODE" --repeats 1 \
-    --target_val 1.47 --data_dir "$WORK/data" --set max_wall_s=$(($(share full_run) * 4 / 5)) --verbose \
+    --target_val 1.47 --data_dir "$WORK/data" --set max_wall_s=$(($(share full_run) - 20)) --verbose \
     --out "$RES/full_run.json"
-step grid_12x768 "$PY" -m bench.training "${GRID[@]}" "${WIDE[@]}" --out "$RES/grid_12x768.json"
+step grid_12x768 "$PY" -m bench.training "${GRID[@]}" "${WIDE[@]}" --modes eager,graphs --out "$RES/grid_12x768.json"
 [[ -n $NANOGPT ]] && step nanogpt "$PY" -m bench.training "${FULL[@]}" --curves --norms "" --nanogpt "$NANOGPT" \
-    --repeats 1 --target_val 1.47 --time_limit $(($(share nanogpt) - 5)) --verbose --out "$RES/nanogpt.json"
-step kernels "$PY" -m bench.kernels --device $DEV ${KERNELS[@]+"${KERNELS[@]}"} --out "$RES/kernels.json"
-step overhead "$PY" -m bench.kernels --device $DEV --overhead ${OVERHEAD[@]+"${OVERHEAD[@]}"} \
-    --out "$RES/overhead.json"
+    --repeats 1 --target_val 1.47 --time_limit $(($(share nanogpt) - 10)) --verbose --out "$RES/nanogpt.json"
+step overhead "$PY" -m bench.kernels --device $DEV --overhead "${OVERHEAD[@]}" --out "$RES/overhead.json"
+step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_batch_invariant_triton.py ${TESTS[@]+"${TESTS[@]}"}
 pack && echo "total $(($(date +%s) - START)) s of $BUDGET; in $OUT_DIR:" && ls "$OUT_DIR"

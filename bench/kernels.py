@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import layernorm
-from bench.common import comma_list, fmt, markdown_table, median, parse, parser, spread, timed, write_results
+from bench.common import at_least, comma_list, fmt, markdown_table, median, parse, parser, spread, timed, write_results
 
 IMPLS = ("custom", "builtin", "triton", "naive")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -138,10 +138,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", type=comma_list(), help=f"comma list of C (default {CPU_SIZES}; CUDA {CUDA_SIZES})")
     p.add_argument("--rows", type=comma_list(), help="comma list of rows = B * T (default 16384; CUDA 32768)")
     p.add_argument("--impls", type=comma_list(IMPLS), help=f"comma list from {', '.join(IMPLS)} (default: those here)")
-    p.add_argument("--reps", type=int, default=10, help="timed calls per measurement on the CPU (median)")
+    p.add_argument("--reps", type=at_least(1), default=10, help="timed calls per measurement on the CPU (median)")
     p.add_argument("--overhead", action="store_true", help="the Python cost per call instead (bench/README.md)")
-    p.add_argument("--calls", type=int, default=1000, help="--overhead: calls per round")
-    p.add_argument("--repeats", type=int, default=7, help="--overhead: rounds")
+    p.add_argument("--calls", type=at_least(1), default=1000, help="--overhead: calls per round")
+    p.add_argument("--repeats", type=at_least(1), default=7, help="--overhead: rounds")
     p.add_argument("--system-malloc", action="store_true", help="keep glibc's allocator defaults (bench/README.md)")
     args = parse(p, argv)
     if args.overhead and args.device == "cpu":

@@ -44,7 +44,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="the PNG (default: beside --json)")
     args = p.parse_args(argv)
     out = args.out or args.json.with_suffix(".png")
-    plot(json.loads(args.json.read_text(encoding="utf-8")), out)
+    try:
+        result = json.loads(args.json.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
+        raise SystemExit(f"error: --json {args.json}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        plot(result, out)
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:  # another JSON
+        raise SystemExit(f"error: --json {args.json} is not batch_independence.py --json's output ({e!r})") from None
+    except OSError as e:
+        raise SystemExit(f"error: --out {out}: {e.strerror or e}") from None
     print(f"wrote {out}")
 
 

@@ -46,12 +46,13 @@ def category(event: Any) -> str:
     return "everything else"
 
 
-def matmul_rate(shapes: dict[tuple, list[float]], device: str) -> float | None:
-    """GFLOP/s of the step's matrix products ({(op, input shapes): each call's FLOPs}), each shape timed alone."""
+def matmul_rate(shapes: dict[tuple, list[float]], device: str, dtype: torch.dtype) -> float | None:
+    """GFLOP/s of the step's matrix products ({(op, input shapes): each call's FLOPs}), each shape timed alone in
+    the dtype the step computes them in (autocast's)."""
     total_flops = 0.0
     total_s = 0.0
     for (name, dims), flops in shapes.items():
-        args = [torch.randn(d, device=device) for d in dims]
+        args = [torch.randn(d, device=device, dtype=dtype) for d in dims]
         op = getattr(torch, name.removeprefix("aten::"))
         op(*args)
         seconds = median([timed(lambda op=op, args=args: op(*args), device, calls=20) for _ in range(5)])
@@ -91,13 +92,17 @@ def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None)
     averages = prof.key_averages()
     ops = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:8]
     by_category = dict.fromkeys(COLUMNS, 0.0)
+    gpu_by_category = dict.fromkeys(COLUMNS, 0.0)  # the GPU time of the kernels each op launched itself
     shapes: dict[tuple, list[float]] = {}
     for e in [e for e in events if e.device_type.name == "CPU"]:
         by_category[category(e)] += e.self_cpu_time_total / STEPS
+        gpu_by_category[category(e)] += e.self_device_time_total / STEPS
         if e.name in MATMUL_OPS and e.flops:
             dims = tuple(tuple(d) for d in e.input_shapes if d)[:3]  # the tensors (addmm's scalars left out)
             shapes.setdefault((e.name, dims), []).append(e.flops)
     matmul_flops = sum(sum(flops) for flops in shapes.values()) / STEPS
+    # the products' rate inside the step: over the time that computes them, the GPU's where there is one
+    matmul_us = gpu_by_category["matrix products"] if kernels else by_category["matrix products"]
     return {
         "ms_per_step": wall_us / 1000 / STEPS,
         "kernels_per_step": len(kernels) / STEPS if kernels else None,
@@ -106,9 +111,10 @@ def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None)
         "calls_per_step": {e.key: e.count / STEPS for e in ops},
         "copy_calls_per_step": sum(e.count for e in averages if e.key == "aten::copy_") / STEPS,
         "category_us_per_step": by_category,
+        "gpu_category_us_per_step": gpu_by_category if kernels else None,
         "matmul_gflop_per_step": matmul_flops / 1e9,
-        "matmul_gflops_in_step": matmul_flops / by_category["matrix products"] / 1e3,
-        "matmul_gflops_alone": matmul_rate(shapes, device),
+        "matmul_gflops_in_step": matmul_flops / matmul_us / 1e3 if matmul_us else None,
+        "matmul_gflops_alone": matmul_rate(shapes, device, getattr(torch, run.dtype)),
         "step_gflops": matmul_flops / (wall_us / STEPS) / 1e3,
     }
 

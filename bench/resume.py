@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import fmt, markdown_table, parse, parser, run_child, write_results
+from bench.common import at_least, fmt, markdown_table, parse, parser, run_child, write_results
 from machinery.runlog import read_metrics
 
 ITERS = 4
@@ -39,7 +39,9 @@ def compare(straight: Path, resumed: Path, rtol: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__, config=True)
-    p.add_argument("--rtol", type=float, default=0.0, help="the losses' largest relative gap allowed (default 0)")
+    p.add_argument(
+        "--rtol", type=at_least(0.0, float), default=0.0, help="the losses' largest relative gap allowed (default 0)"
+    )
     args = parse(p, argv)
     flags = [args.config, f"--device={args.device}", *(f"--{item}" for item in args.set)]  # --set device=X wins
     # Both runs evaluate at CUT, where the first part stops, so both draw alike.

@@ -42,6 +42,10 @@ HEADERS = (
 ).split("|")
 
 
+def on_cuda(args: argparse.Namespace) -> bool:
+    return args.device.startswith("cuda")  # cuda, cuda:0, cuda:1 ...
+
+
 def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """[(norm, mode)] to run, and {side: why it is skipped}."""
     sides = []
@@ -52,9 +56,9 @@ def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[st
                 raise SystemExit(f"error: --norms: {norm!r} is not a norm; choose from {', '.join(NORMS)}, {NO_NORM}")
             if only and only != mode:
                 continue
-            if mode != "eager" and args.device != "cuda":
+            if mode != "eager" and not on_cuda(args):
                 skipped[f"{norm} {mode}"] = "needs a CUDA device"
-            elif norm == "triton" and args.device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            elif norm == "triton" and not on_cuda(args) and os.environ.get("TRITON_INTERPRET") != "1":
                 skipped[f"{norm} {mode}"] = "no CUDA device (on a CPU: TRITON_INTERPRET=1, Triton's slow interpreter)"
             else:
                 sides.append((norm, mode))
@@ -75,7 +79,7 @@ def commands(side: Side, cfg: TrainConfig, out_dir: Path, args: argparse.Namespa
     both = {**schedule(args, cfg), "out_dir": out_dir, "device": args.device, **timing}
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **both}
-        if args.device != "cuda":
+        if not on_cuda(args):
             values.update(compile=False, dtype="float32")  # on CUDA its own defaults: compile on, bfloat16
         flags = [f"--{k}={v}" for k, v in values.items()]
         return [sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], Path(args.nanogpt)
@@ -117,8 +121,9 @@ def measure(side: Side, child: Child, out_dir: Path, cfg: TrainConfig, args: arg
         tok_s = [r["tokens_per_s"] for r in kept]
         steps = [(r["iter"], r["ms_per_iter"]) for r in train]
     run = {"ok": child.ok and (side is None or bool(summary)), "returncode": child.returncode}
-    run |= {"timed_out": child.timed_out, "steps_timed": len(timed), "ms_per_iter": median(timed)}
-    run |= {"ms_range": spread(timed), "tokens_per_s": median(tok_s), "max_rss_bytes": child.max_rss_bytes}
+    run |= {"interrupted": child.interrupted, "timed_out": child.timed_out, "steps_timed": len(timed)}
+    run |= {"ms_per_iter": median(timed), "ms_range": spread(timed), "tokens_per_s": median(tok_s)}
+    run |= {"max_rss_bytes": child.max_rss_bytes}
     cuda = summary.get("device", "").startswith("cuda")
     run |= {"wall_s": child.wall_s, "cuda_peak_bytes": summary.get("peak_memory_bytes") if cuda else None}
     val = [e["val_loss"] for e in evals]
@@ -210,6 +215,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
             print(f"   {name}: {figures}; {common.progress(done + 1, len(plan), t0)}", flush=True)
             common.write_results(args, "bench.training", result, table(result))
+            if child.interrupted:  # (SIGINT) what was measured is written; the runs not started are not
+                print(f"interrupted during {name}: {done} of {len(plan)} runs done", flush=True)
+                break
     return result
 
 
@@ -218,15 +226,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--norms", default="custom,builtin", help="comma list of norms; NORM:MODE runs it in that mode only")
     p.add_argument("--modes", default=["eager"], type=comma_list(MODES), help=f"comma list from {', '.join(MODES)}")
     p.add_argument("--nanogpt", help="a nanoGPT checkout with data/shakespeare_char prepared, run beside ours")
-    p.add_argument("--repeats", type=int, default=5, help="alternating runs per side (default 5)")
-    p.add_argument("--warmup", type=int, default=10, help="iterations not timed at the start of a run (default 10)")
-    p.add_argument("--iters", type=int, default=200, help="timed iterations per run (default 200)")
-    p.add_argument("--eval_iters", type=int, default=20, help="batches of the evals at 0 and at the end (default 20)")
+    p.add_argument("--repeats", type=common.at_least(1), default=5, help="alternating runs per side (default 5)")
+    p.add_argument(
+        "--warmup", type=common.at_least(0), default=10, help="iterations not timed at the start of a run (default 10)"
+    )
+    p.add_argument("--iters", type=common.at_least(1), default=200, help="timed iterations per run (default 200)")
+    p.add_argument(
+        "--eval_iters",
+        type=common.at_least(1),
+        default=20,
+        help="batches of the evals at 0 and at the end (default 20)",
+    )
     p.add_argument("--curves", action="store_true", help="the config's own iterations and evals (loss curves)")
     p.add_argument("--whole", action="store_true", help="--curves, with each side's checkpoints and our sample")
     p.add_argument("--compare", action="store_true", help="every norm once, --curves; evals.csv, val_loss.png")
     p.add_argument("--target_val", type=float, default=None, help="report the training time to this val loss")
-    p.add_argument("--time_limit", type=float, default=None, help="seconds before a run is killed")
+    p.add_argument(
+        "--time_limit", type=common.at_least(1e-9, float), default=None, help="seconds before a run is killed"
+    )
     p.add_argument("--data_dir", help="our train.py's --data_dir (default: the config's dataset)")
     p.add_argument("--verbose", action="store_true", help="echo every line of the runs")
     args = common.parse(p, argv)

@@ -1,15 +1,24 @@
 """Batch-invariant mode: the whole model computes a sequence bit for bit the same alone, in a batch, cached or not.
 
     with batch_invariant():
-        logits = model(idx)  # model.py is unchanged: its F.linear and F.scaled_dot_product_attention are swapped
+        logits = model(idx)  # model.py is unchanged: its F.linear and F.scaled_dot_product_attention are swapped,
+                             # and its norms' sums and means over a row are taken over
 
-LayerNorm is batch independent, bit for bit too (batch_independence.py, check 3). The rest of the model is not:
-two operations pick their order of additions from the shapes they get (the README gives the differences measured):
+LayerNorm is batch independent: no statistic crosses rows (batch_independence.py, check 3). Bit for bit, three kinds
+of operation pick their order of additions from the shapes they get (the README gives the differences measured):
 - Matrix products (MKL, cuBLAS): a row gets other bits among 1 row (a decoding step alone) than among 4 or 64.
   The mode sends every row through the same additions, however many rows came.
 - Attention (SDPA): a query gets other bits inside a causal pass than alone, and in a batch than alone. The mode
   adds exactly the keys each query sees, in one order, alone, in a batch, from the cache or in a full pass.
-Either fix alone leaves about 1e-6 in the logits; both give 0 (`linear=False` or `attention=False` drops one).
+- The reductions over a row that layernorm.py's own norms make (Tensor.sum and Tensor.mean over the last dimension:
+  the custom LayerNorm's mean and variance, RMSNorm's mean square). On CUDA torch picks a reduction's block width
+  from the number of rows too (torch 2.11, aten/src/ATen/native/cuda/Reduce.cuh), so a cached step of 4 rows and a
+  full pass of 188 add a row of 384 in different orders. The mode adds each row in one order, fixed by its length.
+  On CUDA tensors only with BATCH_INVARIANT_CUDA_ROW_SUMS=1 set (bench/gpu.sh sets it), until a GPU run has passed
+  its kernel; the CPU's PyTorch kernels and Triton's interpreter run it always.
+  (F.layer_norm, the built-in, normalizes a row in one CUDA block of a fixed width; the Triton norm in one program.)
+Either of the first two fixes alone leaves about 1e-6 in the logits; both give 0 (`linear=False` or
+`attention=False` drops one).
 
 Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch", below; its
 cost: python -m bench.decoding); on CUDA, the Triton kernels of batch_invariant_triton.py ("triton"), which Triton's
@@ -20,23 +29,27 @@ across machines. For inference: attention dropout is refused, as is a device wit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from importlib.util import find_spec
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-# Rows per matrix product on the CPU. 1: every row is its own matrix-vector product, the cheapest for decoding one
-# sequence. Any fixed number works: 8 costs more at batch 1 and less at batch 8 (bench/results/batch_invariant_cpu.md).
+# Rows per matrix product (and per row reduction) on the CPU. 1: every row is its own matrix-vector product, the
+# cheapest for decoding one sequence. Any fixed number works: 8 costs more at batch 1 and less at batch 8
+# (bench/results/batch_invariant_cpu.md).
 ROWS = 1
 KERNELS = ("auto", "torch", "triton")
+CUDA_ROW_SUMS = os.environ.get("BATCH_INVARIANT_CUDA_ROW_SUMS") == "1"  # the row sums on CUDA tensors (docstring)
 _STOCK_LINEAR = F.linear  # the mode swaps F.linear; its CPU version calls the stock one
+_STOCK_SUM = torch.Tensor.sum  # and Tensor.sum, with which its CPU row sums add
 
 
 def refusal(device: torch.device | str, kernels: str = "auto") -> str | None:
@@ -130,22 +143,66 @@ def attention(
     return torch.stack(out).view(B, T, nh, hs).transpose(1, 2)
 
 
+def row_sum(x: torch.Tensor, *, kernels: str = "auto") -> torch.Tensor:
+    """x [..., C] -> [...]: each row's sum, added in one order whatever the number of rows (on the CPU: ROWS rows at
+    a time, zero rows padding the last block, as linear)."""
+    if triton := triton_kernels(x.device, kernels):
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise ValueError("batch_invariant()'s Triton row sums record no gradient: run under torch.no_grad()")
+        return triton.row_sum(x)
+    rows = x.reshape(-1, x.size(-1))  # [M, C]
+    padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows
+    sums = torch.cat([_STOCK_SUM(block, -1) for block in padded.split(ROWS)]) if len(padded) else _STOCK_SUM(rows, -1)
+    return sums[: len(rows)].view(x.shape[:-1])
+
+
+def _reduction(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> tuple[Any, bool] | None:
+    """(x, keepdim) where a sum or mean's arguments reduce the last dimension of a floating-point tensor of some
+    rows, as the norms call it; else None (the call is left to torch)."""
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1 and dtype is None):
+        return None
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    return (x, keepdim) if len(dims) == 1 and dims[0] in (-1, x.dim() - 1) and x.numel() else None
+
+
+def row_reduction(stock: Callable[..., torch.Tensor], mean: bool, kernels: str) -> Callable[..., torch.Tensor]:
+    """Tensor.sum (mean=False) or Tensor.mean in the mode: over the last dimension of a floating-point tensor
+    through row_sum (a mean divides the row's sum by its length); any other call as `stock`, the method it replaces."""
+
+    def reduce(*args: Any, **kwargs: Any) -> torch.Tensor:
+        found = _reduction(*args, **kwargs)
+        if found is None or (found[0].is_cuda and not CUDA_ROW_SUMS):
+            return stock(*args, **kwargs)
+        x, keepdim = found
+        sums = row_sum(x, kernels=kernels)
+        out = sums / x.size(-1) if mean else sums
+        return out.unsqueeze(-1) if keepdim else out
+
+    return reduce
+
+
 FIXES = {"linear": linear, "scaled_dot_product_attention": attention}
 
 
-@contextmanager
+@contextlib.contextmanager
 def batch_invariant(
     enabled: bool = True, *, linear: bool = True, attention: bool = True, kernels: str = "auto"
 ) -> Iterator[None]:
     """Within the block, F.linear and F.scaled_dot_product_attention (or only the one asked for) are the
-    batch-invariant versions above, computed with `kernels`: "auto" (by the tensors' device), "torch" or "triton"."""
+    batch-invariant versions above, and so are Tensor.sum and Tensor.mean over a row (row_reduction), computed with
+    `kernels`: "auto" (by the tensors' device), "torch" or "triton"."""
     if kernels not in KERNELS:
         raise ValueError(f"batch_invariant(kernels={kernels!r}): choose one of {', '.join(KERNELS)}")
     saved = F.linear, F.scaled_dot_product_attention
+    saved_reductions = torch.Tensor.sum, torch.Tensor.mean
     for name, fixed in zip(FIXES, (linear, attention), strict=True):
         if enabled and fixed:
             setattr(F, name, functools.partial(FIXES[name], kernels=kernels))
+    if enabled:
+        torch.Tensor.sum = row_reduction(saved_reductions[0], mean=False, kernels=kernels)
+        torch.Tensor.mean = row_reduction(saved_reductions[1], mean=True, kernels=kernels)
     try:
         yield
     finally:
         F.linear, F.scaled_dot_product_attention = saved
+        torch.Tensor.sum, torch.Tensor.mean = saved_reductions

@@ -1,8 +1,9 @@
-"""The batch-invariant mode's Triton kernels, a matrix product for F.linear and attention for
-F.scaled_dot_product_attention, each beside its launcher (batch_invariant.py says why each is needed). One rule
-makes both invariant: a result's order of additions is fixed by the code, never by the shapes of the call (each
-kernel's comment says how). Both accumulate in float32 and write the input's dtype. batch_invariant.py imports this
-module (and so triton) only when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors.
+"""The batch-invariant mode's Triton kernels, a matrix product for F.linear, attention for
+F.scaled_dot_product_attention and a row sum for the norms' sums and means over a row, each beside its launcher
+(batch_invariant.py says why each is needed). One rule makes them invariant: a result's order of additions is fixed
+by the code, never by the shapes of the call (each kernel's comment says how). They accumulate in float32 (the row
+sum of float64 in float64) and write the input's dtype. batch_invariant.py imports this module (and so triton) only
+when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors.
 """
 
 import os
@@ -17,6 +18,7 @@ INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # fixed now
 # back the dependence on the batch. BLOCK_M = 16, tl.dot's smallest, wastes least on decoding's 1-8 rows.
 LINEAR_TILES = {torch.float32: (16, 64, 32, 4), torch.bfloat16: (16, 64, 64, 4), torch.float16: (16, 64, 64, 4)}
 BLOCK_KEYS = 32  # keys per step of attention's walk: any fixed number works; the same for every query
+MAX_SUM_BLOCK = 4096  # the row sum's widest block of columns; a wider row is added block after block
 
 
 def as_autocast_would(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -28,7 +30,7 @@ def as_autocast_would(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | Non
     return tuple(None if t is None else t.to(dtype) for t in tensors)
 
 
-def launch(kernel: triton.JITFunction, grid: tuple[int, int], args: tuple, **options: int) -> None:
+def launch(kernel: triton.JITFunction, grid: tuple[int, ...], args: tuple, **options: int) -> None:
     """kernel[grid](*args), with the tensors' CUDA device made current where it is not: Triton launches there."""
     device = args[0].device
     current = device.type != "cuda" or device.index in (None, torch.cuda.current_device())
@@ -114,7 +116,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Attention: program (i, b * H + h) computes query i of batch row b, head h. It sees keys 0..n-1, n = min(offset +
+# Attention: program (b * H + h) * T + i computes query i of batch row b, head h (one grid dimension: CUDA allows
+# 2**31 - 1 programs there, 65,535 in the others). It sees keys 0..n-1, n = min(offset +
 # i + 1, S): offset 0 is a causal pass, offset S - T a cached prefix followed by T new queries, offset S - 1 a
 # query that sees every key. It walks them BLOCK_KEYS at a time (an online softmax), keeping the running maximum m,
 # the running sum total of exp(score - m) and the weighted sum of values acc, each block rescaling them to its m.
@@ -124,7 +127,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # between a full pass (views of the [B, T, 3C] projection) and a cached step (the cache's buffer). Specialized on
 # divisibility by 16 or on alignment, a cached step could compile to another layout, and add in another order.
 @triton.jit(
-    do_not_specialize="H S D offset sqb sqh sqt skb skh sks svb svh svs sob soh sot".split(),  # every integer
+    do_not_specialize="H T S D offset sqb sqh sqt skb skh sks svb svh svs sob soh sot".split(),  # every integer
     do_not_specialize_on_alignment=["Q", "K", "V", "Out"],
 )
 def attention_kernel(
@@ -133,6 +136,7 @@ def attention_kernel(
     V,
     Out,  # pointers: q, out [B, H, T, D]; k, v [B, H, S, D]; each read through its strides (last one 1)
     H,
+    T,
     S,
     D,
     offset,
@@ -152,9 +156,10 @@ def attention_kernel(
     BLOCK_KEYS: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    i = tl.program_id(0).to(tl.int64)  # 64-bit indices: b * sqb cannot wrap once B * T * 3C passes 2**31
-    b = tl.program_id(1).to(tl.int64) // H
-    h = tl.program_id(1).to(tl.int64) % H
+    pid = tl.program_id(0).to(tl.int64)  # 64-bit indices: b * sqb cannot wrap once B * T * 3C passes 2**31
+    i = pid % T
+    b = pid // T // H
+    h = pid // T % H
     d = tl.arange(0, BLOCK_D)
     q = tl.load(Q + b * sqb + h * sqh + i * sqt + d, mask=d < D, other=0.0).to(tl.float32) * scale
     K += b * skb + h * skh
@@ -196,7 +201,33 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[in
     B, H, T, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
-    args = (q, k, v, out, H, S, D, offset, scale, *strides, BLOCK_KEYS, triton.next_power_of_2(D))
+    args = (q, k, v, out, H, T, S, D, offset, scale, *strides, BLOCK_KEYS, triton.next_power_of_2(D))
     if out.numel():
-        launch(attention_kernel, (T, B * H), args)
+        launch(attention_kernel, (B * H * T,), args)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Row sum: program r adds row r's C values, BLOCK columns at a time from column 0 upwards, into BLOCK running
+# totals, and then adds those in one tl.sum. The order depends on C alone (BLOCK is chosen from C), never on how many
+# rows came: stock CUDA reductions choose their block width by the number of rows too.
+
+
+@triton.jit(do_not_specialize=["C"], do_not_specialize_on_alignment=["X", "Out"])
+def row_sum_kernel(X, Out, C, BLOCK: tl.constexpr):  # X [N, C] contiguous, Out [N] (its dtype accumulates)
+    row = tl.program_id(0).to(tl.int64)
+    total = tl.zeros([BLOCK], dtype=Out.dtype.element_ty)
+    for start in range(0, C, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        total += tl.load(X + row * C + cols, mask=cols < C, other=0.0).to(Out.dtype.element_ty)
+    tl.store(Out + row, tl.sum(total, axis=0))
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    """x [..., C] -> [...]: each row's sum through row_sum_kernel, in x's dtype."""
+    C = x.size(-1)
+    rows = x.reshape(-1, C).contiguous()
+    sums = torch.zeros(len(rows), dtype=torch.promote_types(x.dtype, torch.float32), device=x.device)
+    if sums.numel() and C:
+        launch(row_sum_kernel, (len(rows),), (rows, sums, C, min(triton.next_power_of_2(C), MAX_SUM_BLOCK)))
+    return sums.to(x.dtype).view(x.shape[:-1])

@@ -24,6 +24,7 @@ SIZES = {
     },
 }
 STOCK_LINEAR, STOCK_SDPA = F.linear, F.scaled_dot_product_attention
+STOCK_SUM, STOCK_MEAN = torch.Tensor.sum, torch.Tensor.mean
 
 
 def make_model(norm: str, size: str) -> GPT:
@@ -69,6 +70,22 @@ def test_linear_rows_do_not_depend_on_how_many_rows_came(rows: int, monkeypatch:
         assert torch.equal(F.linear(x.view(5, 8, 384), weight, bias), reference.view(5, 8, 96))  # any leading dims
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_row_sums_do_not_depend_on_how_many_rows_came(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norms' sums and means over a row, as the mode takes them over (ROWS rows at a time, zero rows padding)."""
+    monkeypatch.setattr(bi, "ROWS", rows)
+    taken = []  # the reductions the mode took over
+    monkeypatch.setattr(bi, "row_sum", lambda x, real=bi.row_sum, **kw: taken.append(x.shape) or real(x, **kw))
+    x = torch.randn(3, 13, 384, generator=torch.Generator().manual_seed(0)) * 3 + 1
+    with bi.batch_invariant():
+        sums, means = x.sum(-1), x.mean(dim=(-1,), keepdim=True)
+        assert torch.equal(x[1:2, 5:12].sum(dim=2), sums[1:2, 5:12]) and torch.equal(x[2, 3].mean(-1), means[2, 3, 0])
+        across = x.sum(0)  # another dimension: left to torch
+    assert taken == [(3, 13, 384), (3, 13, 384), (1, 7, 384), (384,)]
+    assert torch.equal(across, x.sum(0)) and (sums - x.double().sum(-1)).abs().max() < 1e-3
+    assert torch.equal(means, sums.unsqueeze(-1) / 384)
+
+
 def test_the_mode_computes_the_same_functions() -> None:
     """Invariant and still right: linear and attention against float64, within float32 rounding."""
     torch.manual_seed(0)
@@ -98,9 +115,11 @@ def test_outside_the_mode_nothing_changes() -> None:
         after = model(idx)[0]
     assert torch.equal(before, after) and (before - inside).abs().max() < 1e-5
     assert F.linear is STOCK_LINEAR and F.scaled_dot_product_attention is STOCK_SDPA
+    assert torch.Tensor.sum is STOCK_SUM and torch.Tensor.mean is STOCK_MEAN
     with pytest.raises(RuntimeError, match="boom"), bi.batch_invariant():  # restored after an error too
         raise RuntimeError("boom")
     assert F.linear is STOCK_LINEAR and F.scaled_dot_product_attention is STOCK_SDPA
+    assert torch.Tensor.sum is STOCK_SUM and torch.Tensor.mean is STOCK_MEAN
     with bi.batch_invariant(enabled=False):
         assert F.linear is STOCK_LINEAR
     with bi.batch_invariant(attention=False):  # one fix alone, as bench/ measures each

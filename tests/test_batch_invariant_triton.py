@@ -1,8 +1,8 @@
 """machinery/batch_invariant_triton.py, the mode's kernels for CUDA tensors, run through Triton's interpreter on CPU
 tensors (kernels="triton") where there is no GPU: a row's result does not depend on how many rows came, a query from
-the KV cache adds as inside the causal pass, the kernels compute the right functions, and a model decodes bit for bit
-the same alone, in a batch and uncached. (The interpreter shows the order of additions is fixed by the code; a GPU run
-of this file shows the compiled kernels keep it.)"""
+the KV cache adds as inside the causal pass, a norm's row is the same among any number of rows, the kernels compute the
+right functions, and a model decodes bit for bit the same alone, in a batch and uncached. (The interpreter shows the
+order of additions is fixed by the code; a GPU run of this file shows the compiled kernels keep it.)"""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from helpers import needs_triton, tiny_model
+from helpers import TRITON_SKIP, needs_triton, tiny_model
+from layernorm import make_norm
 from machinery import batch_invariant as bi
+
+if TRITON_SKIP is None:  # (without triton every test here is skipped)
+    from machinery import batch_invariant_triton as bit
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = needs_triton
@@ -112,6 +116,44 @@ def test_attention_against_float64(dtype: torch.dtype) -> None:
             F.scaled_dot_product_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], attn_mask=prefix)
         with pytest.raises(ValueError, match="linear takes .* inputs of one dtype, got x torch.float64"):
             F.linear(d[0], d[1][0, 0])
+
+
+@pytest.mark.slow  # a program per row through Triton's interpreter
+@pytest.mark.parametrize("C", [384, 768])  # where a stock CUDA reduction adds a row by how many rows came
+@pytest.mark.parametrize(("norm", "reductions"), [("custom", 2), ("rmsnorm", 1)])
+def test_the_norms_rows_do_not_depend_on_how_many_rows_came(
+    norm: str, reductions: int, C: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """layernorm.py's own norms reduce each row with torch (the custom LayerNorm its mean and variance, RMSNorm its
+    mean square): in the mode every one of those reductions goes through the row-sum kernel, and a row comes out the
+    same bits in an uncached pass (B x T rows), a cached step (B rows), one sequence alone and one row alone."""
+    sums = []
+    monkeypatch.setattr(bi, "CUDA_ROW_SUMS", True)  # (off by default on CUDA tensors)
+    monkeypatch.setattr(bit, "row_sum", lambda x, real=bit.row_sum: sums.append(x.shape) or real(x))
+    gen = torch.Generator().manual_seed(4)
+    x = randn(3, 7, C, gen=gen) * 3 + 1
+    module = make_norm(norm, C).to(DEVICE)
+    with torch.no_grad():
+        module.weight.copy_(randn(C, gen=gen))
+        with bi.batch_invariant(kernels="triton"):
+            uncached = module(x)
+            assert sums == [(3, 7, C)] * reductions  # each reduction over the whole pass, through the kernel
+            for part in (lambda t: t[:, -1:], lambda t: t[1:2], lambda t: t[2:3, 4:5]):  # a step, a sequence, a row
+                assert torch.equal(module(part(x)), part(uncached))
+        reference = module.double()(x.double())
+    assert within_rounding(uncached, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_row_sum_against_float64(dtype: torch.dtype) -> None:
+    """Every column counts once (a row wider than one block too), accumulated in float32 (float64 for float64)."""
+    gen = torch.Generator().manual_seed(5)
+    x = randn(3, 2, bit.MAX_SUM_BLOCK + 37, dtype=dtype, gen=gen)
+    got = bit.row_sum(x)
+    assert got.dtype == dtype and got.shape == (3, 2)
+    assert within_rounding(got, x.double().sum(-1), accumulated=1e-12 if dtype == torch.float64 else 1e-3)
+    with bi.batch_invariant(kernels="triton"), pytest.raises(ValueError, match="record no gradient"):
+        x.float().requires_grad_().sum(-1)
 
 
 @pytest.mark.slow  # many launches through Triton's interpreter

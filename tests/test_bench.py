@@ -5,10 +5,13 @@ nanoGPT itself is not needed: a stand-in prints nanoGPT's log lines.
 """
 
 import json
+import os
 import resource
+import signal
 import sys
 import tarfile
 import textwrap
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -163,6 +166,13 @@ def test_training_bad_input_is_one_line(argv, message, capsys):
     assert message in f"{stop.value}{capsys.readouterr().err}"
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:1"])
+def test_every_mode_and_triton_are_planned_on_any_cuda_device(device):
+    args = SimpleNamespace(modes=list(training.MODES), norms="builtin,triton", device=device)
+    sides, skipped = training.plan_sides(args)
+    assert skipped == {} and sides == [(n, m) for m in training.MODES for n in ("builtin", "triton")]
+
+
 @pytest.mark.slow  # torch.profiler over a few training steps
 def test_profile_sorts_a_training_step_into_its_categories(bench_files, tmp_path):
     out = tmp_path / "profile.json"
@@ -307,6 +317,30 @@ def test_run_child_reports_the_childs_peak_memory_and_kills_on_timeout():
     assert big.ok and big.lines == ["done"] and big.max_rss_bytes >= mib * 2**20 > small.max_rss_bytes
     slow = common.run_child([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1)
     assert slow.timed_out and not slow.ok and slow.wall_s < 20
+
+
+@pytest.mark.slow  # a child process, and a signal
+def test_an_interrupted_benchmark_kills_its_child_and_returns_what_it_has():
+    """SIGINT (Ctrl-C, or bench/gpu.sh's time limit) while a child runs: the child is killed, not left running,
+    and its lines so far come back, marked interrupted."""
+    code = "import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print(os.getpid()); time.sleep(60)"
+    timer = threading.Timer(3, lambda: os.kill(os.getpid(), signal.SIGINT))  # to this process, as timeout sends it
+    timer.start()
+    child = common.run_child([sys.executable, "-c", code])
+    timer.join()
+    assert child.interrupted and not child.ok and child.wall_s < 30
+    with pytest.raises(ProcessLookupError):  # reaped: no such process any more
+        os.kill(int(child.lines[0]), 0)
+
+
+def test_machine_info_needs_no_git(monkeypatch, tmp_path):
+    """A copy of the tree without git (or without .git): the commit passed in BENCH_COMMIT, else None."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git, no nvidia-smi on it
+    monkeypatch.setenv("BENCH_COMMIT", "abc1234+changes")
+    assert common.machine_info()["commit"] == "abc1234+changes"
+    monkeypatch.delenv("BENCH_COMMIT")
+    info = common.machine_info()
+    assert info["commit"] is None and info["torch"] == torch.__version__
 
 
 def test_pack_makes_the_three_files(tmp_path):

@@ -118,7 +118,7 @@ for name, (arch, limit) in GPUS.items():
     lt._shared_memory = lambda device, limit=limit: limit
     for dtype in (torch.float64, torch.float32):
         kernel, calls = launches(lt, "layer_norm_bwd_kernel")
-        lt._launch = lambda k, grid, args, warps, traced, tensors: calls.append((grid, args, {"num_warps": warps}))
+        lt._launch = lambda k, grid, args, warps, traced: calls.append((grid, args, {"num_warps": warps}))
         x = torch.randn(2, 8192, dtype=dtype)
         lt._backward(x, x, torch.ones(8192, dtype=dtype), torch.ones(2, 2, dtype=dtype))
         (_, args, kwargs), = calls

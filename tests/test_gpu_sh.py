@@ -1,6 +1,7 @@
 """bench/gpu.sh: its steps' shares add up to its budget; its dry run on the CPU runs the steps asked for and leaves
-the files a GPU run leaves, after every step, so a run cut short leaves what it did; a missing prerequisite stops
-it at once, saying what to give it. Every run is given this suite's own python as PY."""
+the files a GPU run leaves, after every step, so a run cut short leaves what it did; a step cut at its limit, or a
+run stopped, leaves no process behind; a missing prerequisite stops it at once, saying what to give it. Every run is
+given this suite's own python as PY."""
 
 import json
 import os
@@ -40,14 +41,21 @@ def fake_nanogpt(folder):
 
 def shares(stdout: str) -> tuple[dict[str, int], int]:
     """The plan the script prints: each step's share of the budget in s, by name in its order; and their sum."""
-    plan = re.search(r"each step's share in s: (.*); sum (\d+) s\.", stdout)
-    return {name: int(s) for name, s in (item.rsplit(" ", 1) for item in plan[1].split(", "))}, int(plan[2])
+    plan = re.search(r"each step's share in s \(estimate\): (.*); sum (\d+) s\.", stdout)
+    items = re.findall(r"(\w+) (\d+) \(est\. \d+\)", plan[1])
+    return {name: int(s) for name, s in items}, int(plan[2])
 
 
-# The dry run's plumbing, at the cost of a few steps: the data, the first step (the tests that cover the paths no GPU
-# had run), one benchmark's JSON; every other step planned and reported as not selected. (`bash bench/gpu.sh
-# --dry-run` runs every step: under two minutes on two cores.)
-SELECTED = ["data", "tests", "decode"]
+def left_behind(tmp_path) -> list[str]:
+    """The processes still running whose command line names tmp_path (every step's does: its TMPDIR, its files)."""
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if str(tmp_path) in line and "ps -eo" not in line]
+
+
+# The dry run's plumbing, at the cost of a few steps: the data, the first measurement, one benchmark's JSON, the tests
+# (collected); every other step planned and reported as not selected. (`bash bench/gpu.sh --dry-run` runs every step:
+# about a minute and a half on two cores.)
+SELECTED = ["data", "decode", "tests"]
 
 
 @pytest.mark.slow  # three steps of the dry run, each a process
@@ -55,34 +63,53 @@ SELECTED = ["data", "tests", "decode"]
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
     out = tmp_path / "out"
     nanogpt = fake_nanogpt(tmp_path / "nanogpt")
-    args = ["--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), str(out)]
+    args = ["--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), "--commit", "abc1234", str(out)]
     proc = run_gpu_sh(*args, GPU_SH_STEPS=",".join(SELECTED))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    plan, total = shares(proc.stdout)  # the dry run's 1260 s: each of the 420 s's shares times 3
+    plan, total = shares(proc.stdout)  # the dry run's 1440 s: each of the 480 s's shares times 3
     assert list(plan) == ["report", *STEPS]  # every step has a share, in the order they run, and nothing else does
-    assert sum(plan.values()) == total == 1260
+    assert sum(plan.values()) == total == 1440 and proc.stdout.startswith("Commit abc1234. ")
     assert plan["nanogpt"] > 0 and plan["grid_12x768"] == 0  # nanoGPT's step takes the wide grid's share
     assert sorted(p.name for p in out.iterdir()) == sorted(PACKED)
     results = json.loads((out / "results.json").read_text())
     rcs = {s["step"]: s["rc"] for s in results["steps"]}
     assert list(rcs) == STEPS, rcs  # every step planned, in the script's order (nanoGPT's too, since it was given)
     assert all(rcs[s] == ("0" if s in SELECTED else "skipped (not selected)") for s in STEPS), rcs
-    assert STEPS[:6] == ["data", "tests", "triton_eager", "triton_graphs_float16", "triton_compile", "resume_graphs"]
-    assert results["machine"]["torch"] and results["decode"]  # a step's JSON reaches results.json
+    assert STEPS[:2] == ["data", "grid_6x384"]  # the step grid first, the tests last
+    assert STEPS[-1] == "tests"
+    assert results["machine"]["commit"] == results["decode"]["machine"]["commit"] == "abc1234"  # no git needed
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} | 0 |" in summary for s in SELECTED) and "## decode" in summary
+    assert summary.startswith("# bench/gpu.sh at commit abc1234")
     with tarfile.open(out / "gpu_results.tar.gz") as tar:
         assert {f"gpu_results/{s}.log" for s in SELECTED} <= set(tar.getnames())
         tests_log = tar.extractfile("gpu_results/tests.log").read().decode()
-    assert tests_log.index("tests/test_gpu_paths.py::") < tests_log.index("tests/test_batch_invariant_triton.py::")
+    assert "tests/test_batch_invariant_triton.py::" in tests_log
 
 
-@pytest.mark.slow  # the dry run's first steps, then a kill
-def test_a_run_cut_short_leaves_the_steps_it_finished(tmp_path, shakespeare_path):
-    """As a caller's time limit does: the whole process group is stopped during a step; the three files hold the
-    steps finished before it."""
+@pytest.mark.slow  # the dry run's first steps, one of them cut
+@needs_triton
+def test_a_step_cut_at_its_limit_leaves_no_process_behind(tmp_path, shakespeare_path):
+    """The step grid cut at 8 s, mid-run (bench.training, its train.py child and whatever that started): the step
+    exits 124 (timeout's), the benchmark still writes the JSON of what it measured, and nothing of it runs on."""
     out = tmp_path / "out"
-    cmd, env = gpu_sh("--dry-run", "--input", str(shakespeare_path), str(out), GPU_SH_STEPS="data,resume_graphs")
+    proc = run_gpu_sh(
+        "--dry-run", "--input", str(shakespeare_path), str(out), GPU_SH_STEPS="data,grid_6x384:8", TMPDIR=str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert left_behind(tmp_path) == []
+    results = json.loads((out / "results.json").read_text())
+    assert {s["step"]: s["rc"] for s in results["steps"]}["grid_6x384"] == "124"
+    runs = [run for runs in results["grid_6x384"]["runs"].values() for run in runs]
+    assert runs and runs[-1]["interrupted"], runs  # the run that was cut, measured as far as it went
+
+
+@pytest.mark.slow  # the dry run's first steps, then a signal
+def test_a_run_stopped_leaves_the_steps_it_finished_and_no_process(tmp_path, shakespeare_path):
+    """As a caller's time limit does: SIGTERM to the whole process group during a step; the three files hold the
+    steps finished before it, and the step's own process group (timeout's) is stopped with the script."""
+    out = tmp_path / "out"
+    cmd, env = gpu_sh("--dry-run", "--input", str(shakespeare_path), str(out), GPU_SH_STEPS="data,grid_6x384")
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -96,11 +123,14 @@ def test_a_run_cut_short_leaves_the_steps_it_finished(tmp_path, shakespeare_path
     while "| data | 0 |" not in ((out / "summary.md").read_text() if (out / "summary.md").exists() else ""):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    time.sleep(2)  # into the grid's first run
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    time.sleep(1)
+    assert left_behind(tmp_path) == []
     assert sorted(p.name for p in out.iterdir()) == sorted(PACKED)
     steps = {s["step"]: s["rc"] for s in json.loads((out / "results.json").read_text())["steps"]}
-    assert steps["data"] == "0" and "resume_graphs" not in steps
+    assert steps["data"] == "0" and "grid_6x384" not in steps
     with tarfile.open(out / "gpu_results.tar.gz") as tar:
         assert "gpu_results/data.log" in tar.getnames()
 
@@ -110,7 +140,7 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     """14 s: every share under the 5 s a step needs; without nanoGPT its step has no share, the wide grid one."""
     proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), str(tmp_path / "out"), GPU_SH_BUDGET_S="14")
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"BUDGET=\$\{GPU_SH_BUDGET_S:-\$\(\(DRY \? 1260 : 420\)\)\}", TEXT)  # 7 minutes on a GPU
+    assert re.search(r"BUDGET=\$\{GPU_SH_BUDGET_S:-\$\(\(DRY \? 1440 : 480\)\)\}", TEXT)  # 8 minutes on a GPU
     plan, _ = shares(proc.stdout)
     assert plan["nanogpt"] == 0 and plan["grid_12x768"] > 0, plan
     steps = json.loads((tmp_path / "out" / "results.json").read_text())["steps"]
@@ -124,7 +154,11 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     [
         (["--dry-run", "--input", "/nonexistent/tiny.txt"], {}, "no Tiny Shakespeare at '/nonexistent/tiny.txt'"),
         (["--input", "SHAKESPEARE"], {}, "no CUDA device here"),  # this machine has no GPU
-        (["--dry-run", "--input", "SHAKESPEARE"], {"PY": "/nonexistent/python"}, "cannot import torch"),
+        (  # the python's own error first, then what to do
+            ["--dry-run", "--input", "SHAKESPEARE"],
+            {"PY": "/nonexistent/python"},
+            "/nonexistent/python: No such file or directory\nbench/gpu.sh: '/nonexistent/python' could not report",
+        ),
         (["--dry-run", "--input", "SHAKESPEARE", "--nanogpt", "/nonexistent"], {}, "is not a nanoGPT checkout"),
         (["--dry-run", "--fast"], {}, "unknown option '--fast'"),
         (["--dry-run", "--input", "SHAKESPEARE", "/proc/x"], {}, "is not writable"),

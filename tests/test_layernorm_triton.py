@@ -23,9 +23,7 @@ from layernorm import TritonUnavailableError, check_triton_device, make_norm
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
-from triton.compiler.compiler import CompiledKernel, driver  # after the skip: triton is there
-
-import layernorm_triton as lt
+import layernorm_triton as lt  # after the skip: triton is there
 
 layer_norm_triton = lt.layer_norm_triton
 
@@ -155,19 +153,9 @@ def test_backward_with_and_without_the_pipelined_row_loop(N, stages, with_bias, 
         assert db is None
 
 
-def _compiled_kernel(log: list) -> CompiledKernel:
-    """What a normal launch returns on a GPU, without one: Triton's own CompiledKernel, its binary taken as loaded,
-    whose launcher (`run`: the three grid sizes, the stream, ..., the arguments) records a direct launch."""
-    compiled = object.__new__(CompiledKernel)
-    compiled.module = "loaded"  # (so that _init_handles, which would load the binary on the GPU, returns)
-    compiled.name = compiled.src = compiled.function = compiled.packed_metadata = None
-    compiled._run = lambda grid_0, grid_1, grid_2, stream, *rest: log.append(("direct", (grid_0, grid_1, grid_2)))
-    return compiled
-
-
 class _Kernel:
-    """Stands in for a jitted kernel: kernel[grid](*args) is a normal launch, recorded with what `now()` says (the
-    current device); it returns the compiled kernel, whose compiled[grid](*args) is a direct launch."""
+    """Stands in for a jitted kernel: kernel[grid](*args) is a launch, recorded with what `now()` says (the current
+    device)."""
 
     def __init__(self, now=lambda: None):
         self.log = []
@@ -175,8 +163,7 @@ class _Kernel:
 
     def __getitem__(self, grid):
         def launch(*args, num_warps):
-            self.log.append(("normal", grid, self.now()))
-            return _compiled_kernel(self.log)
+            self.log.append(("launch", grid, self.now()))
 
         return launch
 
@@ -199,49 +186,13 @@ def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
     monkeypatch.setattr(torch.cuda, "device", Switch)
-    monkeypatch.setattr(lt, "DIRECT_LAUNCH", False)
     on_cuda1 = type("Tensor", (), {"device": torch.device("cuda", 1), "is_cuda": True})()
     kernel = _Kernel(now=lambda: current[0])
-    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False, tensors=1)
-    assert switches == [1] and kernel.log == [("normal", (4,), 1)] and current == [0]
+    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    assert switches == [1] and kernel.log == [("launch", (4,), 1)] and current == [0]
     current[0] = 1
-    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False, tensors=1)
-    assert switches == [1] and kernel.log[-1] == ("normal", (4,), 1)  # already current: no switch
-
-
-@pytest.mark.parametrize(
-    ("version", "supported"),
-    [("3.6.0", True), ("3.7.1", True), ("3.5.1", False), ("3.8.0", False), ("4.0.0", False), ("2.3.1", False)],
-)
-def test_direct_launch_version_gate(version, supported):
-    assert lt._direct_launch_supported(version) == supported
-    assert not (lt.DIRECT_LAUNCH and lt.INTERPRET)  # the interpreter compiles nothing to call directly
-
-
-def test_direct_launch_calls_the_compiled_kernel_of_the_same_arguments(monkeypatch):
-    """With DIRECT_LAUNCH the first call launches normally and keeps the compiled kernel; the same arguments again
-    (other tensors of the same dtypes, 16-byte aligned) call it directly; what could change the compiled kernel
-    (an integer argument, a dtype, a constexpr) goes through a normal launch first, a misaligned tensor always."""
-    monkeypatch.setattr(lt, "DIRECT_LAUNCH", True)
-    monkeypatch.setattr(lt, "_COMPILED", {})
-    gpu = type("Driver", (), {"get_current_device": lambda self: 0, "get_current_stream": lambda self, device: 0})
-    monkeypatch.setattr(driver, "_active", gpu())  # the launcher asks it for the stream
-    kernel, t = _Kernel(), torch.zeros(64)
-    calls = [
-        (t, 8, True),
-        (torch.zeros(64), 8, True),
-        (t, 9, True),
-        (t.double(), 8, True),
-        (t[1:], 8, True),
-        (t[1:], 8, True),
-        (t, 8, False),
-        (t, 9, True),
-    ]
-    for args in calls:
-        lt._launch(kernel, (2,), args, 1, traced=False, tensors=1)
-    kinds = [kind for kind, *_ in kernel.log]
-    assert kinds == ["normal", "direct", "normal", "normal", "normal", "normal", "normal", "direct"]
-    assert kernel.log[1] == ("direct", (2, 1, 1))  # the grid as Triton's launcher takes it, padded to three
+    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    assert switches == [1] and kernel.log[-1] == ("launch", (4,), 1)  # already current: no switch
 
 
 @pytest.mark.slow  # many launches through Triton's interpreter
