@@ -10,6 +10,7 @@ import json
 import os
 import ssl
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -57,6 +58,8 @@ def decode_text(data: bytes, name: str) -> str:
 
 
 def read_text_file(path: Path) -> str:
+    if path.is_char_device() or path.is_block_device():  # /dev/zero would fill the memory
+        fail(f"{path} is a device, not a text file")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -65,14 +68,32 @@ def read_text_file(path: Path) -> str:
         fail(f"{path} is a directory, not a text file")
     except OSError as e:
         fail(f"cannot read {path}: {e.strerror or e}")
+    except MemoryError:
+        fail(f"{path} is too large to read into memory here; give a smaller text")
     return decode_text(data, str(path))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write a temporary file beside ``path``, then rename it over ``path``: never half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
+    """Write `files` (name -> bytes) into `folder` as one set: each goes to a temporary file beside it and to disk
+    first; only then are they renamed into place, in order, after the old meta.json (if meta.json is among them, give
+    it last) is removed. A kill or a full disk at any moment leaves the old set, or a set without meta.json, which
+    PreparedData refuses: never a mix that loads."""
+    written = {}
+    try:
+        for name, data in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=folder)
+            written[name] = Path(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        if "meta.json" in files:
+            (folder / "meta.json").unlink(missing_ok=True)
+        for name, tmp in written.items():
+            os.replace(tmp, folder / name)
+    finally:
+        for tmp in written.values():
+            tmp.unlink(missing_ok=True)
 
 
 def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: str) -> tuple[str, str]:
@@ -94,7 +115,10 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
             f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})"
         )
     text = decode_text(data, url)
-    _write_atomic(local, data)
+    try:
+        write_atomic(out_dir, {"input.txt": data})
+    except OSError as e:
+        fail(f"cannot save the download as {local}: {e.strerror or e}")
     print(f"saved {len(data):,} bytes to {local}")
     return text, str(local)
 
@@ -144,13 +168,12 @@ def run_prepare(
             f"(train.py further needs more than block_size tokens in each); give a longer text"
         )
     meta = {"vocab_size": tok.vocab_size, "tokenizer": tok.to_meta(), "train_tokens": n_train, "val_tokens": n_val}
+    bins = {f"{split}.bin": arr.astype(np.uint16).tobytes() for split, arr in zip(("train", "val"), ids, strict=True)}
+    # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
     try:
-        for split, arr in zip(("train", "val"), ids, strict=True):
-            _write_atomic(out_dir / f"{split}.bin", arr.astype(np.uint16).tobytes())
-        # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
-        _write_atomic(out_dir / "meta.json", (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8"))
+        write_atomic(out_dir, {**bins, "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")})
     except OSError as e:
-        fail(f"cannot write to {out_dir}: {e.strerror or e}")
+        fail(f"cannot write to {out_dir}: {e.strerror or e}; run this again once that is fixed")
 
     print(f"source: {source} ({len(text):,} characters)")
     print(f"tokenizer: {meta['tokenizer']['kind']}, vocab size {tok.vocab_size:,}")
@@ -182,18 +205,36 @@ class PreparedData:
         for name in ("train.bin", "val.bin", "meta.json"):
             if not (self.dir / name).is_file():
                 raise DataError(f"no {name} in {self.dir} (dataset {dataset!r}): {how}")
+        meta_path = self.dir / "meta.json"
         try:
-            self.meta = json.loads((self.dir / "meta.json").read_text(encoding="utf-8"))
-            self.vocab_size = int(self.meta["vocab_size"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise DataError(f"{self.dir / 'meta.json'} is unreadable or has no vocab_size ({e}): {how}") from None
-        self.tokens = {s: (self.dir / f"{s}.bin").stat().st_size // 2 for s in ("train", "val")}
+            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            vocab = self.meta["vocab_size"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise DataError(f"{meta_path} is unreadable or has no vocab_size ({e}): {how}") from None
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise DataError(f"{meta_path} has vocab_size={vocab!r}: it must be a positive integer; {how}")
+        self.vocab_size = vocab
+        sizes = {s: (self.dir / f"{s}.bin").stat().st_size for s in ("train", "val")}
+        self.tokens = {s: size // 2 for s, size in sizes.items()}
         for split, n in self.tokens.items():
+            recorded = self.meta.get(f"{split}_tokens")  # None in a dataset written by hand: not compared
+            if sizes[split] % 2 or (recorded is not None and recorded != n):
+                raise DataError(
+                    f"{self.dir / f'{split}.bin'} holds {sizes[split]:,} bytes, but {meta_path} records {recorded} "
+                    f"tokens of 2 bytes: it was cut short or replaced (an interrupted copy or prepare); {how}"
+                )
             if n <= block_size:
                 raise DataError(
                     f"{split}.bin in {self.dir} has {n} tokens but block_size is {block_size}: a window needs "
                     f"block_size + 1 = {block_size + 1} tokens (input and shifted target); use more text or a "
                     f"smaller --block_size"
+                )
+        for split in self.tokens:
+            largest = int(np.memmap(self.dir / f"{split}.bin", dtype=np.uint16, mode="r").max())  # one pass over it
+            if largest >= vocab:
+                raise DataError(
+                    f"{self.dir / f'{split}.bin'} holds token id {largest}, but {meta_path} has vocab_size={vocab}: "
+                    f"the files do not belong together; {how}"
                 )
         self._files: dict[str, Any] = {}  # opened at first use
 
@@ -230,6 +271,8 @@ class PreparedData:
         for i in starts.view(-1).tolist():
             f.seek(2 * i)
             raw += f.read(2 * (self.block_size + 1))
+        if len(raw) != 2 * (self.block_size + 1) * starts.numel():
+            raise DataError(f"{self.dir / f'{split}.bin'} was cut short while this run read it: prepare it again")
         windows = np.frombuffer(raw, dtype=np.uint16).reshape(*starts.shape, self.block_size + 1)
         x = torch.from_numpy(windows[..., :-1].astype(np.int64))
         y = torch.from_numpy(windows[..., 1:].astype(np.int64))

@@ -6,15 +6,17 @@ A checkpoint is one dict saved with torch.save (see save_training_checkpoint):
     {"format": FORMAT, "model": state_dict, "model_args": asdict(GPTConfig), "optimizer": state_dict,
      "iter_num": int, "best_val_loss": float, "config": {train options}, "tokenizer": {see tokenizer.py},
      "rng": {torch, data (the position in the data stream), cuda or mps}, "scaler": state_dict (float16),
-     "rng_ranks": [every process's "rng"] (several processes)}
+     "rng_ranks": [every process's "rng"] (several processes), "checksum": sha256 of all the rest (checksum)}
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
-without running any pickled code. load_checkpoint reads nanoGPT's checkpoints too (nanogpt.py), for sampling and
-decoding; train.py resumes only its own.
+without running any pickled code. load_checkpoint verifies the checksum (a file damaged at rest or in a copy is
+refused; one written before checksums loads unchecked) and refuses weights that are not finite. It reads nanoGPT's
+checkpoints too (nanogpt.py), for sampling and decoding; train.py resumes only its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import tempfile
@@ -34,6 +36,7 @@ FORMAT = "layernorm-gpt/1"
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
 RESUME_KEYS = ("optimizer", "iter_num", "best_val_loss", "config", "rng")  # beyond model(_args): load_checkpoint
 OPTIMIZER_NOW = ("betas", "weight_decay", "fused", "foreach")  # on resume, as configured now: the kernel, too
+RUN_FILES = ("ckpt.pt", "ckpt_interrupted.pt", "metrics.jsonl")  # what a run leaves in its out_dir
 
 
 class CheckpointError(RuntimeError):
@@ -49,16 +52,19 @@ def checkpoint_path(out_dir: str | os.PathLike, ckpt: str | os.PathLike | None =
 
 def make_out_dir(path: str | os.PathLike, new_run: bool = False) -> None:
     """Create the folder for ckpt.pt (and its parents) now, so that a path that can't be one fails before training.
-    A new run is refused a folder that holds another run's checkpoint: it would replace it without a word."""
+    A new run is refused a folder that holds another run's files (RUN_FILES): it would replace them without a word."""
     out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"out_dir {str(out)!r} is a file, not a folder: give a folder for ckpt.pt and metrics")
-    if new_run and checkpoint_path(out).exists():
-        raise CheckpointError(
-            f"{checkpoint_path(out)} holds another run's checkpoint: give this run its own --out_dir, continue that "
-            f"run with --init_from=resume, or replace it with --overwrite=True"
-        )
     try:
+        if out.exists() and not out.is_dir():
+            raise CheckpointError(f"out_dir {str(out)!r} is a file, not a folder: give a folder for ckpt.pt")
+        found = [name for name in RUN_FILES if (out / name).exists()] if new_run else []
+        if found:
+            what = f"{out / 'ckpt.pt'} holds another run's checkpoint"
+            what = what if "ckpt.pt" in found else f"{out} holds another run's files ({', '.join(found)})"
+            raise CheckpointError(
+                f"{what}: give this run its own --out_dir, continue that run with --init_from=resume, or replace it "
+                f"with --overwrite=True"
+            )
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CheckpointError(
@@ -66,26 +72,59 @@ def make_out_dir(path: str | os.PathLike, new_run: bool = False) -> None:
         ) from None
 
 
+def checksum(checkpoint: dict[str, Any]) -> str:
+    """sha256 of every value in `checkpoint`: each tensor's dtype, shape and bytes, each other value's type and repr,
+    dict keys in sorted order. One flipped bit anywhere (a weight, the optimizer, an RNG state) changes it."""
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in checkpoint.items() if k != "checksum"})
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"tensor {flat.dtype} {tuple(value.shape)}:".encode())
+        digest.update(flat.view(torch.uint8).numpy())  # the raw bytes, whatever the dtype
+    elif isinstance(value, dict):
+        digest.update(f"dict {len(value)}:".encode())
+        for key in sorted(value, key=repr):  # optimizer state keys are ints, the rest strings
+            digest.update(repr(key).encode())
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__} {len(value)}:".encode())
+        for item in value:
+            _feed(digest, item)
+    else:  # numbers, strings, None: repr is exact (a float's repr reads back as the same float)
+        digest.update(f"{type(value).__name__} {value!r};".encode())
+
+
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
-    """Write to a temporary file beside `path`, flush it to disk, then rename it over `path`: a rename within one
-    directory is atomic, so a crash at any moment leaves either the old checkpoint or the new one, never half."""
+    """Write `checkpoint` with its checksum to a temporary file beside `path`, flush it to disk, then rename it over
+    `path`: a rename within one directory is atomic, so a crash at any moment leaves either the old checkpoint or the
+    new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(checkpoint, f)
+            torch.save({**checkpoint, "checksum": checksum(checkpoint)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) or (isinstance(e, RuntimeError) and "write" in str(e)):  # torch's writer: "file
+            raise CheckpointError(  # write failed" (a full disk); what was at `path` before is still there
+                f"cannot save {path} ({getattr(e, 'strerror', None) or _first_line(e)}): any checkpoint there before "
+                f"is kept; free some space or give an --out_dir you can write to"
+            ) from None
         raise
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by save_checkpoint, or by nanoGPT's train.py (as nanogpt.to_checkpoint gives it,
-    "format" nanogpt.FORMAT); CheckpointError says what is wrong if it can't."""
+    """Read a checkpoint written by save_checkpoint (its checksum verified, then dropped), or by nanoGPT's train.py
+    (as nanogpt.to_checkpoint gives it, "format" nanogpt.FORMAT); CheckpointError says what is wrong if it can't, or
+    if a weight is not finite."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
@@ -116,6 +155,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
         )
+    saved = None if is_nanogpt else checkpoint.pop("checksum", None)  # None: written before checksums
+    if saved is not None and saved != checksum(checkpoint):
+        raise CheckpointError(
+            f"{path} is damaged: its contents no longer match the checksum saved with them (changed on disk or in a "
+            f"copy); copy it again from where it came from, use another checkpoint, or train again"
+        )
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:
             checkpoint = nanogpt.to_checkpoint(checkpoint)
@@ -125,6 +170,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(
             f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); use another checkpoint"
         ) from None
+    weights = checkpoint["model"].items()
+    bad = [k for k, t in weights if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all()]
+    if bad:
+        raise CheckpointError(
+            f"{path} holds weights that are not finite (NaN or inf) in {len(bad)} tensors ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}): it comes from a diverged run or is damaged; use another checkpoint"
+        )
     return checkpoint
 
 
@@ -185,9 +237,9 @@ def save_training_checkpoint(path: Path, run: Any, iter_num: int) -> None:
     save_checkpoint(path, ckpt)
 
 
-def load_resume_checkpoint(out_dir: str | os.PathLike) -> dict[str, Any]:
-    """<out_dir>/ckpt.pt, with every entry a resume needs; CheckpointError otherwise."""
-    path = checkpoint_path(out_dir)
+def load_resume_checkpoint(out_dir: str | os.PathLike, ckpt: str | os.PathLike | None = None) -> dict[str, Any]:
+    """<out_dir>/ckpt.pt (or the file `ckpt`), with every entry a resume needs; CheckpointError otherwise."""
+    path = checkpoint_path(out_dir, ckpt)
     ckpt = load_checkpoint(path)
     if ckpt["format"] != FORMAT:
         raise CheckpointError(
@@ -224,6 +276,9 @@ def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
     Run. Each process gets back its own dropout stream; from a checkpoint of another number of processes (or of a
     version that saved only rank 0's), ranks > 0 start a fresh one, seeded by rank and iteration."""
     dist = run.dist
+    path = checkpoint_path(run.cfg.out_dir, run.cfg.resume_from)
+    for rng in [ckpt.get("rng"), *(ckpt.get("rng_ranks") or [])]:
+        check_rng(rng, path)
     try:
         # Today's OPTIMIZER_NOW (the rate is set every iteration) put into the saved groups before loading: torch
         # moves each saved step counter onto its parameter's device, in float32, only where the group says fused.
@@ -243,12 +298,43 @@ def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
             torch.manual_seed(int(ckpt["config"]["seed"]) + dist.rank + 7919 * int(ckpt["iter_num"]))
         run.iter_num = int(ckpt["iter_num"])
         run.best_val = float(ckpt["best_val_loss"])
-        run.last_saved = run.iter_num
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
         raise CheckpointError(
-            f"{run.ckpt_path} cannot be resumed: its optimizer or RNG state does not fit "
-            f"({type(e).__name__}: {_first_line(e)})"
+            f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
         ) from None
+    check_optimizer(run.optimizer, path)
+    if run.iter_num < 0:
+        raise CheckpointError(f"{path} cannot be resumed: its iter_num is {run.iter_num}, not >= 0")
+    run.last_saved = run.iter_num if path == run.ckpt_path else None  # the iteration of ckpt.pt, if resumed from it
+
+
+def check_rng(rng: Any, path: Path) -> None:
+    """CheckpointError unless `rng` holds torch's and the data stream's states as torch keeps them: uint8 tensors
+    of the CPU generator's size (what torch.set_rng_state and Generator.set_state accept)."""
+    size = torch.get_rng_state().shape
+    for key in ("torch", "data"):
+        state = rng.get(key) if isinstance(rng, dict) else None
+        if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.shape == size):
+            found = f"{state.dtype} {tuple(state.shape)}" if isinstance(state, torch.Tensor) else type(state).__name__
+            raise CheckpointError(
+                f"{path} cannot be resumed: its RNG state {key!r} is {found}, not a uint8 tensor of {size[0]} "
+                f"bytes; start a new run (another --out_dir) or use another checkpoint"
+            )
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """CheckpointError unless every loaded optimizer state tensor is finite and each per-weight one (AdamW's
+    moments) has its weight's shape: torch's load_state_dict checks the groups' sizes only."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for name, value in optimizer.state.get(p, {}).items():
+                wrong = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape
+                if wrong or (isinstance(value, torch.Tensor) and not value.isfinite().all()):
+                    what = f"shape {tuple(value.shape)}, its weight's {tuple(p.shape)}" if wrong else "not finite"
+                    raise CheckpointError(
+                        f"{path} cannot be resumed: its optimizer state {name!r} of a weight is {what}; "
+                        f"start a new run (another --out_dir) or use another checkpoint"
+                    )
 
 
 def _set_rng(rng: dict[str, Any]) -> None:

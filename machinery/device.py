@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import resource
 import signal
 import sys
@@ -92,11 +93,48 @@ class Dist:
         return out
 
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def dist_from_env() -> Dist:
-    """torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; a plain `python train.py` sets none of them."""
-    if "RANK" not in os.environ:
+    """torchrun sets all of TORCHRUN_VARIABLES; a plain `python train.py` sets none of them. DeviceError for some
+    without the others, or ranks that do not fit the world size."""
+    given = [name for name in TORCHRUN_VARIABLES if name in os.environ]
+    if not given:
         return Dist()
-    return Dist(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+    if len(given) < len(TORCHRUN_VARIABLES):
+        missing = [name for name in TORCHRUN_VARIABLES if name not in given]
+        raise DeviceError(
+            f"{', '.join(given)} set but not {', '.join(missing)}: start several processes with torchrun "
+            f"(README.md), or unset {', '.join(given)} to run one"
+        )
+    try:
+        rank, local_rank, world_size = (int(os.environ[name]) for name in TORCHRUN_VARIABLES[:3])
+    except ValueError:
+        values = ", ".join(f"{name}={os.environ[name]!r}" for name in TORCHRUN_VARIABLES[:3])
+        raise DeviceError(f"torchrun's variables must be integers, got {values}") from None
+    if not (world_size >= 1 and 0 <= rank < world_size and 0 <= local_rank <= rank):
+        raise DeviceError(
+            f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not fit: "
+            f"need 0 <= LOCAL_RANK <= RANK < WORLD_SIZE"
+        )
+    return Dist(rank, local_rank, world_size)
+
+
+def fault_message(e: BaseException, lower: str) -> str | None:
+    """One line for a fault of the machine, not of an input: memory that cannot be allocated (what to `lower`), an
+    OS error on a file or the console (no space, permission, a name too long, a closed pipe); None for the rest."""
+    text = str(e)
+    if isinstance(e, MemoryError) or (
+        isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    ):
+        size = re.search(r"allocate (\d[\d.]* ?(?:bytes|[KMGTP]i?B))", text)  # CPU's and CUDA's allocator
+        asked = f" (an allocation of {size.group(1)} failed)" if size else ""
+        return f"out of memory{asked}: lower {lower}"
+    if isinstance(e, OSError):
+        where = f" on {e.filename}" if e.filename else ""
+        return f"{e.strerror or type(e).__name__}{where}: free space, fix the permissions or give another path"
+    return None
 
 
 def resolve_device(name: str, dist: Dist | None = None) -> str:

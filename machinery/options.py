@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import netrc
+import os
+import sys
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any
 
 import layernorm
 from machinery.device import DEVICE_HELP
-from model import GPTConfig
+from model import GPT2_SIZES, GPTConfig
 
 
 class ConfigError(ValueError):
@@ -20,6 +23,9 @@ class ConfigError(ValueError):
 
 
 VALID_NORMS = (*layernorm.NORMS, layernorm.NO_NORM)  # and "none": no normalization, the comparison's baseline
+# What torch.manual_seed takes is below 2**64; train.py adds the rank and an offset for the eval batches to it.
+SEEDS = range(2**63)
+NOT_INHERITED = ("resume_from",)  # where this resume reads from: never a saved run's default
 
 
 def opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -33,7 +39,10 @@ class TrainConfig:
     out_dir: str = opt("out", "folder for ckpt.pt and metrics.jsonl")
     dataset: str = opt("shakespeare_char", "dataset name: its data is data/<dataset>/ unless data_dir is given")
     data_dir: str | None = opt(None, "folder holding train.bin, val.bin and meta.json (None: data/<dataset>)")
-    init_from: str = opt("scratch", "scratch: a new model; resume: go on from <out_dir>/ckpt.pt", ("scratch", "resume"))
+    init_from: str = opt(
+        "scratch", "scratch: a new model; resume: go on from <out_dir>/ckpt.pt; gpt2 ... gpt2-xl or a folder: GPT-2's"
+    )
+    resume_from: str | None = opt(None, "init_from=resume goes on from this checkpoint file (None: <out_dir>/ckpt.pt)")
     overwrite: bool = opt(False, "a new run (init_from=scratch) may replace the checkpoint already in out_dir")
     eval_interval: int = opt(250, "estimate train/val loss (and maybe checkpoint) every this many iterations")
     log_interval: int = opt(10, "print a log line and a metrics record every this many iterations")
@@ -106,6 +115,7 @@ RANGES = {
         (lambda v: v >= 0, ">= 0"),
     ),
     "learning_rate": (lambda v: v > 0, "> 0"),
+    "seed": (lambda v: v in SEEDS, "an integer in [0, 2**63)"),
     "max_wall_s": (lambda v: v is None or v > 0, "> 0 or None"),
     **dict.fromkeys(("beta1", "beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),
 }
@@ -138,6 +148,20 @@ def _typed(key: str, value: Any, source: str | None = None) -> Any:
     if base is float and isinstance(value, int) and not isinstance(value, bool):  # an int is a fine float
         return float(value)
     raise ConfigError(f"{key}={value!r} in {source}: expected {expected}, got {type(value).__name__}")
+
+
+def has_wandb_key() -> bool:
+    """Whether wandb.init can start: a key in WANDB_API_KEY or in ~/.netrc (where `wandb login` writes it), a mode
+    that needs none, or a terminal where wandb can ask for one."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return True
+    if sys.stdin is not None and sys.stdin.isatty():
+        return True
+    try:
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1].split("/")[0]
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):  # no ~/.netrc, or one that cannot be read
+        return False
 
 
 def type_name(key: str) -> str:
@@ -201,7 +225,7 @@ def build_config(
 ) -> TrainConfig:
     """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
     checked for a run of that many processes: the checks GPTConfig does not make, then GPTConfig's own."""
-    known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES}
+    known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES and k not in NOT_INHERITED}
     cfg = replace(TrainConfig(), **{**known, **explicit})
     if cfg.embed_scale is None:  # DyT's recipe scales the embeddings (layernorm.DyT); the other norms run without
         cfg = replace(cfg, embed_scale=cfg.norm == "dyt")
@@ -240,6 +264,13 @@ def build_config(
             )
     if not cfg.dataset or not cfg.out_dir:
         raise ConfigError("dataset and out_dir must not be empty")
+    if cfg.resume_from is not None and cfg.init_from != "resume":
+        raise ConfigError(f"resume_from={cfg.resume_from!r} needs init_from=resume: add --init_from=resume")
+    if cfg.init_from not in ("scratch", "resume", *GPT2_SIZES) and not Path(cfg.init_from).is_dir():
+        raise ConfigError(
+            f"init_from={cfg.init_from!r} is not scratch, resume, one of {', '.join(GPT2_SIZES)} nor a folder "
+            f"holding a Hugging Face GPT-2 (config.json, model.safetensors)"
+        )
     if cfg.wandb_log:  # only then: a run without it never imports wandb
         try:
             import wandb  # noqa: F401
@@ -247,6 +278,11 @@ def build_config(
             raise ConfigError(
                 f"wandb_log=True but wandb cannot be imported ({e}): `pip install wandb`, or drop --wandb_log"
             ) from None
+        if not has_wandb_key():
+            raise ConfigError(
+                "wandb_log=True but no wandb API key is set (WANDB_API_KEY, or `wandb login`): set one, run with "
+                "WANDB_MODE=offline, or drop --wandb_log"
+            )
     try:  # the model's own checks: sizes, n_embd divisible by n_head, dropout in [0, 1)
         GPTConfig.from_options(cfg)
     except ValueError as e:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -90,7 +91,11 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                 ]
                 path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
                 os.replace(path.with_suffix(".jsonl.tmp"), path)
-            metrics = closing.enter_context(open(path, "a", encoding="utf-8"))
+            metrics = closing.enter_context(open(path, "a+b"))  # (writes go to the end, wherever it reads)
+            size = metrics.seek(0, os.SEEK_END)
+            metrics.seek(max(size - 1, 0))
+            if size and metrics.read(1) != b"\n":  # (eval_only) after a line a kill cut short: a record of its own
+                metrics.write(b"\n")
             if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
                 import wandb
 
@@ -100,8 +105,11 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
 
         def log(rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
             if metrics is not None:
-                metrics.write(json.dumps(rec) + "\n")
-                metrics.flush()
+                try:  # one write of the whole line: a kill leaves it whole or cut short, never two run together
+                    metrics.write((json.dumps(rec) + "\n").encode("utf-8"))
+                    metrics.flush()
+                except OSError as e:  # a full disk: name the file (a write's error names none)
+                    raise OSError(e.errno, e.strerror, str(path)) from None
             if run is not None and wandb is not None:
                 run.log(wandb, step=rec["iter"])
             if run is not None and rec["kind"] == "summary":
@@ -111,10 +119,26 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file ([] if there is none); a line cut short by a kill is skipped."""
+    """The records of a metrics.jsonl file ([] if there is none). A damaged line (not UTF-8, not a JSON object) is
+    skipped and named on stderr, except the last one when a kill cut it short (no newline after it)."""
     path = Path(path)
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        with contextlib.suppress(json.JSONDecodeError):
-            records.append(json.loads(line))
+    if not path.exists():
+        return []
+    try:
+        data = path.read_bytes()
+    except OSError as e:  # a folder, or unreadable
+        raise OSError(e.errno, e.strerror, str(path)) from None
+    records, damaged = [], []
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif line.strip() and number < len(lines):  # the last piece has no newline: a kill's
+            damaged.append(number)
+    if damaged:
+        print(f"note: {path}: skipped damaged line(s) {', '.join(map(str, damaged[:10]))}", file=sys.stderr)
     return records

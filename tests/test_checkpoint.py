@@ -122,3 +122,115 @@ def test_weights_that_do_not_fit_are_reported():
     ckpt["model_args"]["n_embd"] = 2 * TINY.n_embd
     with pytest.raises(ValueError, match="do not fit"):
         GPT.from_checkpoint(ckpt)
+
+
+# ---- what is read back: the checksum, the weights, the resume state ----
+
+
+def flip_bit(path, tensor: torch.Tensor, bit: int = 30) -> None:
+    """Flip one bit of `tensor`'s first element where torch.save stored it in `path` (bit 30: a float32's exponent)."""
+    data = bytearray(path.read_bytes())
+    at = data.find(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    assert at != -1 and data.count(tensor.contiguous().view(torch.uint8).numpy().tobytes()) == 1
+    data[at + bit // 8] ^= 1 << (bit % 8)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["model", "rng"], ids=["a-weight's-exponent", "the-rng-state"])
+def test_one_flipped_bit_anywhere_is_refused_naming_the_file(tmp_path, where):
+    ckpt = {**_checkpoint(), "rng": {"torch": torch.get_rng_state()}}
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, ckpt)
+    flip_bit(path, ckpt["model"]["transformer.h.0.mlp.c_fc.weight"] if where == "model" else ckpt["rng"]["torch"])
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path)
+    message = str(e.value)
+    assert message.startswith(f"{path} is damaged") and "checksum" in message and "\n" not in message
+
+
+def test_a_checkpoint_loads_with_its_checksum_verified_and_dropped_and_one_without_loads_unchecked(tmp_path):
+    ckpt = _checkpoint()
+    save_checkpoint(tmp_path / "new.pt", ckpt)
+    assert torch.load(tmp_path / "new.pt", weights_only=True)["checksum"] == checkpoint.checksum(ckpt)
+    loaded = load_checkpoint(tmp_path / "new.pt")
+    assert "checksum" not in loaded
+    torch.save(loaded, tmp_path / "older.pt")  # as a version before checksums wrote it
+    assert load_checkpoint(tmp_path / "older.pt")["iter_num"] == 3
+
+
+def test_the_checksum_sees_each_kind_of_value():
+    ckpt = {**_checkpoint(), "best_val_loss": 1.5, "config": {"seed": 1}, "rng": {"torch": torch.get_rng_state()}}
+    before = checkpoint.checksum(ckpt)
+    changed = [
+        {**ckpt, "best_val_loss": 1.5000000000000002},
+        {**ckpt, "config": {"seed": True}},  # the type too: True == 1
+        {**ckpt, "model_args": {**ckpt["model_args"], "bias": False}},
+        {**ckpt, "model": {**ckpt["model"], "lm_head.weight": ckpt["model"]["lm_head.weight"].double()}},
+        {**ckpt, "model": {**ckpt["model"], "lm_head.weight": ckpt["model"]["lm_head.weight"].t()}},
+    ]
+    assert all(checkpoint.checksum(c) != before for c in changed)
+    assert checkpoint.checksum({**ckpt, "checksum": "anything"}) == before
+
+
+def test_weights_that_are_not_finite_are_refused_at_load_naming_the_tensors(tmp_path):
+    ckpt = _checkpoint()
+    ckpt["model"]["transformer.h.1.attn.c_proj.weight"][0, 0] = float("nan")
+    ckpt["model"]["transformer.ln_f.weight"][1] = float("inf")
+    save_checkpoint(tmp_path / "ckpt.pt", ckpt)  # its checksum is right: the NaN was saved, not damaged
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path / "ckpt.pt")
+    message = str(e.value)
+    assert "not finite (NaN or inf) in 2 tensors" in message and "\n" not in message
+    assert "transformer.h.1.attn.c_proj.weight" in message and "transformer.ln_f.weight" in message
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda c: c["rng"].update(torch="abc"), "RNG state 'torch' is str, not a uint8 tensor of 5056 bytes"),
+        (lambda c: c["rng"].update(data=c["rng"]["data"][:100]), "RNG state 'data' is torch.uint8 (100,)"),
+        (lambda c: c.update(rng=[1]), "RNG state 'torch' is NoneType"),
+        (lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "'exp_avg' of a weight is shape (3,)"),
+        (lambda c: c["optimizer"]["state"][1]["exp_avg_sq"].fill_(float("nan")), "'exp_avg_sq' of a weight is not"),
+        (lambda c: c["optimizer"].update(state=7), "optimizer or RNG state does not fit (AttributeError"),
+        (lambda c: c.update(iter_num=-4), "its iter_num is -4"),
+    ],
+    ids=["rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "moment-nan", "state-not-a-dict", "iter<0"],
+)
+def test_a_resume_state_that_does_not_fit_is_refused_in_one_line(tmp_path, trained, capsys, damage, named):
+    """The state is damaged before save_checkpoint, so the checksum is right: the checks of its contents catch it."""
+    out = tmp_path / "out"
+    ckpt = load_checkpoint(trained[0] / "ckpt.pt")
+    damage(ckpt)
+    save_checkpoint(out / "ckpt.pt", ckpt)
+    before = (out / "ckpt.pt").read_bytes()
+    proc = train_cli(capsys, [f"--out_dir={out}", "--init_from=resume", "--max_iters=14"])
+    assert_one_line_error(proc, 1, f"error: {out / 'ckpt.pt'} cannot be resumed", named)
+    assert (out / "ckpt.pt").read_bytes() == before and sorted(os.listdir(out)) == ["ckpt.pt"]
+
+
+@pytest.mark.parametrize(
+    "files", [["ckpt_interrupted.pt"], ["metrics.jsonl"], ["ckpt_interrupted.pt", "metrics.jsonl"]]
+)
+def test_a_new_run_is_refused_a_folder_holding_another_runs_files(tmp_path, files):
+    for name in files:
+        (tmp_path / name).write_text("another run's", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=f"holds another run's files \\({', '.join(files)}\\).*--overwrite=True"):
+        checkpoint.make_out_dir(tmp_path, new_run=True)
+    checkpoint.make_out_dir(tmp_path)  # a resume, or --overwrite=True, may use it
+    assert all((tmp_path / name).read_text(encoding="utf-8") == "another run's" for name in files)
+
+
+def test_a_save_the_disk_cannot_take_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, _checkpoint())
+    before = path.read_bytes()
+
+    def disk_full(obj, f):
+        f.write(b"part of a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
+    with pytest.raises(CheckpointError, match=f"cannot save {path} \\(No space left on device\\): any checkpoint"):
+        save_checkpoint(path, _checkpoint())
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]

@@ -7,6 +7,7 @@ anywhere), always with --out_dir in a temporary folder: the tests never write in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from data.common import UINT16_IDS, PreparedData, split_text
-from helpers import NO_DOWNLOADS, ROOT, assert_one_line_error, python
+from data.common import UINT16_IDS, DataError, PreparedData, read_text_file, split_text
+from helpers import NO_DOWNLOADS, ROOT, assert_one_line_error, make_dataset, python
 from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
 CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
@@ -240,3 +241,101 @@ def test_batches_are_windows_of_the_file(tiny_data: Path) -> None:
     data.close()  # and after close(), the files open again
     x2, y2 = data.get("train", starts, "cpu")
     assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+# --- prepared data checked against its metadata on open ----------------------------------------------------------
+
+
+def _set_meta(folder: Path, **changes: object) -> None:
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    (folder / "meta.json").write_text(json.dumps({**meta, **changes}), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda d: _set_meta(d, vocab_size=0), "has vocab_size=0: it must be a positive integer"),
+        (lambda d: _set_meta(d, vocab_size=-3), "has vocab_size=-3"),
+        (lambda d: _set_meta(d, vocab_size=True), "has vocab_size=True"),
+        (lambda d: _set_meta(d, vocab_size="30"), "has vocab_size='30'"),
+        (lambda d: _set_meta(d, vocab_size=29), "train.bin holds token id 29, but"),  # the largest id is 29
+        (lambda d: (d / "meta.json").write_bytes(b"\xff{"), "meta.json is unreadable"),
+        (lambda d: (d / "meta.json").write_text("[1]", encoding="utf-8"), "meta.json is unreadable"),
+        (lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:4000]), "train.bin holds 4,000 bytes"),
+        (lambda d: (d / "val.bin").write_bytes((d / "val.bin").read_bytes() + b"\x00"), "val.bin holds 2,961 bytes"),
+    ],
+    ids=[
+        "vocab-0",
+        "vocab-negative",
+        "vocab-true",
+        "vocab-a-string",
+        "vocab-below-an-id",
+        "meta-not-utf8",
+        "meta-not-an-object",
+        "train-truncated",
+        "val-odd-bytes",
+    ],
+)
+def test_prepared_data_that_does_not_match_its_metadata_is_refused_on_open(
+    tmp_path: Path, damage: object, named: str
+) -> None:
+    folder = make_dataset(tmp_path / "data")
+    damage(folder)
+    with pytest.raises(DataError) as e:
+        PreparedData(str(folder), "tiny", block_size=16)
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_file_cut_short_while_a_run_reads_it_is_named(tmp_path: Path) -> None:
+    folder = make_dataset(tmp_path / "data")
+    data = PreparedData(str(folder), "tiny", block_size=16)
+    (folder / "train.bin").write_bytes((folder / "train.bin").read_bytes()[:100])  # truncated in place
+    with pytest.raises(DataError, match="train.bin was cut short while this run read it"):
+        data.get("train", torch.tensor([data.num_starts("train") - 1]), "cpu")
+    data.close()
+
+
+@pytest.mark.parametrize("fails_at", ["write", "rename"])
+def test_an_interrupted_prepare_leaves_the_old_files_or_a_folder_that_does_not_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_at: str
+) -> None:
+    """A full disk while writing the second file keeps the old set whole; a kill between two renames leaves no
+    meta.json, which PreparedData refuses. Either way no temporary file stays behind."""
+    import data.common as common
+
+    folder = make_dataset(tmp_path / "data")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    new = {"train.bin": b"\x01\x00" * 50, "val.bin": b"\x01\x00" * 50, "meta.json": b"{}"}
+    if fails_at == "write":
+        real_fdopen, opened = os.fdopen, []
+
+        def fdopen(fd: int, mode: str) -> object:
+            opened.append(fd)
+            if len(opened) == 2:
+                raise OSError(28, "No space left on device")
+            return real_fdopen(fd, mode)
+
+        monkeypatch.setattr(common.os, "fdopen", fdopen)
+    else:
+        real_replace = os.replace
+
+        def replace(src: object, dst: object) -> None:
+            if Path(dst).name == "val.bin":
+                raise KeyboardInterrupt
+            real_replace(src, dst)
+
+        monkeypatch.setattr(common.os, "replace", replace)
+    with pytest.raises(OSError if fails_at == "write" else KeyboardInterrupt):
+        common.write_atomic(folder, new)
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    if fails_at == "write":
+        assert after == before
+    else:
+        assert sorted(after) == ["train.bin", "val.bin"] and after["val.bin"] == before["val.bin"]
+        with pytest.raises(DataError, match="no meta.json"):
+            PreparedData(str(folder), "tiny", block_size=16)
+
+
+def test_a_device_as_the_input_text_is_refused_before_it_is_read() -> None:
+    with pytest.raises(SystemExit, match="^error: /dev/zero is a device, not a text file$"):
+        read_text_file(Path("/dev/zero"))

@@ -50,7 +50,7 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, tiny_data: Pa
 
 
 def run_printed_command(command: str, *extra: str) -> str:
-    """The resume command train.py printed, `[mv A B && ]python train.py ARGS`, with EXTRA appended, run as printed
+    """The resume command train.py printed, `python train.py ARGS`, with EXTRA appended, run as printed
     by a shell from the repository's root, its `python` this suite's interpreter. Returns its stdout."""
     assert command.count("python train.py ") == 1, command
     line = command.replace("python train.py ", f"{shlex.quote(sys.executable)} train.py ")
@@ -71,9 +71,12 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     tmp_path: Path, tiny_data: Path, sig: signal.Signals, always_save: bool
 ) -> None:
     """Ctrl-C exits 130, SIGTERM 143, each after saving a checkpoint; the command the message prints continues the
-    run with exactly the losses of an uninterrupted one."""
+    run with exactly the losses of an uninterrupted one. In best-only mode neither the signal nor that command
+    replaces the best model (ckpt.pt, saved at an evaluation every 3 iterations) with anything but a better one."""
     out = tmp_path / "run"
-    flags = ["--eval_interval=1000", "--lr_decay_iters=200", "--dropout=0.1", f"--always_save_checkpoint={always_save}"]
+    every = 1000 if always_save else 3  # best-only: a best model in ckpt.pt before the signal
+    flags = [f"--eval_interval={every}", "--lr_decay_iters=200", "--dropout=0.1"]
+    flags.append(f"--always_save_checkpoint={always_save}")
     args = tiny_args(tiny_data, out, *flags)
     proc = start(args + ["--max_iters=100000"])
     wait_for(lambda: n_train_records(out) >= 5, proc)
@@ -83,14 +86,20 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     assert "Traceback" not in err
     # In best-only mode ckpt.pt is never overwritten by an interruption: the state goes beside it.
     saved = out / ("ckpt.pt" if always_save else "ckpt_interrupted.pt")
-    assert (out / "ckpt.pt").exists() == always_save
-    k = load_checkpoint(saved)["iter_num"]  # eval_interval=1000: only the interruption saved one
+    k = load_checkpoint(saved)["iter_num"]  # always_save: eval_interval=1000, only the interruption saved one
     assert k >= 5
+    best = None if always_save else load_checkpoint(out / "ckpt.pt")
+    assert best is None or (
+        best["iter_num"] <= k and best["best_val_loss"] == min(r["val_loss"] for r in records(out, "eval"))
+    )
     assert f"interrupted ({sig.name}) after {k} iterations; saved {saved}. To continue the run: " in err
-    command = err.split("To continue the run: ")[1].strip()  # in best-only mode, `mv` it to ckpt.pt first
+    command = err.split("To continue the run: ")[1].strip()
     n = k + 4
     resumed = run_printed_command(command, f"--max_iters={n}")
-    assert f"resuming {out / 'ckpt.pt'} at iteration {k}" in resumed
+    assert f"resuming {saved} at iteration {k}" in resumed
+    if best is not None:  # ckpt.pt is the best model still, or a better one the resumed run found
+        now = load_checkpoint(out / "ckpt.pt")
+        assert now["iter_num"] == best["iter_num"] or now["best_val_loss"] < best["best_val_loss"]
     train.main([*args, f"--out_dir={tmp_path / 'whole'}", "--always_save_checkpoint=True", f"--max_iters={n}"])
     assert sorted(train_losses(out)) == list(range(n))
     assert train_losses(out) == train_losses(tmp_path / "whole")
@@ -136,6 +145,8 @@ def test_accumulation_steps_must_divide_among_processes(
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     with pytest.raises(ConfigError) as e:
         train.main(tiny_args(tiny_data, tmp_path / "out", "--gradient_accumulation_steps=3"))
     assert "gradient_accumulation_steps=3" in str(e.value) and "processes (2)" in str(e.value)

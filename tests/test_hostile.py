@@ -1,0 +1,264 @@
+"""Hostile input through the real commands: every kind of bad option, environment, resource, prepared data,
+checkpoint and fault ends in one line naming what is wrong, a defined exit status and nothing changed on disk.
+
+The quick cases run train.cli and sample.main in this process; those that need a process of their own (a console,
+a full disk under stdout, a device as input, the commands' own exit paths) start one and are marked slow. The
+behaviours themselves are tested where they live (test_checkpoint.py, test_data.py); here each kind is seen
+through a command.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, assert_one_line_error, python, subprocess_env, tiny_args, train_cli
+from machinery.checkpoint import load_checkpoint, save_checkpoint
+from machinery.device import TORCHRUN_VARIABLES
+from machinery.runlog import read_metrics
+
+SAMPLE = ["--device=cpu", "--max_new_tokens=5"]
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root` and its bytes: what 'nothing on disk changed' compares."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def run_copy(tmp_path: Path, trained: tuple[Path, dict]) -> Path:
+    """A copy of the trained tiny run's folder (ckpt.pt, metrics.jsonl), to damage."""
+    return Path(shutil.copytree(trained[0], tmp_path / "run"))
+
+
+def sample_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    import sample
+
+    with pytest.raises(SystemExit) as e:
+        sample.main(argv)
+    assert capsys.readouterr().out == ""  # refused before any text was printed
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message
+    return message
+
+
+# ---- options against the ranges of what consumes them, and the environment ----
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ([f"--seed={2**64}"], f"seed must be an integer in [0, 2**63), got {2**64}"),
+        (["--seed=-1"], "seed must be an integer in [0, 2**63), got -1"),
+        (["--resume_from=x.pt"], "resume_from='x.pt' needs init_from=resume"),
+        (["--batch_size=0"], "batch_size must be a positive integer, got 0"),
+    ],
+    ids=["seed-past-64-bits", "seed-negative", "resume_from-alone", "batch-0"],
+)
+def test_an_option_out_of_its_consumers_range_is_one_line(tmp_path, tiny_data, capsys, flags, named):
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", *flags))
+    assert_one_line_error(proc, 2, f"error: {named}")
+    assert not (tmp_path / "out").exists()
+
+
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE set but not RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: start several"),
+        (
+            {"RANK": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2", **MASTER},
+            "torchrun's variables must be integers, got RANK='x'",
+        ),
+        (
+            {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2", **MASTER},
+            "RANK=2, LOCAL_RANK=0, WORLD_SIZE=2 do not fit",
+        ),
+    ],
+    ids=["world-size-alone", "rank-not-a-number", "rank-past-the-world"],
+)
+def test_torchruns_variables_are_checked_as_a_set(tmp_path, tiny_data, capsys, monkeypatch, env, named):
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out"))
+    assert_one_line_error(proc, 2, f"error: {named}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_wandb_logging_without_a_key_is_refused_before_anything_is_written(tmp_path, tiny_data, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", type(sys)("wandb"))  # importable; its init is never reached
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: wandb could not ask for a key
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", "--wandb_log=True"))
+    assert_one_line_error(proc, 2, "error: wandb_log=True but no wandb API key is set", "WANDB_MODE=offline")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ([f"--seed={2**64}"], f"--seed must be an integer in [0, 2**63), got {2**64}"),
+        (["--temperature=1e-45"], "--temperature must be 0 (greedy) or a finite number from 1e-06 up, got 1e-45"),
+        (["--temperature=inf"], "got inf"),
+    ],
+    ids=["seed-past-64-bits", "temperature-underflow", "temperature-inf"],
+)
+def test_sampling_options_out_of_range_are_one_line(trained, capsys, flags, named):
+    message = sample_error(capsys, [*SAMPLE, f"--out_dir={trained[0]}", *flags])
+    assert named in message
+
+
+# ---- resources: memory, names, the disk ----
+
+
+def test_a_model_too_large_for_memory_is_one_line_naming_the_allocation(tmp_path, tiny_data, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = train_cli(capsys, tiny_args(tiny_data, out, "--n_layer=1", "--n_head=1", "--n_embd=400000"))
+    assert_one_line_error(proc, 1, "error: out of memory (an allocation of", "bytes failed): lower --batch_size")
+    assert tree(out) == {}
+
+
+def test_an_out_dir_name_too_long_for_the_filesystem_is_one_line(tmp_path, tiny_data, capsys):
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / ("x" * 300)))
+    assert_one_line_error(proc, 1, "cannot be created (File name too long)")
+    assert tree(tmp_path) == {}
+
+
+def test_a_metrics_file_that_is_a_folder_is_one_line(tmp_path, tiny_data, capsys):
+    (tmp_path / "out" / "metrics.jsonl").mkdir(parents=True)
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", "--overwrite=True", "--max_iters=2"))
+    assert_one_line_error(proc, 1, "error: Is a directory on", "metrics.jsonl")
+
+
+# ---- what is read back: metrics, checkpoints ----
+
+
+def test_a_damaged_metrics_file_is_read_with_its_damaged_lines_named_and_the_rest_kept(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"kind": "train", "iter": 0}\n\xff\xfe\n[1, 2]\n{"kind": "eval", "iter": 1}\n{"kind": "tr')
+    assert read_metrics(path) == [{"kind": "train", "iter": 0}, {"kind": "eval", "iter": 1}]
+    assert capsys.readouterr().err == f"note: {path}: skipped damaged line(s) 2, 3\n"  # not 5: a kill cut it short
+
+
+def test_a_record_appended_after_a_line_a_kill_cut_short_is_a_line_of_its_own(run_copy, capsys):
+    with open(run_copy / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"kind": "tra')  # as a kill leaves it
+    n = len(read_metrics(run_copy / "metrics.jsonl"))
+    assert train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume", "--eval_only=True"]).returncode == 0
+    records = read_metrics(run_copy / "metrics.jsonl")
+    assert len(records) == n + 2 and [r["kind"] for r in records[-2:]] == ["eval", "summary"]
+
+
+@pytest.mark.parametrize("command", ["train", "sample"])
+def test_a_checkpoint_with_non_finite_weights_is_refused_by_every_reader(run_copy, capsys, command):
+    ckpt = load_checkpoint(run_copy / "ckpt.pt")
+    ckpt["model"]["transformer.h.0.ln_1.weight"][0] = float("nan")
+    save_checkpoint(run_copy / "ckpt.pt", ckpt)  # as a run that wrote NaN by a path that skipped the check would
+    before = tree(run_copy)
+    named = f"error: {run_copy / 'ckpt.pt'} holds weights that are not finite (NaN or inf) in 1 tensors"
+    if command == "train":
+        assert_one_line_error(train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume"]), 1, named)
+    else:
+        assert sample_error(capsys, [*SAMPLE, f"--out_dir={run_copy}"]).startswith(named)
+    assert tree(run_copy) == before
+
+
+# ---- through the commands' own processes ----
+
+
+def flip_a_weight_bit(path: Path) -> None:
+    weight = load_checkpoint(path)["model"]["transformer.h.1.mlp.c_proj.weight"]
+    data = bytearray(path.read_bytes())
+    at = data.find(weight.numpy().tobytes())
+    data[at + 3] ^= 0x40  # the first float32's exponent
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train.py", "sample.py", "batch_independence.py"])
+def test_one_flipped_bit_in_a_checkpoint_is_refused_by_every_command(run_copy, command):
+    flip_a_weight_bit(run_copy / "ckpt.pt")
+    before = tree(run_copy)
+    args = {
+        "train.py": ["--init_from=resume", "--device=cpu"],
+        "sample.py": SAMPLE,
+        "batch_independence.py": ["--device=cpu", "--norms=custom"],
+    }[command]
+    proc = python(command, f"--out_dir={run_copy}", *args)
+    assert_one_line_error(proc, 1, f"error: {run_copy / 'ckpt.pt'} is damaged", "checksum")
+    assert tree(run_copy) == before
+
+
+@pytest.mark.slow
+def test_prepared_data_that_does_not_match_its_metadata_stops_train_py(tmp_path, tiny_data):
+    data = Path(shutil.copytree(tiny_data, tmp_path / "data"))
+    (data / "train.bin").write_bytes((data / "train.bin").read_bytes()[:4000])  # half a copy
+    before = tree(tmp_path)
+    proc = python("train.py", *tiny_args(data, tmp_path / "out"))
+    assert_one_line_error(proc, 1, f"error: {data / 'train.bin'} holds 4,000 bytes, but", "cut short")
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_device_as_the_text_to_prepare_is_one_line(tmp_path):
+    proc = python("data/shakespeare_char/prepare.py", "--input", "/dev/zero", "--out_dir", tmp_path)
+    assert_one_line_error(proc, 1, "error: /dev/zero is a device, not a text file")
+    assert tree(tmp_path) == {}
+
+
+@pytest.mark.slow
+def test_a_world_size_without_the_rest_of_torchrun_is_one_line(tmp_path, tiny_data):
+    proc = python("train.py", *tiny_args(tiny_data, tmp_path / "out"), WORLD_SIZE="2")
+    assert_one_line_error(proc, 2, "error: WORLD_SIZE set but not RANK")
+    assert tree(tmp_path) == {}
+
+
+@pytest.mark.slow
+def test_a_new_run_into_a_folder_with_another_runs_interrupted_state_is_refused(run_copy, tiny_data):
+    (run_copy / "ckpt.pt").rename(run_copy / "ckpt_interrupted.pt")
+    before = tree(run_copy)
+    proc = python("train.py", *tiny_args(tiny_data, run_copy))
+    assert_one_line_error(proc, 1, "holds another run's files (ckpt_interrupted.pt, metrics.jsonl)", "--overwrite=True")
+    assert tree(run_copy) == before
+
+
+@pytest.mark.slow
+def test_sampling_into_a_full_disk_is_one_line(trained):
+    before = tree(trained[0])
+    with open("/dev/full", "w") as full:
+        argv = [sys.executable, "sample.py", f"--out_dir={trained[0]}", *SAMPLE]
+        proc = subprocess.run(argv, cwd=ROOT, env=subprocess_env(), stdout=full, stderr=subprocess.PIPE, text=True)
+    proc.stdout = ""
+    assert_one_line_error(proc, 1, "error: No space left on device")
+    assert tree(trained[0]) == before
+
+
+@pytest.mark.slow
+def test_a_console_that_cannot_show_the_text_gets_escapes(tmp_path, trained):
+    ckpt = load_checkpoint(trained[0] / "ckpt.pt")
+    ckpt["tokenizer"] = {**ckpt["tokenizer"], "itos": ["é", *ckpt["tokenizer"]["itos"][1:]]}  # id 0: not ASCII
+    save_checkpoint(tmp_path / "ckpt.pt", ckpt)
+    proc = python("sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", *SAMPLE, "--start=é", PYTHONIOENCODING="ascii")
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout.startswith("\\xe9")
+
+
+@pytest.mark.slow
+def test_a_reader_that_goes_away_ends_sampling_quietly(trained):
+    argv = [sys.executable, "sample.py", f"--out_dir={trained[0]}", "--device=cpu", "--max_new_tokens=2000"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # as `| head -c 10` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == "", err
