@@ -3,6 +3,7 @@
     python batch_independence.py                       # a small random model, seeded
     python batch_independence.py --out_dir=out-shakespeare-char
     python batch_independence.py --ckpt=../nanoGPT/out-shakespeare-char/ckpt.pt  # nanoGPT's checkpoint
+    python batch_independence.py --init_from=gpt2 --norms=custom,builtin  # GPT-2's weights (model.gpt2_checkpoint)
     TRITON_INTERPRET=1 python batch_independence.py    # include the Triton LayerNorm on a CPU-only machine
     python batch_independence.py --config=configs/shakespeare_char.json  # a random model of that size
     python batch_independence.py --device=cuda --dtype=bfloat16  # on a GPU, under bfloat16 autocast
@@ -25,10 +26,10 @@ from torch import Tensor
 from layernorm import NORMS, TritonUnavailableError
 from machinery.batch_invariant import batch_invariant, refusal
 from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
-from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device
+from machinery.device import DEVICE_HELP, DeviceError, autocast, fault_message, resolve_device
 from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
-from machinery.options import read_config_file
-from model import GPT, GPTConfig
+from machinery.options import SEEDS, read_config_file
+from model import GPT, GPTConfig, gpt2_checkpoint
 
 EVAL_ROW = "batchnorm-eval"
 STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
@@ -69,6 +70,7 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out_dir", help="folder holding ckpt.pt (this project's or nanoGPT's); without it, a random model")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
+    p.add_argument("--init_from", help="GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder (model.gpt2_checkpoint)")
     p.add_argument("--config", help="a random model of this JSON config's size (default: 2 layers, 64 wide)")
     p.add_argument("--norms", nargs="+", default=list(NORMS), help=f"norms to run (default: {' '.join(NORMS)})")
     p.add_argument("--require", nargs="+", help="rows that must pass, else exit 1 (default: LayerNorms, rmsnorm)")
@@ -90,6 +92,8 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
     if bad := [n for n in args.require or [] if n not in args.rows]:
         p.error(f"--require: {', '.join(map(repr, bad))} not among the rows run; valid: {', '.join(args.rows)}")
     args.tol = TOLERANCE[args.dtype] if args.tol is None else args.tol
+    if args.seed not in SEEDS:
+        p.error(f"--seed must be an integer in [0, 2**63), got {args.seed}")
     for name, least in (("prompt_len", 1), ("new_tokens", 1), ("batch_size", 2), ("tol", 0)):
         if not getattr(args, name) >= least:  # written `not >=` so that a nan tolerance is refused too
             p.error(f"--{name} must be >= {least}, got {getattr(args, name)}")
@@ -98,6 +102,9 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
 
 def base_weights(args: Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:
     """The config and weights every row shares, and a line saying where they come from."""
+    if args.init_from is not None:
+        ckpt = gpt2_checkpoint(args.init_from)  # a ValueError says what to install, or what does not fit
+        return GPTConfig.from_options(ckpt["model_args"]), ckpt["model"], f"GPT-2's weights from {args.init_from}"
     if args.out_dir is None and args.ckpt is None:
         size = read_config_file(args.config) if args.config else {}  # a ConfigError says what is wrong with it
         config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
@@ -232,8 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         device = resolve_device(args.device)
         config, state, source = base_weights(args)
-    except (DeviceError, ValueError) as e:  # a bad device, or a config file that is not a model (GPTConfig says why)
-        raise SystemExit(f"error: --{'device' if isinstance(e, DeviceError) else 'config'}: {e}") from None
+    except (DeviceError, ValueError) as e:  # a bad device, a config file that is not a model, GPT-2's weights unread
+        flag = "device" if isinstance(e, DeviceError) else "init_from" if args.init_from else "config"
+        raise SystemExit(f"error: --{flag}: {e}") from None
     except CheckpointError as e:
         raise SystemExit(f"error: {e}") from None
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 computed as float32
@@ -278,4 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except (OSError, MemoryError, RuntimeError) as e:  # stdout on a full disk, an allocation that failed
+        if (message := fault_message(e, "--batch_size or --new_tokens, or use a smaller --config")) is None:
+            raise
+        raise SystemExit(f"error: {message}") from None

@@ -24,9 +24,11 @@ tests/test_nanogpt.py).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +51,7 @@ class GPTConfig:
     norm_position: str = "pre"  # "pre": x + f(ln(x)), as GPT-2; "post": ln(x + f(x)), as the original Transformer
     norm_alpha: float | None = None  # the norm's starting alpha, for a norm that has one (DyT); None: the norm's own
     embed_scale: bool = False  # the embeddings times a learned scalar from sqrt(n_embd), as the DyT paper's LMs
+    gelu: str = "none"  # nn.GELU's approximate: "none" (erf, as nanoGPT), or "tanh" (GPT-2's own, HF's "gelu_new")
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -64,6 +67,8 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
+        if self.gelu not in ("none", "tanh"):
+            raise ValueError(f"gelu must be 'none' or 'tanh', got {self.gelu!r}")
         if self.norm_alpha is not None:
             new_norm(self)  # a norm without an alpha, or an alpha <= 0: make_norm's ValueError, before any model
 
@@ -135,7 +140,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate=config.gelu)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -366,3 +371,70 @@ class GPT(nn.Module):
             logits[logits < v[:, [-1]]] = -float("inf")
         probs = F.softmax(logits, dim=-1)
         return torch.multinomial(probs, num_samples=1, generator=generator)
+
+
+GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face hub, 124M to 1.5B
+# Hugging Face GPT-2 config entries (absent: its default, given here) and the one value this GPT computes
+GPT2_FIXED = {
+    "layer_norm_epsilon": 1e-5,  # every norm's eps here
+    "n_inner": None,  # the MLP's width: None is 4 * n_embd
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "tie_word_embeddings": True,
+    "add_cross_attention": False,
+}
+GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}  # activation_function -> GPTConfig.gelu
+GPT2_SHAPE = ("vocab_size", "n_layer", "n_head", "n_embd")
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def gpt2_checkpoint(source: str) -> dict[str, Any]:
+    """GPT-2's weights as a checkpoint that GPT.from_checkpoint builds (its norm swap and refusals included; norm
+    builtin, as GPT-2 was trained): `source` is one of GPT2_SIZES, downloaded once into the Hugging Face cache, or a
+    folder holding a Hugging Face GPT-2's config.json and model.safetensors (what save_pretrained writes). Read with
+    safetensors and huggingface_hub, never transformers. Hugging Face's GPT-2 is this GPT under other names: no
+    "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to wte, and Conv1D layers that
+    keep a Linear's weight transposed, [in, out]. A ValueError says what to install or give, or which entry of
+    config.json this GPT does not compute."""
+    folder = Path(source)
+    try:
+        from safetensors.torch import load_file
+
+        if not folder.is_dir() and source in GPT2_SIZES:
+            from huggingface_hub import snapshot_download
+
+            files = ["config.json", "model.safetensors"]
+            folder = Path(snapshot_download(f"openai-community/{source}", allow_patterns=files))
+    except ImportError as e:
+        raise ValueError(f"reading GPT-2's weights needs {e.name}: pip install safetensors huggingface_hub") from None
+    except Exception as e:  # offline, or the hub unreachable: what huggingface_hub raises varies
+        raise ValueError(
+            f"cannot download {source} from the Hugging Face hub ({type(e).__name__}); on a machine with internet run "
+            f"`hf download openai-community/{source} config.json model.safetensors --local-dir {source}`, copy that "
+            f"folder here and give its path"
+        ) from None
+    config_path, weights_path = folder / "config.json", folder / "model.safetensors"
+    if not (config_path.is_file() and weights_path.is_file()):
+        raise ValueError(
+            f"{source} is not one of {', '.join(GPT2_SIZES)} nor a folder holding config.json and model.safetensors"
+        )
+    hf = json.loads(config_path.read_text(encoding="utf-8"))
+    activation = hf.get("activation_function", "gelu_new")
+    wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
+    if activation not in GPT2_GELU:
+        wrong.append(f"activation_function={activation!r} (only {', '.join(GPT2_GELU)})")
+    if wrong:
+        raise ValueError(f"{config_path}: this GPT does not compute {'; '.join(wrong)}")
+    try:
+        sizes = {"block_size": hf["n_positions"], **{k: hf[k] for k in GPT2_SHAPE}}
+    except KeyError as e:
+        raise ValueError(f"{config_path} has no {e.args[0]!r}: it is not a GPT-2's config") from None
+    config = GPTConfig(**sizes, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation])
+    state = {}
+    for key, tensor in load_file(weights_path).items():
+        name = key.removeprefix("transformer.")
+        if not name.endswith((".attn.bias", ".attn.masked_bias")) and name != "lm_head.weight":  # masks; tied head
+            state[f"transformer.{name}"] = tensor.t() if name.endswith(CONV1D) else tensor
+    if "transformer.wte.weight" in state:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return {"model_args": asdict(config), "model": state}

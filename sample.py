@@ -1,19 +1,21 @@
-"""Sample text from a trained checkpoint, this project's or nanoGPT's.
+"""Sample text from a trained checkpoint, this project's or nanoGPT's, or from GPT-2's weights.
 
     python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3 --max_new_tokens=200
     python sample.py --out_dir=out-shakespeare-char --temperature=0 --norm=custom     # greedy, another LayerNorm
     python sample.py --ckpt=path/to/ckpt.pt --start=FILE:prompt.txt
     python sample.py --out_dir=../nanoGPT/out-shakespeare-char --temperature=0 --norm=custom   # nanoGPT's checkpoint
+    python sample.py --init_from=gpt2 --norm=custom --start="To be, or not to be"   # GPT-2's weights (model.py)
 
-The checkpoint's tokenizer (a nanoGPT checkpoint's: nanogpt.tokenizer_meta) turns text into tokens; `--norm` runs
-the same weights with another LayerNorm (GPT.from_checkpoint refuses the others). Each sample streams:
-the prompt, the text of each token as soon as it is whole (GPT.stream), then a line of dashes. Greedy decoding and
---no_kv_cache past block_size: README.md. Errors are one line, "error: ...", exit status 1.
+The checkpoint's tokenizer (a nanoGPT checkpoint's: nanogpt.tokenizer_meta; GPT-2's: its BPE) turns text into
+tokens; `--norm` runs the same weights with another LayerNorm (GPT.from_checkpoint refuses the others). Each sample
+streams: the prompt, the text of each token as soon as it is whole (GPT.stream), then a line of dashes. Greedy
+decoding and --no_kv_cache past block_size: README.md. Errors are one line, "error: ...", exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -25,17 +27,20 @@ from data.common import fail, read_text_file
 from layernorm import NORMS, check_triton_device
 from machinery import nanogpt
 from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
-from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype
-from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
-from model import GPT
+from machinery.device import DEVICE_HELP, DeviceError, autocast, fault_message, resolve_device, resolve_dtype
+from machinery.options import SEEDS
+from machinery.tokenizer import GPT2_ENCODING, CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
+from model import GPT, gpt2_checkpoint
 
 SEPARATOR = "-" * 40
+MIN_TEMPERATURE = 1e-6  # the logits over it stay finite in float32 up to 3e32: any model's
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Sample text from a checkpoint written by train.py or nanoGPT's.")
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt (default: out)")
     p.add_argument("--ckpt", help="path of a checkpoint file (this project's or nanoGPT's); overrides --out_dir")
+    p.add_argument("--init_from", help="GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder (model.gpt2_checkpoint)")
     p.add_argument("--meta", help="a nanoGPT checkpoint's meta.pkl (default: beside it, else its data/<dataset>/)")
     p.add_argument("--start", default="\n", help="prompt, or FILE:path to read it from a UTF-8 file (default: newline)")
     p.add_argument("--num_samples", type=int, default=1, help="how many samples to draw (default 1)")
@@ -49,15 +54,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.num_samples < 1:
         fail(f"--num_samples must be >= 1, got {args.num_samples}")
+    if args.seed not in SEEDS:
+        fail(f"--seed must be an integer in [0, 2**63), got {args.seed}")
+    if 0 < args.temperature < MIN_TEMPERATURE or args.temperature == math.inf:  # below 0, NaN: GPT.stream says
+        fail(
+            f"--temperature must be 0 (greedy) or a finite number from {MIN_TEMPERATURE:g} up, got "
+            f"{args.temperature} (nearer 0, logits / temperature overflow float32)"
+        )
     return args  # --max_new_tokens, --temperature and --top_k: GPT.stream checks them
 
 
 def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | TiktokenTokenizer]:
     """The checkpoint's model, with --norm swapped in, in eval mode, and its tokenizer (for a nanoGPT checkpoint, its
     meta.pkl's characters or GPT-2's BPE)."""
-    path = checkpoint_path(args.out_dir, args.ckpt)
+    path = args.init_from or checkpoint_path(args.out_dir, args.ckpt)
+    if args.init_from and args.ckpt:
+        fail("--init_from and --ckpt each name the weights to sample: give one of them")
     try:
-        checkpoint = load_checkpoint(path, map_location="cpu")
+        if args.init_from:  # GPT-2's weights, and its BPE
+            checkpoint = gpt2_checkpoint(args.init_from) | {
+                "tokenizer": {"kind": "tiktoken", "encoding": GPT2_ENCODING}
+            }
+        else:
+            checkpoint = load_checkpoint(path, map_location="cpu")
         if (args.norm or checkpoint["model_args"].get("norm")) == "triton":
             check_triton_device(device)  # refuse before building, with what to do instead
         model = GPT.from_checkpoint(checkpoint, norm=args.norm).to(device)
@@ -65,7 +84,7 @@ def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | Ti
         fail(str(e))
     except (ValueError, RuntimeError) as e:  # e.g. Triton not installed
         fail(f"cannot build the model from {path}: {str(e).splitlines()[0]}")
-    nanogpt_format = checkpoint["format"] == nanogpt.FORMAT
+    nanogpt_format = checkpoint.get("format") == nanogpt.FORMAT
     if args.meta is not None and not nanogpt_format:
         fail(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
     if "tokenizer" not in checkpoint and not nanogpt_format:
@@ -133,10 +152,16 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(errors="backslashreplace")  # a console that cannot show a character prints its escape
     try:
         main()
     except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:  # e.g. piped into head
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except (OSError, MemoryError, RuntimeError) as e:  # a full disk under stdout, an allocation that failed
+        if (message := fault_message(e, "--max_new_tokens, or sample on another --device")) is None:
+            raise
+        sys.exit(f"error: {message}")

@@ -3,6 +3,7 @@
     python train.py [configs/NAME.json] [--key=value ...]        (--help lists the options: machinery/options.py)
     python train.py configs/shakespeare_char_cpu.json --norm=custom
     python train.py --init_from=resume --out_dir=DIR --max_iters=3000   (the checkpoint's options are the defaults)
+    python train.py configs/finetune_shakespeare.json --init_from=gpt2   (GPT-2's weights: model.gpt2_checkpoint)
     torchrun --standalone --nproc_per_node=2 train.py configs/shakespeare_char.json --gradient_accumulation_steps=2
 
 The loop is nanoGPT's: AdamW, linear warmup then cosine decay to min_lr, gradient clipping, gradient accumulation,
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +44,21 @@ from machinery.device import (
     StopRequest,
     autocast,
     dist_from_env,
+    fault_message,
     peak_memory,
     resolve_device,
     resolve_dtype,
 )
 from machinery.options import ConfigError, TrainConfig, build_config, parse_args
 from machinery.step import get_lr, train_step
-from model import GPT, GPTConfig
+from machinery.tokenizer import GPT2_ENCODING
+from model import GPT, GPTConfig, gpt2_checkpoint
 
 EVAL_SEED_OFFSET = 1_000_003  # the eval generator's seed is seed + this: a stream unrelated to the training one
 SAMPLE_TEMPERATURE = 0.8
 SAMPLE_TOP_K = 200
 OPTION_ERRORS = (ConfigError, DeviceError, TritonUnavailableError)  # exit status 2; the others exit with 1
+GPT2_BPE = {"kind": "tiktoken", "encoding": GPT2_ENCODING}  # the tokenizer entry of a dataset GPT-2 can read
 
 
 class TrainError(Exception):
@@ -95,28 +100,55 @@ def setup(
     cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str, dist: Dist
 ) -> Run:
     """The run's one set-up, which the benchmarks and the experiments share: the data, the model (new, its weights
-    drawn from cfg.seed, or the checkpoint's with cfg's norm and dropout), the optimizer, the loss scaler, the data
-    stream and the seeds; a resume's state (restore_training_state) last."""
+    drawn from cfg.seed, or the checkpoint's, a resume's or GPT-2's, with cfg's norm and dropout), the optimizer,
+    the loss scaler, the data stream and the seeds; a resume's state (restore_training_state) last."""
     data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
     device_type = torch.device(device).type
+    fine_tune = cfg.init_from not in ("scratch", "resume")  # GPT-2's weights (from_gpt2)
     if ckpt is None:
         model = GPT.from_seed(GPTConfig.from_options(cfg, vocab_size=data.vocab_size), cfg.seed)  # on every process
     else:
-        path = checkpoint.checkpoint_path(cfg.out_dir)
-        checkpoint.check_resume(ckpt, explicit, data.vocab_size, data.meta.get("tokenizer"), path)
+        path = checkpoint.checkpoint_path(cfg.out_dir, cfg.resume_from)
+        where = f"--init_from={cfg.init_from}" if fine_tune else f"cannot resume from {path}"
+        if not fine_tune:
+            checkpoint.check_resume(ckpt, explicit, data.vocab_size, data.meta.get("tokenizer"), path)
+        elif data.meta.get("tokenizer") != GPT2_BPE or data.vocab_size != ckpt["model_args"]["vocab_size"]:
+            raise DataError(
+                f"{where} needs a dataset in GPT-2's BPE of {ckpt['model_args']['vocab_size']} tokens "
+                f"(data/shakespeare/prepare.py writes one), not {data.describe()}"
+            )
         try:
             model = GPT.from_checkpoint(ckpt, norm=cfg.norm, dropout=cfg.dropout).train()
         except ValueError as e:  # a norm that computes another function, weights that do not fit
-            raise checkpoint.CheckpointError(f"cannot resume from {path}: {e}") from None
+            raise checkpoint.CheckpointError(f"{where}: {e}") from None
     model.to(device)
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process; a resume restores each
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16
     data_gen = torch.Generator().manual_seed(cfg.seed)  # the batches: one stream, the same on every process
     run = Run(cfg, device, dtype, dist, data, model, optimizer, scaler, data_gen, autocast(device, dtype))
-    if ckpt is not None:
+    if ckpt is not None and not fine_tune:
         checkpoint.restore_training_state(ckpt, run)
     return run
+
+
+def from_gpt2(cfg: TrainConfig, explicit: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
+    """GPT-2's weights (model.gpt2_checkpoint) with positions past cfg.block_size cut off (nanoGPT's
+    crop_block_size), and cfg with their shape; an option asking for another shape is a ConfigError naming it."""
+    try:
+        ckpt = gpt2_checkpoint(cfg.init_from)
+    except ValueError as e:
+        raise checkpoint.CheckpointError(f"--init_from={cfg.init_from}: {e}") from None
+    args = ckpt["model_args"]
+    keys = [k for k in checkpoint.MODEL_SHAPE_KEYS if k != "block_size" and k in explicit]
+    asked = [f"{k}={explicit[k]!r} (it has {args[k]!r})" for k in keys if explicit[k] != args[k]]
+    if cfg.block_size > args["block_size"]:
+        asked.append(f"block_size={cfg.block_size} (it has {args['block_size']} positions)")
+    if asked:
+        raise ConfigError(f"--init_from={cfg.init_from} has a shape of its own: drop or lower {'; '.join(asked)}")
+    ckpt["model"]["transformer.wpe.weight"] = ckpt["model"]["transformer.wpe.weight"][: cfg.block_size]
+    args["block_size"] = cfg.block_size
+    return replace(cfg, **{k: args[k] for k in ("n_layer", "n_head", "n_embd", "bias")}), ckpt
 
 
 class LossOnly(torch.nn.Module):
@@ -221,7 +253,7 @@ def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
     path = run.ckpt_path if run.cfg.always_save_checkpoint else Path(run.cfg.out_dir) / "ckpt_interrupted.pt"
     save(run, it, path)
     resume = f"python train.py --init_from=resume --out_dir={run.ckpt_path.parent}"
-    resume = resume if path == run.ckpt_path else f"mv {path} {run.ckpt_path} && {resume}"
+    resume = resume if path == run.ckpt_path else f"{resume} --resume_from={path}"  # ckpt.pt stays the best model
     name = signal.Signals(signum).name
     message = f"interrupted ({name}) after {it} iterations; saved {path}. To continue the run: {resume}"
     return Interrupted(message, signum)
@@ -229,7 +261,8 @@ def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
 
 def announce(run: Run, resumed: bool) -> None:
     cfg = run.cfg
-    where = f"resuming {run.ckpt_path} at iteration {run.iter_num}" if resumed else "from scratch"
+    resumed_from = checkpoint.checkpoint_path(cfg.out_dir, cfg.resume_from)
+    where = f"resuming {resumed_from} at iteration {run.iter_num}" if resumed else f"from {cfg.init_from}"
     run.dist.print(
         f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, {run.model.get_num_params() / 1e6:.2f}M "
         f"parameters, device={run.device}, dtype={run.dtype}, compile={cfg.compile}, processes={run.dist.world_size}"
@@ -276,7 +309,8 @@ def train(
     t_start = time.perf_counter()
     run = setup(cfg, explicit, ckpt, device, dtype, dist)
     model, train_model = wrap(run)
-    announce(run, resumed=ckpt is not None)
+    resumed = ckpt is not None and cfg.init_from == "resume"
+    announce(run, resumed)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share of the global batch
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
     start = run.iter_num
@@ -284,7 +318,7 @@ def train(
     last_val = None
     stop_reason = None
     with (
-        runlog.open_log(cfg, dist, start if ckpt else None) as log,
+        runlog.open_log(cfg, dist, start if resumed else None) as log,
         StopRequest(dist) as stop,
         contextlib.closing(run.data),
     ):
@@ -293,7 +327,7 @@ def train(
             over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
             stop_reason = stop_reason or stop.agreed(over_time)
             end = it >= cfg.max_iters or stop_reason == "max_wall_s" or cfg.eval_only
-            just_resumed = ckpt is not None and it == start  # evaluated just before its checkpoint was saved
+            just_resumed = resumed and it == start  # evaluated just before its checkpoint was saved
             if end or (it % cfg.eval_interval == 0 and not just_resumed):
                 t0 = time.perf_counter()
                 finite(window.read(), run)  # never evaluate or save weights that a NaN went through
@@ -345,24 +379,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cfg = build_config(explicit, processes=dist.world_size)
     ckpt = None
     if cfg.init_from == "resume":
-        ckpt = checkpoint.load_resume_checkpoint(cfg.out_dir)
-        source = str(checkpoint.checkpoint_path(cfg.out_dir))
+        ckpt = checkpoint.load_resume_checkpoint(cfg.out_dir, cfg.resume_from)
+        source = str(checkpoint.checkpoint_path(cfg.out_dir, cfg.resume_from))
         cfg = build_config(explicit, ckpt["config"], source=source, processes=dist.world_size)
+    elif cfg.init_from != "scratch":
+        cfg, ckpt = from_gpt2(cfg, explicit)
     device = resolve_device(cfg.device, dist)
     dtype = resolve_dtype(cfg.dtype, torch.device(device).type)
     if cfg.norm == "triton":
         check_triton_device(device)  # before any data or model is loaded
     if cfg.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
-    checkpoint.make_out_dir(cfg.out_dir, new_run=cfg.init_from == "scratch" and not cfg.overwrite)
+    checkpoint.make_out_dir(cfg.out_dir, new_run=cfg.init_from != "resume" and not cfg.overwrite)
     with dist.use(device):
         return train(cfg, explicit, device, dtype, ckpt, dist)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """main() with every expected failure as one line on stderr and an exit status (no traceback)."""
-    dist = dist_from_env()
+    if hasattr(sys.stdout, "reconfigure"):  # a console that cannot show a character prints its escape
+        sys.stdout.reconfigure(errors="backslashreplace")
+    dist = Dist()  # until torchrun's variables are read (and found sound)
     try:
+        dist = dist_from_env()
         main(argv)
     except Interrupted as e:
         dist.print(e, file=sys.stderr)
@@ -373,6 +412,15 @@ def cli(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: quit without saving", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader is gone (`| head`): nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (OSError, MemoryError, RuntimeError) as e:
+        message = fault_message(e, "--batch_size or --block_size, or the model's size (--n_layer, --n_embd)")
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
     return 0
 
 
