@@ -1,16 +1,22 @@
-"""The chapters' figures against the files they cite, and each chapter's sources.
+"""The chapters' figures against the files they cite, what their code prints, and each chapter's sources.
 
 docs/05's table of runs names, for every val loss the chapters quote, the file it comes from: each figure is read
-back from that file. Chapters 01 and 03 to 06 end with a "Sources" list whose links are well formed.
+back from that file; so are chapter 1's residual stream and chapter 3's BatchNorm failures. A ```python block
+followed by a ```text block shows what the code prints: it is run and its output compared. Chapters 01 and 03 to 06
+end with a "Sources" list whose links are well formed.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+import sys
 
 import pytest
+import torch
 
-from helpers import ROOT
+from helpers import ROOT, TINY, tiny_model
 
 RESULTS = ROOT / "docs" / "05-results.md"
 # docs/02 has a test of its own, for its quoted kernel
@@ -79,11 +85,120 @@ def test_the_readme_links_the_layernorm_paper_and_its_sample_comes_from_the_file
     assert sample.strip() and sample in (ROOT / "bench/results/quickstart_cpu.log").read_text(encoding="utf-8")
 
 
-def test_the_one_pass_variance_demo_shows_the_cancellation(capsys: pytest.CaptureFixture[str]) -> None:
-    text = (ROOT / "docs" / "01-layernorm.md").read_text(encoding="utf-8")
-    (demo,) = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "one_pass" in block]
-    exec(compile(demo, "docs/01-layernorm.md, the variance demo", "exec"), {"__name__": "demo"})
-    errors = [[float(n) for n in NUMBER.findall(line)[-2:]] for line in capsys.readouterr().out.splitlines()]
-    assert len(errors) == 3
-    assert errors[0][0] < 1e-5 and errors[2][0] > 1.0  # one-pass: fine at offset 0, useless at 1e4
-    assert all(two_pass < 1e-5 for _, two_pass in errors)
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
+ROUNDING = 1e-9  # printed numbers below this are rounding, equal to any other such number
+PRINTED_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")  # 4e-16 too
+
+
+def printed_blocks(text: str) -> list[tuple[str, str]]:
+    """(code, output) for every ```python block followed directly by a ```text block: the output it prints."""
+    blocks = list(FENCE.finditer(text))
+    return [
+        (a[2], b[2])
+        for a, b in zip(blocks, blocks[1:], strict=False)
+        if a[1] == "python" and b[1] == "text" and not text[a.end() : b.start()].strip()
+    ]
+
+
+PRINTED = [(doc, i, *pair) for doc in DOCS for i, pair in enumerate(printed_blocks(doc.read_text(encoding="utf-8")))]
+
+
+def same_output(shown: str, printed: str) -> bool:
+    """The same words, and each number within 15% (a printed float error moves a little with the CPU's summation
+    order), or both below ROUNDING."""
+    if PRINTED_NUMBER.sub("#", shown) != PRINTED_NUMBER.sub("#", printed):
+        return False
+    pairs = zip(PRINTED_NUMBER.findall(shown), PRINTED_NUMBER.findall(printed), strict=True)
+    return all(
+        abs(a - b) <= 0.15 * max(abs(a), abs(b)) or max(abs(a), abs(b)) < ROUNDING
+        for a, b in ((float(x), float(y)) for x, y in pairs)
+    )
+
+
+def test_the_chapters_show_what_their_code_prints() -> None:
+    chapters = {doc.name for doc, *_ in PRINTED}
+    assert {"01-layernorm.md", "02-triton.md"} <= chapters
+    assert sum(doc.name == "01-layernorm.md" for doc, *_ in PRINTED) >= 7
+
+
+@pytest.mark.parametrize(("doc", "i", "code", "shown"), PRINTED, ids=[f"{d.name}-{i}" for d, i, *_ in PRINTED])
+def test_each_printed_output_is_what_its_block_prints(doc, i, code, shown, capsys: pytest.CaptureFixture[str]):
+    exec(compile(code, f"{doc.name}, printing block {i}", "exec"), {"__name__": f"printed_{i}"})
+    printed = capsys.readouterr().out
+    assert same_output(shown, printed), f"{doc.name} shows:\n{shown}\nits block prints:\n{printed}"
+
+
+def test_a_changed_output_is_caught() -> None:
+    shown = "offset 10000: largest error, one-pass 3.3e+01, two-pass 2.5e-06\n"
+    assert same_output(shown, shown.replace("2.5e-06", "2.6e-06"))  # the CPU's rounding
+    assert not same_output(shown, shown.replace("2.5e-06", "4.8e-06"))
+    assert not same_output(shown, shown.replace("one-pass", "two-pass"))
+    assert same_output("error 4e-16\n", "error 1e-17\n")
+
+
+def figures_in(text: str) -> set[str]:
+    return set(NUMBER.findall(text))
+
+
+def rounded(value: float, decimals: int) -> str:
+    return f"{value:.{decimals}f}"
+
+
+def test_chapter_1s_residual_stream_comes_from_inside_norms_json() -> None:
+    result = json.loads((ROOT / "experiments/results/inside_norms/inside_norms.json").read_text(encoding="utf-8"))
+    rms = result["token_rms"]
+    section = (ROOT / "docs/01-layernorm.md").read_text(encoding="utf-8").split("## Why normalise\n")[1]
+    section = section.split("\n## ")[0]
+    norm_medians = [row["p50"] for key in ("ln_1_out", "ln_2_out") for row in rms[key]]
+    quoted = {
+        rounded(rms["resid_in"][0]["p50"], 2),  # the embeddings
+        rounded(rms["final_resid"]["p50"], 2),  # entering ln_f
+        rounded(rms["final_resid"]["min"], 2),
+        rounded(rms["final_resid"]["max"], 2),
+        rounded(min(norm_medians), 2),
+        rounded(max(norm_medians), 2),
+    }
+    assert quoted <= figures_in(section), quoted - figures_in(section)
+
+
+def test_batchnorms_three_failures_come_from_their_file() -> None:
+    path = ROOT / "experiments/results/batchnorm_failures/batchnorm_failures.json"
+    result = json.loads(path.read_text(encoding="utf-8"))
+    text = (ROOT / "docs/03-batch-independence.md").read_text(encoding="utf-8")
+    section = text.split("## BatchNorm's three failures\n")[1].split("\n## ")[0]
+    spread, leak, loss = result["one_token_spread"], result["causal_leak"], result["val_loss"]
+    assert spread["batchnorm"] == 0.0 and leak["builtin"] == 0.0 and leak["batchnorm, running averages"] == 0.0
+    quoted = {rounded(spread["builtin"], 2), rounded(leak["batchnorm"], 3), *(rounded(v, 3) for v in loss.values())}
+    assert quoted <= figures_in(section), quoted - figures_in(section)
+    assert f"for {result['iters']} iterations" in section and f"same {result['val_windows']} val" in section
+    assert f"{result['model_args']['block_size']}-token window" in section
+
+
+def load_experiment(name: str):
+    """experiments/NAME.py as a module (its folder on sys.path, as when it runs)."""
+    if str(ROOT / "experiments") not in sys.path:
+        sys.path.insert(0, str(ROOT / "experiments"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_batchnorm_failures_measures_batch_statistics_and_leaves_the_model_alone() -> None:
+    """The measurements behind docs/03's three failures, on fresh tiny models: a measurement in eval mode, or one
+    that let BatchNorm's running averages move, would break it."""
+    failures = load_experiment("batchnorm_failures")
+    batchnorm, layernorm = tiny_model("batchnorm"), tiny_model("builtin")
+    before = {k: v.clone() for k, v in batchnorm.state_dict().items()}
+    window = torch.arange(TINY.block_size) % TINY.vocab_size
+    assert failures.one_token_spread(batchnorm) == 0.0 and failures.one_token_spread(layernorm) > 0.1
+    assert failures.causal_leak(batchnorm, window) > 0
+    assert failures.causal_leak(batchnorm, window, training=False) == 0.0
+    assert failures.causal_leak(layernorm, window) == 0.0
+    x = torch.stack([window, window.flip(0)])
+    batches = [(x, x.roll(1, dims=1))]
+    one_each = failures.val_loss(batchnorm, batches, training=True, rows=1)
+    assert one_each != failures.val_loss(batchnorm, batches, training=True)
+    assert all(torch.equal(v, batchnorm.state_dict()[k]) for k, v in before.items())
+    assert not batchnorm.training
