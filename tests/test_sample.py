@@ -1,5 +1,5 @@
 """sample.py from checkpoints made here (random tiny GPTs, with a character vocabulary or GPT-2's BPE): the text it
-streams, the norm swap, the prompt sources, determinism, and one-line errors; and the tokenizers' streaming decode."""
+streams, the norm swap, the prompt sources, and one-line errors; and the tokenizers' streaming decode."""
 
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ def run(out_dir: Path, *args: str) -> list[str]:
     return sample.main(["--out_dir", str(out_dir), *CPU, *args])
 
 
-def test_the_prompt_by_default_from_a_utf8_file_and_longer_than_block_size(out_dir: Path, tmp_path: Path) -> None:
+def test_the_prompt_by_default_and_from_a_utf8_file(out_dir: Path, tmp_path: Path) -> None:
+    """A newline by default; FILE:PATH reads a UTF-8 file, and names one that is not. (A prompt longer than
+    block_size: test_kv_cache.py's cached overflow, which sample.py's default decoding is.)"""
     text = run(out_dir, "--max_new_tokens", "5")[0]
     assert text.startswith("\n") and len(text) == 6  # the default prompt is a newline
     prompt = "o romeo, romeo!\nwherefore art thou? "
@@ -65,9 +67,6 @@ def test_the_prompt_by_default_from_a_utf8_file_and_longer_than_block_size(out_d
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))  # a prompt file that is not UTF-8
     with pytest.raises(SystemExit, match="latin1.txt is not UTF-8 text"):
         run(out_dir, "--start", f"FILE:{tmp_path / 'latin1.txt'}")
-    prompt = "now is the winter of our discontent made glorious summer"  # longer than BLOCK: cropped to fit
-    text = run(out_dir, "--start", prompt, "--max_new_tokens", "12", "--temperature", "0")[0]
-    assert len(prompt) > BLOCK and text.startswith(prompt) and len(text) == len(prompt) + 12
 
 
 def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path) -> None:
@@ -85,40 +84,7 @@ def test_a_padded_vocabulary_never_yields_ids_the_tokenizer_lacks(tmp_path: Path
         assert len(text) == 23  # a padded id would not decode: CharTokenizer.decode refuses it
 
 
-# --- streaming: the text printed as it is generated is the text generate returns ---------------------------------
-
-
-@pytest.mark.parametrize("kind", ["char", "bpe"])
-@pytest.mark.parametrize("sampling", [("--temperature", "0"), ("--temperature", "1", "--top_k", "50", "--seed", "3")])
-def test_streamed_text_is_the_text_generate_returns(
-    kind: str,
-    sampling: tuple[str, ...],
-    out_dir: Path,
-    bpe_dir: Path,
-    capsys: pytest.CaptureFixture[str],
-    request: pytest.FixtureRequest,
-) -> None:
-    if kind == "bpe":
-        request.getfixturevalue("gpt2_bpe")
-    folder, prompt = (out_dir, "the king") if kind == "char" else (bpe_dir, "ROMEO: café")
-    argv = ["--out_dir", str(folder), *CPU, "--start", prompt, "--max_new_tokens", "40", "--num_samples", "2"]
-    argv += sampling
-    samples = sample.main(argv)
-    printed = capsys.readouterr().out
-    args = sample.parse_args(argv)  # generate itself, on the model sample.py builds, from the same seed
-    model, tokenizer = sample.load(args, "cpu")
-    sample.restrict_to_vocab(model, tokenizer.vocab_size)
-    ids = tokenizer.encode(prompt)
-    torch.manual_seed(args.seed)
-    expected = []
-    for _ in range(args.num_samples):
-        out = model.generate(
-            torch.tensor([ids]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None
-        )
-        expected.append(prompt + tokenizer.decode(out[0, len(ids) :].tolist()))
-    assert samples == expected
-    assert printed == "".join(f"{text}\n{sample.SEPARATOR}\n" for text in expected)
-    assert len(set(expected)) == (1 if args.temperature == 0 else 2)
+# --- streaming: each token printed as it is generated (the text itself, and num_samples: test_nanogpt.py) ---------
 
 
 def record_printing(monkeypatch: pytest.MonkeyPatch, ids: list[int] | None = None) -> tuple[io.StringIO, list[str]]:
@@ -147,11 +113,6 @@ def test_each_token_is_printed_as_soon_as_it_is_generated(out_dir: Path, monkeyp
     assert stdout.getvalue() == f"{text}\n{sample.SEPARATOR}\n"
 
 
-def whole_characters(tokenizer: TiktokenTokenizer, ids: list[int]) -> str:
-    """What ids decode to, less a last character that is still incomplete (decoded as U+FFFD)."""
-    return tokenizer.decode(ids).removesuffix("\ufffd")
-
-
 # r50k_base cuts the emoji and the CJK characters between two tokens (the tests count the cuts); "ï" it keeps whole
 TEXT_WITH_CUT_CHARACTERS = " 🙂 naïve 日本語 😀👍!"
 
@@ -176,7 +137,8 @@ def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
     stdout, printed = record_printing(monkeypatch, ids)  # the model "generates" these tokens
     text = run(bpe_dir, "--start", "ROMEO:", "--max_new_tokens", str(len(ids)))[0]
     assert text == "ROMEO:" + TEXT_WITH_CUT_CHARACTERS
-    assert printed == ["ROMEO:" + whole_characters(tokenizer, ids[:step]) for step in range(len(ids))]
+    # each step's text less a last character still incomplete (which decode gives as U+FFFD)
+    assert printed == ["ROMEO:" + tokenizer.decode(ids[:step]).removesuffix("\ufffd") for step in range(len(ids))]
     assert "\ufffd" not in stdout.getvalue()
 
 

@@ -119,7 +119,7 @@ def test_flags_override_the_config_file_which_overrides_defaults(tmp_path: Path)
         (["--dropout=1.0"], ["dropout must be in [0, 1)"]),
         (["--device=gpu"], ["device='gpu'"]),
         (["--dtype=fp8"], ["dtype='fp8'"]),
-        (["--init_from=gpt2"], ["init_from='gpt2'"]),
+        (["--init_from=gpt3"], ["init_from='gpt3'"]),
         (["--batch_size=0"], ["batch_size must be a positive integer"]),
         (["--warmup_iters=500", "--lr_decay_iters=100"], ["lr_decay_iters (100) must be greater"]),
         # GPTConfig's own checks of the model's sizes, reported as a bad option, before any data
@@ -252,7 +252,6 @@ def test_loss_goes_down_and_the_end_prints_a_sample(
     summary = train.main(tiny_args(tiny_data, tmp_path / "out", *flags, "--sample_at_end=True", "--sample_tokens=30"))
     evals = records(tmp_path / "out", "eval")
     assert [r["iter"] for r in evals] == [0, 40]
-    assert evals[0]["val_loss"] == pytest.approx(math.log(VOCAB), abs=0.3)  # uniform over the characters
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.8
     assert summary["final_val_loss"] == evals[-1]["val_loss"]
     sample = capsys.readouterr().out.split("--- sample (30 tokens")[1].split("\n", 1)[1]
@@ -268,9 +267,7 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, dict], tiny_data
     assert ckpt["tokenizer"]["kind"] == "char"
     # "cuda" where CUDA was initialized; the data stream's position: test_loop.py draws the batches from its seed
     assert set(ckpt["rng"]) - {"cuda"} == {"torch", "data"}
-    assert ckpt["best_val_loss"] == min(r["val_loss"] for r in records(out, "eval"))
-    trains = records(out, "train")
-    assert [r["iter"] for r in trains] == list(range(12))
+    trains = records(out, "train")  # one per iteration at log_interval=1, and best_val_loss: test_loop.py, below
     assert set(trains[0]) == {"kind", "iter", "loss", "lr", "ms_per_iter", "tokens_per_s"}
     assert [r["iter"] for r in records(out, "eval")] == [0, 5, 10, 12]
     (rec,) = records(out, "summary")
@@ -288,7 +285,9 @@ def test_run_writes_checkpoint_and_metrics(trained: tuple[Path, dict], tiny_data
 
 def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_loss(tmp_path: Path, tiny_data: Path):
     """always_save_checkpoint=False: a checkpoint at each new best only, and a resume keeps the best it read; set to
-    True, every evaluation after the start saves, better or not."""
+    True, every evaluation after the start saves, better or not. eval_only=True evaluates the checkpoint's weights
+    (the numbers of the evaluation that saved them: the evaluation batches are the same each time), trains nothing
+    and saves nothing. (That evaluation neither varies with nor disturbs training: test_loop.py's reference loop.)"""
     out = tmp_path / "run"
     train.main(tiny_args(tiny_data, out, "--max_iters=6", "--eval_interval=3", "--always_save_checkpoint=False"))
     best = min(records(out, "eval"), key=lambda r: r["val_loss"])  # the last new best: the one saved, if after 0
@@ -301,6 +300,10 @@ def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_l
     train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=12", "--always_save_checkpoint=True"])
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert ckpt["iter_num"] == 12 and ckpt["best_val_loss"] == 0.0
+    saved_at = records(out, "eval")[-1]
+    again = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=20", "--eval_only=True"])
+    assert again["final_val_loss"] == saved_at["val_loss"] and again["iters"] == 12
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 12
 
 
 # The exact resume of train.py (bench/resume.py's, tests/test_bench.py, is the benchmark's plumbing).
@@ -358,16 +361,6 @@ def test_an_older_versions_checkpoint_resumes_as_todays_and_an_optimizer_state_t
     ckpt["optimizer"] = {"state": {}, "param_groups": []}
     with pytest.raises(CheckpointError, match="cannot be resumed: its optimizer or RNG state does not fit"):
         train.setup(cfg, explicit, ckpt, "cpu", "float32", Dist())
-
-
-def test_evaluation_neither_varies_nor_disturbs_training(tmp_path: Path, tiny_data: Path) -> None:
-    often = train.main(tiny_args(tiny_data, tmp_path / "often", "--max_iters=6", "--eval_interval=1"))
-    rarely = train.main(tiny_args(tiny_data, tmp_path / "rarely", "--max_iters=6", "--eval_interval=100"))
-    assert train_losses(tmp_path / "often") == train_losses(tmp_path / "rarely")
-    assert often["final_val_loss"] == rarely["final_val_loss"]
-    # The same batches at every evaluation: re-evaluating the same weights gives the same numbers.
-    again = train.main([f"--out_dir={tmp_path / 'rarely'}", "--init_from=resume", "--eval_only=True"])
-    assert again["final_val_loss"] == rarely["final_val_loss"]
 
 
 # ---- checkpoints that cannot be resumed ----
@@ -458,6 +451,7 @@ def test_wandb_gets_the_options_every_logged_figure_at_its_iteration_and_the_sum
     )
     wandb = SimpleNamespace(init=lambda project, name, config: inits.append((project, name, config)) or run)
     monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setenv("WANDB_API_KEY", "a-key")  # (without one, build_config refuses before training)
     out = tmp_path / "out"
     flags = ["--max_iters=4", "--eval_interval=2", "--wandb_log=True", "--wandb_run_name=tiny", "--wandb_project=tests"]
     summary = train.main(tiny_args(tiny_data, out, *flags))
