@@ -265,7 +265,13 @@ def pack(res: Path, out: Path) -> None:
     machine = results.get("machine") or {}
     plan = (res / "plan.txt").read_text(encoding="utf-8").strip() if (res / "plan.txt").exists() else ""
     versions = f"{machine.get('gpu') or 'no GPU'}, torch {machine.get('torch')}, triton {machine.get('triton')}"
-    summary = [f"# bench/gpu.sh at commit {machine.get('commit')}", "", versions, "", *([plan, ""] if plan else [])]
+    summary = [
+        f"# bench/gpu.sh at commit {machine.get('commit') or 'unknown (no git, no --commit)'}",
+        "",
+        versions,
+        "",
+        *([plan, ""] if plan else []),
+    ]
     summary.append(markdown_table(["step", "exit", "seconds", "limit s"], steps))
     for name, *_ in steps:
         if (res / f"{name}.md").exists():

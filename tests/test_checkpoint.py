@@ -32,18 +32,30 @@ def test_round_trip_gives_the_same_model(tmp_path):
         assert not model.training
 
 
-def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("fault", "raised", "message"),
+    [
+        (KeyboardInterrupt, KeyboardInterrupt, None),  # a kill mid-write: the interrupt goes on up
+        (
+            OSError(28, "No space left on device"),
+            CheckpointError,
+            r"cannot save .*ckpt.pt \(No space left on device\): any checkpoint",
+        ),
+    ],
+    ids=["interrupted", "disk-full"],
+)
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch, fault, raised, message):
     path = tmp_path / "ckpt.pt"
     save_checkpoint(path, _checkpoint())
     before = path.read_bytes()
 
-    def write_half_then_die(obj, f):
-        f.write(b"half a checkpoint")
-        raise KeyboardInterrupt
+    def write_part_then_fail(obj, f):
+        f.write(b"part of a checkpoint")
+        raise fault
 
-    monkeypatch.setattr(checkpoint.torch, "save", write_half_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(path, {"format": FORMAT, "iter_num": 99})
+    monkeypatch.setattr(checkpoint.torch, "save", write_part_then_fail)
+    with pytest.raises(raised, match=message):
+        save_checkpoint(path, _checkpoint())
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["ckpt.pt"]  # no temporary file left behind
 
@@ -219,18 +231,3 @@ def test_a_new_run_is_refused_a_folder_holding_another_runs_files(tmp_path, file
         checkpoint.make_out_dir(tmp_path, new_run=True)
     checkpoint.make_out_dir(tmp_path)  # a resume, or --overwrite=True, may use it
     assert all((tmp_path / name).read_text(encoding="utf-8") == "another run's" for name in files)
-
-
-def test_a_save_the_disk_cannot_take_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, _checkpoint())
-    before = path.read_bytes()
-
-    def disk_full(obj, f):
-        f.write(b"part of a checkpoint")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(checkpoint.torch, "save", disk_full)
-    with pytest.raises(CheckpointError, match=f"cannot save {path} \\(No space left on device\\): any checkpoint"):
-        save_checkpoint(path, _checkpoint())
-    assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]
