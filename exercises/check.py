@@ -29,10 +29,10 @@ from layernorm import BatchNorm, DyT, LayerNorm, RMSNorm
 PASS = "PASS"
 NOT_STARTED = "not started"
 SKIPPED = "skipped"
-SAMPLE_VARIANCE = "your variance divides by D-1 (sample variance); LayerNorm divides by D"
+SAMPLE_VARIANCE = "your variance divides by C-1 (sample variance); LayerNorm divides by C, the number of features"
 EPS_OUTSIDE = "eps is added outside the square root: sqrt(var) + eps, where LayerNorm takes sqrt(var + eps)"
 EPS_LEFT_OUT = "eps is left out: sqrt(var), where LayerNorm takes sqrt(var + eps)"
-STD_PLUS_EPS = "x.std(...) + eps: the sample std (it divides by D-1) with eps outside the root; use sqrt(var + eps)"
+STD_PLUS_EPS = "x.std(...) + eps: the sample std (it divides by C-1) with eps outside the root; use sqrt(var + eps)"
 NO_SQRT = "you divided by var + eps; LayerNorm divides by its square root, sqrt(var + eps)"
 ALL_DIMS = "you reduced over every dim; LayerNorm reduces over the last dim only"
 SWAPPED = "gamma and beta are swapped: y = xhat * gamma + beta"
@@ -47,6 +47,7 @@ MEAN_FAR = "float32's mean of numbers near 1e4 is off by about 1e-3; shift each 
 ONE_SHIFT = "right when all rows sit at one offset, wrong when they differ: shift each row by its own x[..., :1]"
 FIRST_ROW = "x - x[:1] subtracts the first row from every row; the shift is each row's first element, x[..., :1]"
 STAY_FLOAT32 = "it computes in torch.float64 (a .double() or dtype=torch.float64 inside): stay in float32"
+LEFT_TORCH = "it leaves torch (.numpy(), .tolist(), .item()): numpy and Python compute in float64: stay in torch"
 PADDING = "the padding columns add to your variance: x - mean is -mean there; square tl.where(mask, x - mean, 0.0)"
 BLOCK_WIDTH = "you divided by the block's width (padding included); the row has C features: divide by C"
 ONE_PASS_NEAR_100 = "right near 0, wrong at 100: the one-pass E[x^2] - E[x]^2 cancels; take two passes (x - mean)"
@@ -343,6 +344,8 @@ def check_ex1(module: ModuleType) -> None:
         got = getattr(layer, name, None)
         if not (isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(got, want)):
             raise Mistake(f"LayerNorm1d(16).{name} must start as {start}")
+        if got.dtype != want.dtype:  # a float32 x would come out float64
+            raise Mistake(f"LayerNorm1d(16).{name} is {got.dtype}; start it as {start}, float32 as x is")
     unfinished = "not finished: __init__ runs; __call__ still raises NotImplementedError"
     for case in EX1_CASES:
         layer = call(f"LayerNorm1d(16, eps={case.eps:g})", module.LayerNorm1d, {"dim": 16, "eps": case.eps})
@@ -430,6 +433,8 @@ def check_ex3(module: ModuleType) -> None:
             out = call(f"centre_and_variance on {case}", module.centre_and_variance, {"x": x})
         if torch.float64 in watched.dtypes:
             raise Mistake(f"centre_and_variance on {case}: {STAY_FLOAT32}")
+        if watched.functions & {torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.item}:
+            raise Mistake(f"centre_and_variance on {case}: {LEFT_TORCH}")
         if not (isinstance(out, tuple | list) and len(out) == 2):
             got = f"{len(out)} values" if isinstance(out, tuple | list) else f"a {type(out).__name__}"
             raise Mistake(f"centre_and_variance must return two tensors, (x - mean, the variance); got {got}")
@@ -718,7 +723,7 @@ NORMS = [
         "a norm that adds 1e-3 of the batch's mean token",
         LeaksTheBatch,
         False,
-        "a row alone and in the batch differ by about 1e-3: a tolerance that loose hides it; use 1e-6 or torch.equal",
+        "a row alone and in the batch differ by a few 1e-3: a tolerance that loose hides it; use 1e-6 or torch.equal",
     ),
 ]
 

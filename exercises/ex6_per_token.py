@@ -28,7 +28,7 @@ Step by step
 
 The usual mistakes
     Comparing the batch with itself, or with a shuffled copy of itself (BatchNorm's statistics do not change);
-    copies of one token (nothing to differ by); comparing row 0 only; a tolerance of 1e-3 or looser (a per-token
+    copies of one token (nothing to differ by); comparing row 0 only; a tolerance looser than 1e-3 (a per-token
     norm gives the same bits here, or within a few float32 roundings: 1e-6); norm.eval() (BatchNorm then uses its
     running averages); returning a tensor, not a bool.
 

@@ -261,6 +261,12 @@ class RandomGamma(Textbook):
         self.gamma = torch.randn(dim)
 
 
+class Float64Defaults(Textbook):  # a float32 x then comes out float64
+    def __init__(self, dim, eps=1e-5):
+        super().__init__(dim, eps)
+        self.gamma, self.beta = torch.ones(dim, dtype=torch.float64), torch.zeros(dim, dtype=torch.float64)
+
+
 class CallNotWritten(Textbook):
     def __call__(self, x):
         raise NotImplementedError
@@ -297,6 +303,7 @@ EX1_WRONG = [
     (KeepsARunningMean, "row 0's output changed by"),
     (SmallerEps, "LayerNorm1d(16).eps is 1e-06; the default is 1e-5"),
     (RandomGamma, "LayerNorm1d(16).gamma must start as torch.ones(16)"),
+    (Float64Defaults, "LayerNorm1d(16).gamma is torch.float64; start it as torch.ones(16), float32 as x is"),
     (CallNotWritten, "not finished: __init__ runs; __call__ still raises NotImplementedError"),
     (CentresInPlace, "changed its input x in place"),
     (NoKeepdim, check.BROADCAST),
@@ -494,6 +501,12 @@ def swapped_outputs(x):
     return var, xc
 
 
+def through_numpy(x):  # "float64 only for a moment": numpy's float64, then back to float32
+    x64 = x.numpy().astype("float64")
+    xc = x64 - x64.mean(-1, keepdims=True)
+    return torch.from_numpy(xc.astype("float32")), torch.from_numpy((xc**2).mean(-1).astype("float32"))
+
+
 EX3_WRONG = [
     (one_pass, (f"{check.MEAN_FAR} (x - mean is off by", f"; and {check.ONE_PASS} (the variance is off by")),
     (two_passes_unshifted, f"{check.MEAN_FAR} (x - mean is off by"),
@@ -509,6 +522,7 @@ EX3_WRONG = [
     (shifts_in_place, "it changed its input x in place"),
     (variance_only, "centre_and_variance must return two tensors, (x - mean, the variance)"),
     (swapped_outputs, "returned (the variance, x - mean); the order is (x - mean, variance)"),
+    (through_numpy, check.LEFT_TORCH),
 ]
 
 
