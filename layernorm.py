@@ -347,7 +347,8 @@ class DyT(Norm):
     not centre or rescale a token; alpha is the gain that LayerNorm's 1/std would be (the paper: trained LayerNorms
     map their inputs along tanh-like S curves). alpha starts as in its language models (with model.py's
     embed_scale, on with DyT): lower the wider the model, `initial_alpha(dim)`; an `alpha` given starts there
-    instead (0.5, the paper's default, stalls this GPT: README, experiments/dyt_stall.py). `eps` is unused.
+    instead (0.5, the paper's default, stalls this GPT: experiments/results/dyt_recipe/probes.md,
+    experiments/dyt_stall.py). `eps` is unused.
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None) -> None:
@@ -359,7 +360,8 @@ class DyT(Norm):
 
     @staticmethod
     def initial_alpha(dim: int) -> float:
-        """4 at 128 features (the README's probes), as 1/sqrt(dim): with embed_scale, alpha * x starts at RMS 1.3."""
+        """4 at 128 features (the probes: experiments/results/dyt_recipe/probes.md, docs/record.md), as 1/sqrt(dim):
+        with embed_scale, alpha * x starts at RMS 1.3."""
         return 4.0 * (128 / dim) ** 0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
