@@ -208,11 +208,14 @@ def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]
     """Estimate the losses and log them; return the val loss and whether it is the best yet (kept in run.best_val).
     A loss that is not finite stops the run."""
     losses = estimate_loss(model, run)
-    run.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    log(
-        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"]},
-        wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"]},
-    )
+    bpb = run.data.bits_per_byte("val", losses["val"])  # (None for a dataset whose meta.json has no byte counts)
+    in_bits = f" ({bpb:.4f} bits/byte)" if bpb is not None else ""
+    run.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{in_bits}")
+    scalars = {"eval/train_loss": losses["train"], "val/loss": losses["val"]}
+    if bpb is not None:
+        scalars["val/bpb"] = bpb
+    record = {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "val_bpb": bpb}
+    log(record, wandb=scalars)
     if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
         raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
     improved = losses["val"] < run.best_val
@@ -359,6 +362,7 @@ def train(
             iters=it,
             final_val_loss=last_val,
             best_val_loss=run.best_val if math.isfinite(run.best_val) else None,
+            best_val_bpb=run.data.bits_per_byte("val", run.best_val) if math.isfinite(run.best_val) else None,
             peak_memory_bytes=peak_memory(device),
             wall_s=time.perf_counter() - t_start,
             **{"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import ssl
 import sys
@@ -159,7 +160,8 @@ def run_prepare(
             f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
             f"(data/shakespeare/prepare.py) for this text"
         )
-    ids = [np.asarray(tok.encode(part), dtype=np.int64) for part in split_text(text)]
+    parts = split_text(text)
+    ids = [np.asarray(tok.encode(part), dtype=np.int64) for part in parts]
     n_train, n_val = (int(a.size) for a in ids)
     if min(n_train, n_val) < MIN_SPLIT_TOKENS:
         fail(
@@ -167,7 +169,14 @@ def run_prepare(
             f"{n_val:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
             f"(train.py further needs more than block_size tokens in each); give a longer text"
         )
-    meta = {"vocab_size": tok.vocab_size, "tokenizer": tok.to_meta(), "train_tokens": n_train, "val_tokens": n_val}
+    meta = {
+        "vocab_size": tok.vocab_size,
+        "tokenizer": tok.to_meta(),
+        "train_tokens": n_train,
+        "val_tokens": n_val,
+        "train_bytes": len(parts[0].encode("utf-8")),  # for bits per byte (PreparedData.bits_per_byte)
+        "val_bytes": len(parts[1].encode("utf-8")),
+    }
     bins = {f"{split}.bin": arr.astype(np.uint16).tobytes() for split, arr in zip(("train", "val"), ids, strict=True)}
     # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
     try:
@@ -211,8 +220,10 @@ class PreparedData:
             vocab = self.meta["vocab_size"]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise DataError(f"{meta_path} is unreadable or has no vocab_size ({e}): {how}") from None
-        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
-            raise DataError(f"{meta_path} has vocab_size={vocab!r}: it must be a positive integer; {how}")
+        for key in ("vocab_size", "train_bytes", "val_bytes"):  # the byte counts: absent in a dataset by hand
+            value = self.meta.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DataError(f"{meta_path} has {key}={value!r}: it must be a positive integer; {how}")
         self.vocab_size = vocab
         sizes = {s: (self.dir / f"{s}.bin").stat().st_size for s in ("train", "val")}
         self.tokens = {s: size // 2 for s, size in sizes.items()}
@@ -237,6 +248,12 @@ class PreparedData:
                     f"the files do not belong together; {how}"
                 )
         self._files: dict[str, Any] = {}  # opened at first use
+
+    def bits_per_byte(self, split: str, loss: float) -> float | None:
+        """A loss in nats per token as bits per byte of the split's UTF-8 text, loss / ln 2 * tokens / bytes: one
+        scale for models with other tokenizers on one text. None where meta.json records no byte count."""
+        n_bytes = self.meta.get(f"{split}_bytes")
+        return loss / math.log(2) * self.tokens[split] / n_bytes if n_bytes else None
 
     def describe(self) -> str:
         tokens = f"{self.tokens['train']:,} train / {self.tokens['val']:,} val tokens"

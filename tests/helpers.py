@@ -199,6 +199,8 @@ def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> P
         "tokenizer": {"kind": "char", "itos": chars},
         "train_tokens": n,
         "val_tokens": len(ids) - n,
+        "train_bytes": len(text[:n].encode("utf-8")),
+        "val_bytes": len(text[n:].encode("utf-8")),
     }
     (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
     return folder

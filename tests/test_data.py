@@ -55,14 +55,14 @@ def test_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path, script
     if script == CHAR:
         itos = meta["tokenizer"]["itos"]
         assert meta["vocab_size"] == 65 and meta["tokenizer"]["kind"] == "char" and itos == sorted(itos)
-        assert len(itos) == 65 and (meta["train_tokens"], meta["val_tokens"]) == tokens
+        assert len(itos) == 65
     else:
-        tokenizer = {"kind": "tiktoken", "encoding": "r50k_base"}
-        assert meta == {"vocab_size": 50257, "tokenizer": tokenizer, "train_tokens": tokens[0], "val_tokens": tokens[1]}
+        assert meta["vocab_size"] == 50257 and meta["tokenizer"] == {"kind": "tiktoken", "encoding": "r50k_base"}
     train, val = load_bin(out / "train.bin"), load_bin(out / "val.bin")
-    assert (train.size, val.size) == tokens
+    assert (train.size, val.size) == tokens == (meta["train_tokens"], meta["val_tokens"])
     # Split by characters first (as nanoGPT does), so each part decodes back to its own characters.
     train_text, val_text = split_text(shakespeare_path.read_bytes().decode("utf-8"))
+    assert (meta["train_bytes"], meta["val_bytes"]) == (len(train_text.encode()), len(val_text.encode()))
     tok = tokenizer_from_meta(meta["tokenizer"])
     assert tok.decode(train.tolist()) == train_text and tok.decode(val.tolist()) == val_text
 
@@ -259,6 +259,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         (lambda d: _set_meta(d, vocab_size=True), "has vocab_size=True"),
         (lambda d: _set_meta(d, vocab_size="30"), "has vocab_size='30'"),
         (lambda d: _set_meta(d, vocab_size=29), "train.bin holds token id 29, but"),  # the largest id is 29
+        (lambda d: _set_meta(d, val_bytes=0), "has val_bytes=0: it must be a positive integer"),
         (lambda d: (d / "meta.json").write_bytes(b"\xff{"), "meta.json is unreadable"),
         (lambda d: (d / "meta.json").write_text("[1]", encoding="utf-8"), "meta.json is unreadable"),
         (lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:4000]), "train.bin holds 4,000 bytes"),
@@ -270,6 +271,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         "vocab-true",
         "vocab-a-string",
         "vocab-below-an-id",
+        "bytes-0",
         "meta-not-utf8",
         "meta-not-an-object",
         "train-truncated",
@@ -284,6 +286,18 @@ def test_prepared_data_that_does_not_match_its_metadata_is_refused_on_open(
     with pytest.raises(DataError) as e:
         PreparedData(str(folder), "tiny", block_size=16)
     assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bits_per_byte_counts_the_splits_own_tokens_and_bytes(tmp_path: Path) -> None:
+    """A loss of ln 2 nats per token is 1 bit per token: over val's bytes, tokens / bytes bits per byte (a BPE token
+    covers several bytes). A dataset written by hand, with no byte counts, has none."""
+    folder = make_dataset(tmp_path / "data")
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    del meta["train_bytes"], meta["val_bytes"]
+    _set_meta(folder, train_bytes=3 * meta["train_tokens"], val_bytes=4 * meta["val_tokens"])
+    assert PreparedData(str(folder), "tiny", block_size=16).bits_per_byte("val", np.log(2)) == pytest.approx(1 / 4)
+    (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")  # no byte counts
+    assert PreparedData(str(folder), "tiny", block_size=16).bits_per_byte("val", 1.0) is None
 
 
 def test_a_file_cut_short_while_a_run_reads_it_is_named(tmp_path: Path) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +66,12 @@ def test_each_val_loss_is_in_the_file_it_cites(row: dict[str, str]) -> None:
     decimals = len(figure.split(".")[1])
     found = {f"{float(n):.{decimals}f}" for n in NUMBER.findall(text)}
     assert figure in found, f"{cited} holds no number that rounds to {figure}"
+
+
+def test_the_runs_bits_per_byte_are_their_val_losses_over_ln_2(shakespeare_path: Path) -> None:
+    """As the table says: one byte a character in Tiny Shakespeare, so bits per byte = nats per token / ln 2."""
+    assert shakespeare_path.read_bytes().isascii()
+    assert [row["bits/byte"] for row in RUNS] == [f"{float(row['val loss']) / math.log(2):.4f}" for row in RUNS]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS_WITH_SOURCES)

@@ -254,6 +254,10 @@ def test_loss_goes_down_and_the_end_prints_a_sample(
     assert [r["iter"] for r in evals] == [0, 40]
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.8
     assert summary["final_val_loss"] == evals[-1]["val_loss"]
+    meta = json.loads((tiny_data / "meta.json").read_text(encoding="utf-8"))  # bits per byte of val's text:
+    per_token = meta["val_tokens"] / meta["val_bytes"] / math.log(2)  # nats per token / ln 2 * tokens / bytes
+    assert [r["val_bpb"] for r in evals] == pytest.approx([r["val_loss"] * per_token for r in evals], rel=1e-12)
+    assert summary["best_val_bpb"] == pytest.approx(summary["best_val_loss"] * per_token, rel=1e-12)
     sample = capsys.readouterr().out.split("--- sample (30 tokens")[1].split("\n", 1)[1]
     assert len(sample) >= 30 and set(sample) <= set(TEXT)
 
