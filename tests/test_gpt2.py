@@ -10,19 +10,25 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import batch_independence
 import sample
-from helpers import norm_params, randomize_norms, rel_err, skip_unless_runs
+import train
+from data.common import DataError
+from helpers import ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
 from layernorm import LAYERNORMS, NORMS
+from machinery.checkpoint import load_checkpoint
+from machinery.options import ConfigError
 from machinery.tokenizer import TiktokenTokenizer
 from model import GPT, gpt2_checkpoint
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
+CONFIG = str(ROOT / "configs" / "finetune_shakespeare.json")
 TOL = 1e-5  # float32 logits, relative to their largest (seen: up to 2e-6; GELU's other approximation: over 2e-4)
 DROPOUT_OFF = {"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
 # Weights drawn wider than GPT-2's 0.02, so that every layer (GELU's approximation included) moves the logits beyond
@@ -167,3 +173,54 @@ def test_sample_py_prints_the_text_gpt2lmheadmodel_generates(
     capsys.readouterr()
     assert sample.main([*flags, "--start", prompt, "--device", "cpu"]) == [text := bpe.decode(ids[0].tolist())]
     assert capsys.readouterr().out == f"{text}\n{sample.SEPARATOR}\n"
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory: pytest.TempPathFactory, gpt2_bpe: object) -> tuple[Path, Path]:
+    """A GPT-2 of GPT-2's vocabulary (gelu_new, 32 positions), and helpers.TEXT prepared in GPT-2's BPE."""
+    folder = save(hf_gpt2(vocab_size=50257, n_positions=32, n_embd=16, n_head=2), tmp_path_factory.mktemp("gpt2"))
+    data = tmp_path_factory.mktemp("bpe")
+    ids = np.array(gpt2_bpe.encode(TEXT), dtype=np.uint16)
+    n = len(ids) * 9 // 10
+    ids[:n].tofile(data / "train.bin")
+    ids[n:].tofile(data / "val.bin")
+    meta = {"vocab_size": 50257, "tokenizer": {"kind": "tiktoken", "encoding": "r50k_base"}}
+    (data / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    return folder, data
+
+
+def fine_tune(folder: Path, data: Path, out: Path, *flags: str) -> dict:
+    small = "--block_size=16 --batch_size=2 --gradient_accumulation_steps=1 --eval_interval=2 --eval_iters=1"
+    argv = [CONFIG, f"--init_from={folder}", f"--data_dir={data}", f"--out_dir={out}", *small.split()]
+    return train.main([*argv, "--device=cpu", "--sample_at_end=False", "--always_save_checkpoint=True", *flags])
+
+
+def test_fine_tuning_gpt2_keeps_its_shape_and_resumes_exactly(bpe_run, tmp_path: Path) -> None:
+    """configs/finetune_shakespeare.json from a GPT-2 folder: the model is GPT-2's (its shape, its GELU, its
+    positions cut to --block_size); 2 iterations, then --init_from=resume to 4, give the losses of 4 in one run."""
+    folder, data = bpe_run
+    fine_tune(folder, data, tmp_path / "a", "--max_iters=2")
+    args = load_checkpoint(tmp_path / "a" / "ckpt.pt")["model_args"]
+    shape = {k: args[k] for k in ("n_layer", "n_embd", "vocab_size", "block_size", "gelu")}
+    assert shape == {"n_layer": 2, "n_embd": 16, "vocab_size": 50257, "block_size": 16, "gelu": "tanh"}
+    train.main([f"--out_dir={tmp_path / 'a'}", "--init_from=resume", "--max_iters=4"])
+    fine_tune(folder, data, tmp_path / "b", "--max_iters=4")
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b") and len(train_losses(tmp_path / "b")) == 4
+    assert records(tmp_path / "a", "eval") == records(tmp_path / "b", "eval")
+
+
+@pytest.mark.parametrize(
+    ("flags", "error", "named"),
+    [
+        (["--n_layer=3"], ConfigError, "has a shape of its own: drop or lower n_layer=3 (it has 2)"),
+        (["--block_size=64"], ConfigError, "block_size=64 (it has 32 positions)"),
+        (["--data_dir=CHARS"], DataError, "needs a dataset in GPT-2's BPE of 50257 tokens"),
+    ],
+    ids=["n_layer", "block_size", "char-data"],
+)
+def test_fine_tuning_refuses_another_shape_or_tokenizer(bpe_run, tiny_data: Path, tmp_path: Path, flags, error, named):
+    folder, data = bpe_run
+    flags = [f.replace("CHARS", str(tiny_data)) for f in flags]
+    with pytest.raises(error) as e:
+        fine_tune(folder, data, tmp_path / "out", "--max_iters=1", *flags)
+    assert named in str(e.value) and "\n" not in str(e.value)

@@ -50,6 +50,10 @@ SIZE_FLAGS = {
 LONG = {
     "python -m pytest -n auto": "this suite itself",
     'python -m pytest -m "not slow" -n auto': "this suite itself",
+    # GPT-2's weights are downloaded: tests/test_gpt2.py runs these on small random GPT-2s saved by transformers
+    'python sample.py --init_from=gpt2 --norm=custom --temperature=0 --start="To be, or not to be"': "test_gpt2.py",
+    "python batch_independence.py --init_from=gpt2 --norms=custom,builtin": "test_gpt2.py",
+    "python train.py configs/finetune_shakespeare.json": "test_gpt2.py",
 }
 
 
