@@ -410,7 +410,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     except Interrupted as e:
         dist.print(e, file=sys.stderr)
         return 128 + e.signum
-    except (*OPTION_ERRORS, DataError, checkpoint.CheckpointError, TrainError) as e:
+    except (*OPTION_ERRORS, DataError, checkpoint.CheckpointError, TrainError, runlog.WandbError) as e:
         dist.print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, OPTION_ERRORS) else 1
     except KeyboardInterrupt:

@@ -247,6 +247,12 @@ class PreparedData:
                     f"{self.dir / f'{split}.bin'} holds token id {largest}, but {meta_path} has vocab_size={vocab}: "
                     f"the files do not belong together; {how}"
                 )
+        itos = self.meta.get("tokenizer", {}).get("itos") if isinstance(self.meta.get("tokenizer"), dict) else None
+        if isinstance(itos, list) and len(itos) != vocab:  # a char vocabulary: one id a character, no more, no less
+            raise DataError(
+                f"{meta_path} has vocab_size={vocab} but its tokenizer lists {len(itos)} characters: the two must "
+                f"agree; {how}"
+            )
         self._files: dict[str, Any] = {}  # opened at first use
 
     def bits_per_byte(self, split: str, loss: float) -> float | None:

@@ -17,6 +17,7 @@ checkpoints too (nanogpt.py), for sampling and decoding; train.py resumes only i
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pickle
 import tempfile
@@ -252,6 +253,8 @@ def load_resume_checkpoint(out_dir: str | os.PathLike, ckpt: str | os.PathLike |
             f"{path} cannot be resumed: it has no {', '.join(missing)} "
             f"(it was not written by train.py, or by an older version)"
         )
+    if not isinstance(ckpt["config"], dict):  # the options a resume starts from
+        raise CheckpointError(f"{path} cannot be resumed: its config is a {type(ckpt['config']).__name__}, not a dict")
     return ckpt
 
 
@@ -279,6 +282,11 @@ def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
     path = checkpoint_path(run.cfg.out_dir, run.cfg.resume_from)
     for rng in [ckpt.get("rng"), *(ckpt.get("rng_ranks") or [])]:
         check_rng(rng, path)
+    iter_num, best = ckpt.get("iter_num"), ckpt.get("best_val_loss")
+    if type(iter_num) is not int or iter_num < 0:  # not a bool, a float or a string either
+        raise CheckpointError(f"{path} cannot be resumed: its iter_num is {iter_num!r}, not an integer >= 0")
+    if type(best) not in (int, float) or math.isnan(best):
+        raise CheckpointError(f"{path} cannot be resumed: its best_val_loss is {best!r}, not a number")
     try:
         # Today's OPTIMIZER_NOW (the rate is set every iteration) put into the saved groups before loading: torch
         # moves each saved step counter onto its parameter's device, in float32, only where the group says fused.
@@ -303,8 +311,6 @@ def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
             f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
         ) from None
     check_optimizer(run.optimizer, path)
-    if run.iter_num < 0:
-        raise CheckpointError(f"{path} cannot be resumed: its iter_num is {run.iter_num}, not >= 0")
     run.last_saved = run.iter_num if path == run.ckpt_path else None  # the iteration of ckpt.pt, if resumed from it
 
 

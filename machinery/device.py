@@ -108,11 +108,10 @@ def dist_from_env() -> Dist:
             f"{', '.join(given)} set but not {', '.join(missing)}: start several processes with torchrun "
             f"(README.md), or unset {', '.join(given)} to run one"
         )
-    try:
-        rank, local_rank, world_size = (int(os.environ[name]) for name in TORCHRUN_VARIABLES[:3])
-    except ValueError:
-        values = ", ".join(f"{name}={os.environ[name]!r}" for name in TORCHRUN_VARIABLES[:3])
-        raise DeviceError(f"torchrun's variables must be integers, got {values}") from None
+    numbers = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
+    if bad := [f"{name}={os.environ[name]!r}" for name in numbers if not os.environ[name].isdecimal()]:
+        raise DeviceError(f"torchrun's {', '.join(numbers)} must be integers, got {', '.join(bad)}")
+    rank, local_rank, world_size = (int(os.environ[name]) for name in TORCHRUN_VARIABLES[:3])
     if not (world_size >= 1 and 0 <= rank < world_size and 0 <= local_rank <= rank):
         raise DeviceError(
             f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not fit: "
@@ -126,7 +125,10 @@ def fault_message(e: BaseException, lower: str) -> str | None:
     OS error on a file or the console (no space, permission, a name too long, a closed pipe); None for the rest."""
     text = str(e)
     if isinstance(e, MemoryError) or (
-        isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+        isinstance(e, RuntimeError)
+        and any(
+            why in text for why in ("out of memory", "can't allocate memory", "Storage size calculation overflowed")
+        )
     ):
         size = re.search(r"allocate (\d[\d.]* ?(?:bytes|[KMGTP]i?B))", text)  # CPU's and CUDA's allocator
         asked = f" (an allocation of {size.group(1)} failed)" if size else ""
@@ -147,7 +149,7 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
         kind = torch.device(name).type
     except RuntimeError:
         kind = None
-    if kind not in ("cpu", "cuda", "mps"):
+    if kind not in ("cpu", "cuda", "mps") or (kind == "cpu" and name != "cpu"):  # (torch takes "cpu:5" as "cpu")
         raise DeviceError(f"device={name!r} is not a device here; choose auto, cpu, cuda, cuda:N or mps")
     if kind == "cuda":
         if not torch.cuda.is_available():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import netrc
 import os
 import sys
@@ -210,11 +211,14 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 def read_config_file(path: str) -> dict[str, Any]:
     """A JSON object of options -> {key: typed value}; ConfigError says what is wrong with it."""
     if not Path(path).is_file():
-        raise ConfigError(f"config file {path!r} not found (config files are JSON, e.g. configs/shakespeare_char.json)")
+        what = "is a folder, not a file" if Path(path).is_dir() else "not found"
+        raise ConfigError(f"config file {path!r} {what} (config files are JSON, e.g. configs/shakespeare_char.json)")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid JSON: {e}") from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise ConfigError(f"config file {path} nests too deep: it must hold a flat JSON object of options") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a JSON object of options, not {type(data).__name__}")
     return {key: _typed(key, value, path) for key, value in data.items()}
@@ -229,6 +233,10 @@ def build_config(
     cfg = replace(TrainConfig(), **{**known, **explicit})
     if cfg.embed_scale is None:  # DyT's recipe scales the embeddings (layernorm.DyT); the other norms run without
         cfg = replace(cfg, embed_scale=cfg.norm == "dyt")
+    for f in fields(TrainConfig):  # inf or NaN from a flag ("inf", "1e309") or a config (Infinity)
+        value = getattr(cfg, f.name)
+        if TYPES[f.name] is float and value is not None and not math.isfinite(value):
+            raise ConfigError(f"{f.name} must be a finite number, got {value}")
     for name, (ok, rule) in RANGES.items():
         if not ok(getattr(cfg, name)):  # `not ok` also catches NaN
             raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)}")

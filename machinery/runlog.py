@@ -20,6 +20,10 @@ from machinery.device import Dist
 from machinery.options import TrainConfig
 
 
+class WandbError(RuntimeError):
+    """wandb.init failed: the message says what to try."""
+
+
 class LossWindow:
     """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
     the wall time they took. `read()` syncs once for them all: each iteration's loss, averaged over the processes."""
@@ -100,7 +104,13 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                 import wandb
 
                 name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
-                run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
+                try:
+                    run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
+                except Exception as e:  # a key refused, no network, a server down: wandb's errors vary
+                    raise WandbError(
+                        f"wandb could not start a run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}):"
+                        f" check the key and the network, run with WANDB_MODE=offline, or drop --wandb_log"
+                    ) from None
                 closing.callback(run.finish)
 
         def log(rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:

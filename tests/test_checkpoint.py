@@ -205,9 +205,16 @@ def test_weights_that_are_not_finite_are_refused_at_load_naming_the_tensors(tmp_
         (lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "'exp_avg' of a weight is shape (3,)"),
         (lambda c: c["optimizer"]["state"][1]["exp_avg_sq"].fill_(float("nan")), "'exp_avg_sq' of a weight is not"),
         (lambda c: c["optimizer"].update(state=7), "optimizer or RNG state does not fit (AttributeError"),
-        (lambda c: c.update(iter_num=-4), "its iter_num is -4"),
+        (lambda c: c.update(iter_num=-4), "its iter_num is -4, not an integer >= 0"),
+        (lambda c: c.update(iter_num=True), "its iter_num is True"),
+        (lambda c: c.update(iter_num=1.5), "its iter_num is 1.5"),
+        (lambda c: c.update(best_val_loss=float("nan")), "its best_val_loss is nan, not a number"),
+        (lambda c: c.update(config=[1]), "its config is a list, not a dict"),
     ],
-    ids=["rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "moment-nan", "state-not-a-dict", "iter<0"],
+    ids=[
+        *("rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "moment-nan", "state-not-a-dict"),
+        *("iter<0", "iter-a-bool", "iter-a-float", "best-nan", "config-a-list"),
+    ],
 )
 def test_a_resume_state_that_does_not_fit_is_refused_in_one_line(tmp_path, trained, capsys, damage, named):
     """The state is damaged before save_checkpoint, so the checksum is right: the checks of its contents catch it."""

@@ -57,8 +57,11 @@ def sample_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["--seed=-1"], "seed must be an integer in [0, 2**63), got -1"),
         (["--resume_from=x.pt"], "resume_from='x.pt' needs init_from=resume"),
         (["--batch_size=0"], "batch_size must be a positive integer, got 0"),
+        (["--learning_rate=inf"], "learning_rate must be a finite number, got inf"),
+        (["--min_lr=1e309"], "min_lr must be a finite number, got inf"),
+        (["--device=cpu:5"], "device='cpu:5' is not a device here"),
     ],
-    ids=["seed-past-64-bits", "seed-negative", "resume_from-alone", "batch-0"],
+    ids=["seed-past-64-bits", "seed-negative", "resume_from-alone", "batch-0", "rate-inf", "min_lr-inf", "cpu-5"],
 )
 def test_an_option_out_of_its_consumers_range_is_one_line(tmp_path, tiny_data, capsys, flags, named):
     proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", *flags))
@@ -75,14 +78,18 @@ MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
         ({"WORLD_SIZE": "2"}, "WORLD_SIZE set but not RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: start several"),
         (
             {"RANK": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2", **MASTER},
-            "torchrun's variables must be integers, got RANK='x'",
+            "torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT must be integers, got RANK='x'",
+        ),
+        (
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", **MASTER, "MASTER_PORT": "abc"},
+            "torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_PORT must be integers, got MASTER_PORT='abc'",
         ),
         (
             {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2", **MASTER},
             "RANK=2, LOCAL_RANK=0, WORLD_SIZE=2 do not fit",
         ),
     ],
-    ids=["world-size-alone", "rank-not-a-number", "rank-past-the-world"],
+    ids=["world-size-alone", "rank-not-a-number", "port-not-a-number", "rank-past-the-world"],
 )
 def test_torchruns_variables_are_checked_as_a_set(tmp_path, tiny_data, capsys, monkeypatch, env, named):
     for name in TORCHRUN_VARIABLES:
@@ -105,6 +112,22 @@ def test_wandb_logging_without_a_key_is_refused_before_anything_is_written(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+def test_wandb_failing_to_start_is_one_line(tmp_path, tiny_data, capsys, monkeypatch):
+    """A key the server refuses, or no network: whatever wandb.init raises, one line and no checkpoint."""
+    wandb = type(sys)("wandb")
+
+    def init(**settings):
+        raise ConnectionError("Timed out while retrying: dial tcp: no such host\nConsider increasing the timeout")
+
+    wandb.init = init
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", "--wandb_log=True"))
+    message = "error: wandb could not start a run (ConnectionError: Timed out while retrying: dial tcp: no such host)"
+    assert_one_line_error(proc, 1, message, "WANDB_MODE=offline")
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
@@ -122,12 +145,20 @@ def test_sampling_options_out_of_range_are_one_line(trained, capsys, flags, name
 # ---- resources: memory, names, the disk ----
 
 
-def test_a_model_too_large_for_memory_is_one_line_naming_the_allocation(tmp_path, tiny_data, capsys):
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--n_layer=1", "--n_head=1", "--n_embd=400000"], "error: out of memory (an allocation of"),
+        ([f"--gradient_accumulation_steps={10**18}"], "error: out of memory: lower"),  # batches past size_t
+    ],
+    ids=["a-wide-model", "a-batch-past-any-size"],
+)
+def test_what_cannot_fit_in_memory_is_one_line(tmp_path, tiny_data, capsys, flags, named):
     out = tmp_path / "out"
     out.mkdir()
-    proc = train_cli(capsys, tiny_args(tiny_data, out, "--n_layer=1", "--n_head=1", "--n_embd=400000"))
-    assert_one_line_error(proc, 1, "error: out of memory (an allocation of", "bytes failed): lower --batch_size")
-    assert tree(out) == {}
+    proc = train_cli(capsys, tiny_args(tiny_data, out, *flags))
+    assert_one_line_error(proc, 1, named, "lower --batch_size")
+    assert "ckpt.pt" not in tree(out)  # (the batch's draw fails after the first evaluation's record)
 
 
 def test_an_out_dir_name_too_long_for_the_filesystem_is_one_line(tmp_path, tiny_data, capsys):

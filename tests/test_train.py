@@ -76,13 +76,20 @@ def test_unknown_flag_is_named_with_a_close_match_and_the_valid_options(capsys: 
         ('{"n_layer": true}', ["n_layer=True", "expected int"]),
         ('{"dropout": "0.1"}', ["dropout='0.1'", "expected float"]),
         ("{n_layer: 2}", ["not valid JSON"]),
+        ("[" * 100_000, ["nests too deep"]),
         (None, ["not found"]),
+        ("FOLDER", ["is a folder, not a file"]),
     ],
-    ids=["unknown-key", "str-for-int", "int-for-bool", "bool-for-int", "str-for-float", "not-json", "missing"],
+    ids=[
+        *("unknown-key", "str-for-int", "int-for-bool", "bool-for-int", "str-for-float", "not-json", "nested"),
+        *("missing", "a-folder"),
+    ],
 )
 def test_a_bad_config_file_is_named_with_what_is_wrong(tmp_path: Path, text: str | None, needles: list[str]) -> None:
     cfg = tmp_path / "c.json"
-    if text is not None:
+    if text == "FOLDER":
+        cfg.mkdir()
+    elif text is not None:
         cfg.write_text(text)
     with pytest.raises(options.ConfigError) as e:
         train.main([str(cfg)])
