@@ -13,7 +13,6 @@ Every row runs with PyTorch's kernels, where it passes when every difference is 
 where every difference must be 0. TF32 is off. Exit 1 when a --require row fails.
 """
 
-import argparse
 import json
 from argparse import Namespace
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from machinery.batch_invariant import batch_invariant, refusal
 from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from machinery.device import DEVICE_HELP, DeviceError, autocast, fault_message, resolve_device
 from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
-from machinery.options import SEEDS, read_config_file
+from machinery.options import SEEDS, ArgumentParser, read_config_file
 from model import GPT, GPTConfig, gpt2_checkpoint
 
 EVAL_ROW = "batchnorm-eval"
@@ -67,7 +66,7 @@ WHY_EVAL = (
 
 
 def parse_args(argv: Sequence[str] | None) -> Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out_dir", help="folder holding ckpt.pt (this project's or nanoGPT's); without it, a random model")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
     p.add_argument("--init_from", help="GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder (model.gpt2_checkpoint)")
@@ -288,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
+    except KeyboardInterrupt:
+        raise SystemExit("\ninterrupted") from None  # exit status 1
     except (OSError, MemoryError, RuntimeError) as e:  # stdout on a full disk, an allocation that failed
         if (message := fault_message(e, "--batch_size or --new_tokens, or use a smaller --config")) is None:
             raise

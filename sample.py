@@ -28,7 +28,7 @@ from layernorm import NORMS, check_triton_device
 from machinery import nanogpt
 from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from machinery.device import DEVICE_HELP, DeviceError, autocast, fault_message, resolve_device, resolve_dtype
-from machinery.options import SEEDS
+from machinery.options import SEEDS, ArgumentParser
 from machinery.tokenizer import GPT2_ENCODING, CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 from model import GPT, gpt2_checkpoint
 
@@ -37,7 +37,7 @@ MIN_TEMPERATURE = 1e-6  # the logits over it stay finite in float32 up to 3e32: 
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Sample text from a checkpoint written by train.py or nanoGPT's.")
+    p = ArgumentParser(description="Sample text from a checkpoint written by train.py or nanoGPT's.")
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt (default: out)")
     p.add_argument("--ckpt", help="path of a checkpoint file (this project's or nanoGPT's); overrides --out_dir")
     p.add_argument("--init_from", help="GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder (model.gpt2_checkpoint)")
@@ -152,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.stdout.reconfigure(errors="backslashreplace")  # a console that cannot show a character prints its escape
+    if sys.stdout is not None:  # (None: stdout closed)
+        sys.stdout.reconfigure(errors="backslashreplace")  # a console that cannot show a character prints its escape
     try:
         main()
     except KeyboardInterrupt:

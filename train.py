@@ -394,7 +394,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         check_triton_device(device)  # before any data or model is loaded
     if cfg.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
-    checkpoint.make_out_dir(cfg.out_dir, new_run=cfg.init_from != "resume" and not cfg.overwrite)
+    # a resume from a file in out_dir continues the run there; from a file elsewhere, out_dir is a new run's
+    in_place = cfg.init_from == "resume" and Path(source).absolute().parent == Path(cfg.out_dir).absolute()
+    checkpoint.make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
+    if cfg.overwrite and cfg.init_from != "resume":  # the replaced run's interrupted state, never to be resumed
+        (Path(cfg.out_dir) / "ckpt_interrupted.pt").unlink(missing_ok=True)
     with dist.use(device):
         return train(cfg, explicit, device, dtype, ckpt, dist)
 

@@ -80,8 +80,9 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
 def parser(description: str, config: bool = False) -> argparse.ArgumentParser:
     """The options every benchmark has (--device, --out) and, with config, train.py's (--config, --set)."""
     from machinery.device import DEVICE_HELP
+    from machinery.options import ArgumentParser
 
-    p = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    p = ArgumentParser(description=description.split("\n\n")[0])
     if config:
         p.add_argument("--config", default="configs/shakespeare_char_cpu.json", help="a train.py config file")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py option")
@@ -101,6 +102,14 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
         args.device = resolve_device(args.device)
     except DeviceError as e:
         p.error(str(e))
+    out = getattr(args, "out", None)
+    if out is not None:  # before any measuring: a path that cannot take the results
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"--out {out}: its folder cannot be created ({e.strerror or e})")
+        if out.is_dir() or not os.access(out.parent, os.W_OK):
+            p.error(f"--out {out}: {'a folder' if out.is_dir() else 'its folder is not writable'}; give a file path")
     return args
 
 

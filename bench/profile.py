@@ -15,8 +15,19 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as torch_profile
 
-from bench.common import fmt, markdown_table, median, new_run, parse, parser, timed, train_config, write_results
-from layernorm import Norm
+from bench.common import (
+    comma_list,
+    fmt,
+    markdown_table,
+    median,
+    new_run,
+    parse,
+    parser,
+    timed,
+    train_config,
+    write_results,
+)
+from layernorm import NORMS, Norm
 from machinery.options import TrainConfig
 from machinery.step import train_step
 
@@ -174,12 +185,12 @@ def plot(png: Path, rows: dict[str, dict[str, Any]], title: str) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser(__doc__, config=True)
-    p.add_argument("--norms", default="builtin", help="comma list of norms (default builtin)")
+    p.add_argument("--norms", type=comma_list(NORMS), default=["builtin"], help="comma list of norms (default builtin)")
     p.add_argument("--data_dir", help="the prepared data (default: the config's dataset)")
     args = parse(p, argv)
     cfg = train_config(args.config, args.set)
     rows = {}
-    for norm in args.norms.split(","):
+    for norm in args.norms:
         rows[norm] = profile_norm(norm, cfg, args.device, args.data_dir)
         print(f"profile {norm}: {rows[norm]['ms_per_step']:.2f} ms/step", flush=True)
     result = {"device": args.device, "config": args.config, "set": args.set, "steps": STEPS, "norms": rows}

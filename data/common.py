@@ -184,10 +184,13 @@ def run_prepare(
     except OSError as e:
         fail(f"cannot write to {out_dir}: {e.strerror or e}; run this again once that is fixed")
 
-    print(f"source: {source} ({len(text):,} characters)")
-    print(f"tokenizer: {meta['tokenizer']['kind']}, vocab size {tok.vocab_size:,}")
-    print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
-    print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}", flush=True)
+    try:
+        print(f"source: {source} ({len(text):,} characters)")
+        print(f"tokenizer: {meta['tokenizer']['kind']}, vocab size {tok.vocab_size:,}")
+        print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
+        print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}", flush=True)
+    except OSError as e:  # stdout on a full disk, or closed
+        fail(f"the prepared files are written, but the report cannot be printed ({e.strerror or e})")
 
 
 # ---- reading it back (train.py) ----
@@ -211,6 +214,10 @@ class PreparedData:
             how = f"run `python {prepare.relative_to(ROOT)}{out_dir}` first"
         else:
             how = "write train.bin, val.bin (np.uint16 token ids) and meta.json there (see data/README.md)"
+        if self.dir.is_file():
+            raise DataError(
+                f"data_dir {str(self.dir)!r} is a file: give the folder holding train.bin, val.bin, meta.json"
+            )
         for name in ("train.bin", "val.bin", "meta.json"):
             if not (self.dir / name).is_file():
                 raise DataError(f"no {name} in {self.dir} (dataset {dataset!r}): {how}")

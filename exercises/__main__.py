@@ -74,4 +74,7 @@ def main(argv: Sequence[str] | None = None, package: str = "exercises") -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: exercise 5 runs on the CPU
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except OSError as e:  # stdout on a full disk, or closed
+        sys.exit(f"error: the results cannot be printed ({e.strerror or e})")

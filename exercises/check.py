@@ -108,7 +108,8 @@ def explained(error: BaseException) -> str:
 
 def call(what: str, function: Callable, inputs: dict[str, Any], unfinished: str | None = None) -> Any:
     """function(*inputs.values()), the learner's code, run on a case the words `what` describe. Its inputs are
-    cloned before and compared after; an exception, SystemExit included, becomes a Mistake in one line.
+    cloned before and compared after; an exception, SystemExit and other BaseExceptions included, becomes a Mistake
+    in one line.
     NotImplementedError is "not started", or the Mistake `unfinished` when part of the exercise already runs.
     KeyboardInterrupt (Ctrl-C) is let through: the grader stops, saying so."""
     before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
@@ -122,7 +123,9 @@ def call(what: str, function: Callable, inputs: dict[str, Any], unfinished: str 
         raise
     except SystemExit as stop:
         raise Mistake(f"{what}: your code called sys.exit({stop.code!r}); return the result instead") from None
-    except Exception as error:  # the learner's code may raise anything
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # the learner's code may raise anything (GeneratorExit too)
         if isinstance(unwrapped(error), NotImplementedError):  # Triton's interpreter wraps it
             raise unwrapped(error) from None
         raise Mistake(f"{what}: {explained(error)}") from None

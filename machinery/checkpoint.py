@@ -114,8 +114,8 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) or (isinstance(e, RuntimeError) and "write" in str(e)):  # torch's writer: "file
-            raise CheckpointError(  # write failed" (a full disk); what was at `path` before is still there
+        if isinstance(e, (OSError, RuntimeError)):  # torch's writer turns a full disk, or a second Ctrl-C, into a
+            raise CheckpointError(  # RuntimeError ("file write failed", "unexpected pos"); `path` is still as it was
                 f"cannot save {path} ({getattr(e, 'strerror', None) or _first_line(e)}): any checkpoint there before "
                 f"is kept; free some space or give an --out_dir you can write to"
             ) from None
@@ -127,6 +127,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     (as nanogpt.to_checkpoint gives it, "format" nanogpt.FORMAT); CheckpointError says what is wrong if it can't, or
     if a weight is not finite."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a folder, a device
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise CheckpointError(f"{path} is {what}, not a checkpoint: give the path of a ckpt.pt file")
     if not path.is_file():
         raise CheckpointError(
             f"no checkpoint at {path}: train one first (python train.py ... --out_dir={path.parent}) "
@@ -310,7 +313,7 @@ def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
         raise CheckpointError(
             f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
         ) from None
-    check_optimizer(run.optimizer, path)
+    check_optimizer(run.optimizer, path, run.iter_num)
     run.last_saved = run.iter_num if path == run.ckpt_path else None  # the iteration of ckpt.pt, if resumed from it
 
 
@@ -328,9 +331,15 @@ def check_rng(rng: Any, path: Path) -> None:
             )
 
 
-def check_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+def check_optimizer(optimizer: torch.optim.Optimizer, path: Path, iter_num: int) -> None:
     """CheckpointError unless every loaded optimizer state tensor is finite and each per-weight one (AdamW's
-    moments) has its weight's shape: torch's load_state_dict checks the groups' sizes only."""
+    moments) has its weight's shape: torch's load_state_dict checks the groups' sizes only. An empty state, which
+    AdamW has only before its first step, is refused after one (iter_num > 0)."""
+    if iter_num > 0 and not optimizer.state:
+        raise CheckpointError(
+            f"{path} cannot be resumed: its optimizer holds no state after {iter_num} iterations (AdamW's moments are "
+            f"missing); start a new run (another --out_dir) or use another checkpoint"
+        )
     for group in optimizer.param_groups:
         for p in group["params"]:
             for name, value in optimizer.state.get(p, {}).items():

@@ -3,6 +3,7 @@ them, and `--key=value` flags that override both. Every bad value is one ConfigE
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 import math
@@ -12,11 +13,19 @@ import sys
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import layernorm
 from machinery.device import DEVICE_HELP
 from model import GPT2_SIZES, GPTConfig
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The parser of the other commands (sample.py, batch_independence.py, prepare, the benchmarks): a bad argument
+    is one line, the error and where the options are listed, without argparse's usage block before it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 class ConfigError(ValueError):

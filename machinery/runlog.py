@@ -83,6 +83,19 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
         metrics = None
         run = None
         if dist.master:
+            # wandb first, so that failing to start leaves metrics.jsonl as it was (build_config made sure it imports)
+            if cfg.wandb_log:
+                import wandb
+
+                name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
+                try:
+                    run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
+                except Exception as e:  # a key refused, no network, a server down: wandb's errors vary
+                    raise WandbError(
+                        f"wandb could not start a run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}):"
+                        f" check the key and the network, run with WANDB_MODE=offline, or drop --wandb_log"
+                    ) from None
+                closing.callback(run.finish)
             path = Path(cfg.out_dir) / "metrics.jsonl"
             if not cfg.eval_only:
                 records = read_metrics(path) if resumed_at is not None else []
@@ -100,18 +113,6 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
             metrics.seek(max(size - 1, 0))
             if size and metrics.read(1) != b"\n":  # (eval_only) after a line a kill cut short: a record of its own
                 metrics.write(b"\n")
-            if cfg.wandb_log:  # (build_config made sure that wandb can be imported)
-                import wandb
-
-                name = cfg.wandb_run_name or f"{cfg.dataset}-{cfg.norm}-{time.strftime('%Y%m%d-%H%M%S')}"
-                try:
-                    run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
-                except Exception as e:  # a key refused, no network, a server down: wandb's errors vary
-                    raise WandbError(
-                        f"wandb could not start a run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}):"
-                        f" check the key and the network, run with WANDB_MODE=offline, or drop --wandb_log"
-                    ) from None
-                closing.callback(run.finish)
 
         def log(rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
             if metrics is not None:

@@ -41,8 +41,10 @@ def test_round_trip_gives_the_same_model(tmp_path):
             CheckpointError,
             r"cannot save .*ckpt.pt \(No space left on device\): any checkpoint",
         ),
+        # a second Ctrl-C inside torch's zip writer comes out of torch.save as a RuntimeError
+        (RuntimeError("unexpected pos 64 vs 0"), CheckpointError, r"\(unexpected pos 64 vs 0\): any checkpoint"),
     ],
-    ids=["interrupted", "disk-full"],
+    ids=["interrupted", "disk-full", "interrupted-in-torchs-writer"],
 )
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch, fault, raised, message):
     path = tmp_path / "ckpt.pt"
@@ -83,9 +85,14 @@ def test_damaged_files_are_corrupt_in_one_line_that_never_suggests_an_unsafe_loa
     assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
 
 
-def test_missing_file_says_how_to_get_one(tmp_path):
+def test_missing_file_says_how_to_get_one_and_a_folder_or_a_device_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint at .*train one first"):
         load_checkpoint(tmp_path / "ckpt.pt")
+    (tmp_path / "ckpt.pt").mkdir()
+    with pytest.raises(CheckpointError, match="ckpt.pt is a folder, not a checkpoint: give the path of a ckpt.pt"):
+        load_checkpoint(tmp_path / "ckpt.pt")
+    with pytest.raises(CheckpointError, match="/dev/null is not a regular file, not a checkpoint"):
+        load_checkpoint("/dev/null")
 
 
 @pytest.mark.parametrize("payload", ["Path.touch", "os.system"])  # os.system: torch's "blocked" message
@@ -210,10 +217,11 @@ def test_weights_that_are_not_finite_are_refused_at_load_naming_the_tensors(tmp_
         (lambda c: c.update(iter_num=1.5), "its iter_num is 1.5"),
         (lambda c: c.update(best_val_loss=float("nan")), "its best_val_loss is nan, not a number"),
         (lambda c: c.update(config=[1]), "its config is a list, not a dict"),
+        (lambda c: c["optimizer"].update(state={}), "its optimizer holds no state after 12 iterations"),
     ],
     ids=[
         *("rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "moment-nan", "state-not-a-dict"),
-        *("iter<0", "iter-a-bool", "iter-a-float", "best-nan", "config-a-list"),
+        *("iter<0", "iter-a-bool", "iter-a-float", "best-nan", "config-a-list", "no-moments"),
     ],
 )
 def test_a_resume_state_that_does_not_fit_is_refused_in_one_line(tmp_path, trained, capsys, damage, named):

@@ -290,6 +290,12 @@ def test_prepared_data_that_does_not_match_its_metadata_is_refused_on_open(
     assert named in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_file_given_as_data_dir_is_named(tmp_path: Path) -> None:
+    (tmp_path / "meta.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(DataError, match="meta.json' is a file: give the folder holding train.bin, val.bin"):
+        PreparedData(str(tmp_path / "meta.json"), "tiny", block_size=16)
+
+
 def test_bits_per_byte_counts_the_splits_own_tokens_and_bytes(tmp_path: Path) -> None:
     """A loss of ln 2 nats per token is 1 bit per token: over val's bytes, tokens / bytes bits per byte (a BPE token
     covers several bytes). A dataset written by hand, with no byte counts, has none."""

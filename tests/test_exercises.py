@@ -164,6 +164,9 @@ def test_an_exit_in_the_learners_code_is_a_mistake_not_a_pass(
     (tmp_path / "planted_exit_at_import" / "ex2_layer_norm.py").write_text("raise SystemExit(0)\n")
     assert main(["2"], "planted_exit_at_import") == 1
     assert "ex2_layer_norm.py calls sys.exit(0) when it is imported" in capsys.readouterr().out
+    text = "def layer_norm(x, gamma, beta, eps):\n    raise GeneratorExit\n"  # a BaseException, not an Exception
+    assert main(["2"], planted(tmp_path, monkeypatch, "planted_base", text)) == 1
+    assert "eps 0.01: GeneratorExit (in layer_norm, line 2)" in capsys.readouterr().out
 
 
 def test_an_interrupt_while_grading_stops_with_one_line_and_status_130(

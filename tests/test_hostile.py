@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, assert_one_line_error, python, subprocess_env, tiny_args, train_cli
+from helpers import ROOT, TEXT, assert_one_line_error, python, subprocess_env, tiny_args, train_cli
 from machinery.checkpoint import load_checkpoint, save_checkpoint
 from machinery.device import TORCHRUN_VARIABLES
 from machinery.runlog import read_metrics
@@ -266,13 +266,24 @@ def test_a_new_run_into_a_folder_with_another_runs_interrupted_state_is_refused(
 
 
 @pytest.mark.slow
-def test_sampling_into_a_full_disk_is_one_line(trained):
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["sample.py", "OUT", *SAMPLE], "error: No space left on device"),
+        (["data/shakespeare_char/prepare.py", "--input", "TEXT", "--out_dir", "PREPARED"], "the report cannot be"),
+        (["-m", "exercises", "2"], "error: the results cannot be printed (No space left on device)"),
+    ],
+    ids=["sample", "prepare", "exercises"],
+)
+def test_printing_into_a_full_disk_is_one_line(trained, tmp_path, command, named):
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    names = {"OUT": f"--out_dir={trained[0]}", "TEXT": str(tmp_path / "text.txt"), "PREPARED": str(tmp_path / "p")}
     before = tree(trained[0])
     with open("/dev/full", "w") as full:
-        argv = [sys.executable, "sample.py", f"--out_dir={trained[0]}", *SAMPLE]
+        argv = [sys.executable, *(names.get(word, word) for word in command)]
         proc = subprocess.run(argv, cwd=ROOT, env=subprocess_env(), stdout=full, stderr=subprocess.PIPE, text=True)
     proc.stdout = ""
-    assert_one_line_error(proc, 1, "error: No space left on device")
+    assert_one_line_error(proc, 1, named)
     assert tree(trained[0]) == before
 
 

@@ -33,9 +33,27 @@ def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless
     assert (out / "ckpt.pt").read_bytes() == before  # untouched
     with pytest.raises(CheckpointError):  # the same from train.main, before any data or model is loaded
         train.main(tiny_args(tmp_path / "missing", out, "--max_iters=2"))
-    # --overwrite=True replaces it with the new run's (of 2 iterations, not 4)
+    # --overwrite=True replaces it with the new run's (of 2 iterations, not 4), and the old run's interrupted state
+    (out / "ckpt_interrupted.pt").write_bytes(before)
     train.main(tiny_args(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--overwrite=True"))
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 2
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 2 and not (out / "ckpt_interrupted.pt").exists()
+
+
+def test_a_resume_from_another_folders_checkpoint_is_a_new_run_where_it_writes(
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--resume_from a file outside --out_dir writes its checkpoints into out_dir: refused a folder holding another
+    run, as a new run is, and fine in an empty one."""
+    source, other = tmp_path / "source", tmp_path / "other"
+    train.main(tiny_args(tiny_data, source, "--max_iters=2", "--eval_interval=2"))
+    train.main(tiny_args(tiny_data, other, "--max_iters=2", "--eval_interval=2"))
+    before = (other / "ckpt.pt").read_bytes()
+    resume = ["--init_from=resume", f"--resume_from={source / 'ckpt.pt'}", "--max_iters=4"]
+    proc = train_cli(capsys, [f"--out_dir={other}", *resume])
+    assert_one_line_error(proc, 1, f"error: {other / 'ckpt.pt'} holds another run's checkpoint", "--out_dir")
+    assert (other / "ckpt.pt").read_bytes() == before
+    train.main([f"--out_dir={tmp_path / 'new'}", *resume])
+    assert load_checkpoint(tmp_path / "new" / "ckpt.pt")["iter_num"] == 4
 
 
 def test_start_up_says_post_norm_and_a_learning_rate_that_will_not_decay_fully(
