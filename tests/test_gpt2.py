@@ -17,6 +17,7 @@ import torch
 import batch_independence
 import sample
 import train
+from bench import decoding
 from data.common import DataError
 from helpers import ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
 from layernorm import LAYERNORMS, NORMS
@@ -224,3 +225,11 @@ def test_fine_tuning_refuses_another_shape_or_tokenizer(bpe_run, tiny_data: Path
     with pytest.raises(error) as e:
         fine_tune(folder, data, tmp_path / "out", "--max_iters=1", *flags)
     assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bench_decoding_decodes_gpt2s_weights_with_each_layernorm(gpt2_64) -> None:
+    folder, _ = gpt2_64
+    flags = "--norms builtin,custom --paths cached --batches 1 --new_tokens 8 --repeats 1 --device cpu".split()
+    result = decoding.main(["--init_from", str(folder), *flags])
+    assert [r["model"] for r in result["runs"]] == [f"{folder} norm=builtin", f"{folder} norm=custom"]
+    assert [r["same_tokens_as_first"] for r in result["runs"]] == [True, True]
