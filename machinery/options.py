@@ -244,7 +244,8 @@ def build_config(
         cfg = replace(cfg, embed_scale=cfg.norm == "dyt")
     for f in fields(TrainConfig):  # inf or NaN from a flag ("inf", "1e309") or a config (Infinity)
         value = getattr(cfg, f.name)
-        if TYPES[f.name] is float and value is not None and not math.isfinite(value):
+        unlimited = f.name in ("grad_clip", "max_wall_s") and value == math.inf  # no clip, no time limit
+        if TYPES[f.name] is float and value is not None and not math.isfinite(value) and not unlimited:
             raise ConfigError(f"{f.name} must be a finite number, got {value}")
     for name, (ok, rule) in RANGES.items():
         if not ok(getattr(cfg, name)):  # `not ok` also catches NaN

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import train
 from helpers import ROOT, TEXT, assert_one_line_error, python, subprocess_env, tiny_args, train_cli
 from machinery.checkpoint import load_checkpoint, save_checkpoint
 from machinery.device import TORCHRUN_VARIABLES
@@ -67,6 +68,11 @@ def test_an_option_out_of_its_consumers_range_is_one_line(tmp_path, tiny_data, c
     proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", *flags))
     assert_one_line_error(proc, 2, f"error: {named}")
     assert not (tmp_path / "out").exists()
+
+
+def test_infinity_means_no_clip_and_no_time_limit(tmp_path, tiny_data):
+    summary = train.main(tiny_args(tiny_data, tmp_path / "out", "--max_iters=2", "--grad_clip=inf", "--max_wall_s=inf"))
+    assert summary["iters"] == 2 and summary["stop_reason"] == "max_iters"
 
 
 MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
