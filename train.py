@@ -395,10 +395,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if cfg.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
     # a resume from a file in out_dir continues the run there; from a file elsewhere, out_dir is a new run's
-    in_place = cfg.init_from == "resume" and Path(source).absolute().parent == Path(cfg.out_dir).absolute()
+    in_place = cfg.init_from == "resume" and os.path.realpath(Path(source).parent) == os.path.realpath(cfg.out_dir)
     checkpoint.make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
-    if cfg.overwrite and cfg.init_from != "resume":  # the replaced run's interrupted state, never to be resumed
-        (Path(cfg.out_dir) / "ckpt_interrupted.pt").unlink(missing_ok=True)
+    if cfg.overwrite and not in_place:  # the replaced run's interrupted state and record, never to be mixed in
+        for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
+            (Path(cfg.out_dir) / name).unlink(missing_ok=True)
     with dist.use(device):
         return train(cfg, explicit, device, dtype, ckpt, dist)
 

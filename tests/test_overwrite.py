@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import train
-from helpers import assert_one_line_error, tiny_args, train_cli
+from helpers import assert_one_line_error, records, tiny_args, train_cli
 from machinery.checkpoint import CheckpointError, load_checkpoint
 
 
@@ -54,6 +54,8 @@ def test_a_resume_from_another_folders_checkpoint_is_a_new_run_where_it_writes(
     assert (other / "ckpt.pt").read_bytes() == before
     train.main([f"--out_dir={tmp_path / 'new'}", *resume])
     assert load_checkpoint(tmp_path / "new" / "ckpt.pt")["iter_num"] == 4
+    train.main([f"--out_dir={other}", *resume, "--overwrite=True"])  # replaced: none of its old records kept
+    assert [r["iter"] for r in records(other, "train")] == [2, 3]
 
 
 def test_start_up_says_post_norm_and_a_learning_rate_that_will_not_decay_fully(
