@@ -14,6 +14,8 @@ where every difference must be 0. TF32 is off. Exit 1 when a --require row fails
 """
 
 import json
+import os
+import sys
 from argparse import Namespace
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -289,6 +291,9 @@ if __name__ == "__main__":
         raise SystemExit(main())
     except KeyboardInterrupt:
         raise SystemExit("\ninterrupted") from None  # exit status 1
+    except BrokenPipeError:  # stdout's reader is gone (`| head`): nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     except (OSError, MemoryError, RuntimeError) as e:  # stdout on a full disk, an allocation that failed
         if (message := fault_message(e, "--batch_size or --new_tokens, or use a smaller --config")) is None:
             raise

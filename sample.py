@@ -26,7 +26,7 @@ import torch
 from data.common import fail, read_text_file
 from layernorm import NORMS, check_triton_device
 from machinery import nanogpt
-from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
+from machinery.checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint
 from machinery.device import DEVICE_HELP, DeviceError, autocast, fault_message, resolve_device, resolve_dtype
 from machinery.options import SEEDS, ArgumentParser
 from machinery.tokenizer import GPT2_ENCODING, CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
@@ -83,7 +83,7 @@ def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | Ti
     except CheckpointError as e:
         fail(str(e))
     except (ValueError, RuntimeError) as e:  # e.g. Triton not installed
-        fail(f"cannot build the model from {path}: {str(e).splitlines()[0]}")
+        fail(f"cannot build the model from {path}: {first_line(e)}")
     nanogpt_format = checkpoint.get("format") == nanogpt.FORMAT
     if args.meta is not None and not nanogpt_format:
         fail(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")

@@ -116,7 +116,7 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):  # torch's writer turns a full disk, or a second Ctrl-C, into a
             raise CheckpointError(  # RuntimeError ("file write failed", "unexpected pos"); `path` is still as it was
-                f"cannot save {path} ({getattr(e, 'strerror', None) or _first_line(e)}): any checkpoint there before "
+                f"cannot save {path} ({getattr(e, 'strerror', None) or first_line(e)}): any checkpoint there before "
                 f"is kept; free some space or give an --out_dir you can write to"
             ) from None
         raise
@@ -147,7 +147,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                 f"(weights_only=True): it was not written by this project's train.py"
             ) from None
         raise CheckpointError(
-            f"{path} is truncated or corrupt ({type(e).__name__}: {_first_line(e)}); "
+            f"{path} is truncated or corrupt ({type(e).__name__}: {first_line(e)}); "
             f"it may come from an interrupted copy: use another checkpoint or train again"
         ) from None
     is_nanogpt = nanogpt.is_checkpoint(checkpoint)
@@ -172,7 +172,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         checkpoint["model"] = unprefixed(checkpoint["model"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(
-            f"{path} is incomplete or malformed ({type(e).__name__}: {_first_line(e)}); use another checkpoint"
+            f"{path} is incomplete or malformed ({type(e).__name__}: {first_line(e)}); use another checkpoint"
         ) from None
     weights = checkpoint["model"].items()
     bad = [k for k, t in weights if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all()]
@@ -184,7 +184,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return checkpoint
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     """The first line of an error's message; of torch's weights-only refusal, only its reason (its first line
     suggests loading with weights_only=False, which would run whatever code the file holds)."""
     text = str(e)
@@ -311,7 +311,7 @@ def restore_training_state(ckpt: dict[str, Any], run: Any) -> None:
         run.best_val = float(ckpt["best_val_loss"])
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
         raise CheckpointError(
-            f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {_first_line(e)})"
+            f"{path} cannot be resumed: its optimizer or RNG state does not fit ({type(e).__name__}: {first_line(e)})"
         ) from None
     check_optimizer(run.optimizer, path, run.iter_num)
     run.last_saved = run.iter_num if path == run.ckpt_path else None  # the iteration of ckpt.pt, if resumed from it

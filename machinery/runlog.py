@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from machinery.checkpoint import first_line
 from machinery.device import Dist
 from machinery.options import TrainConfig
 
@@ -92,8 +93,8 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                     run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
                 except Exception as e:  # a key refused, no network, a server down: wandb's errors vary
                     raise WandbError(
-                        f"wandb could not start a run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}):"
-                        f" check the key and the network, run with WANDB_MODE=offline, or drop --wandb_log"
+                        f"wandb could not start a run ({type(e).__name__}: {first_line(e)}): check the key and the "
+                        f"network, run with WANDB_MODE=offline, or drop --wandb_log"
                     ) from None
                 closing.callback(run.finish)
             path = Path(cfg.out_dir) / "metrics.jsonl"
