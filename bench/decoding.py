@@ -44,7 +44,7 @@ def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
     if "triton" in norms:
         check_triton_device(device)  # one line saying what to do, before a model is loaded
     if args.checkpoint or args.init_from:
-        ckpt = gpt2_checkpoint(args.init_from) if args.init_from else load_checkpoint(args.checkpoint, device)
+        ckpt = gpt2_checkpoint(args.init_from) if args.init_from else load_checkpoint(args.checkpoint)
         loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in norms]
         source = args.init_from or args.checkpoint
         return [(f"{source} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
