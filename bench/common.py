@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,32 @@ class Child:
         return self.returncode == 0 and not self.timed_out and not self.interrupted
 
 
+class Interrupts:
+    """SIGINT while a benchmark runs (Ctrl-C; or bench/gpu.sh's time limit, which timeout sends twice, to the
+    benchmark and to its process group), as a `with` block in the main thread: every signal only sets `seen` and
+    kills the child that `child` names, if any, so that none can land halfway through a write of the results; the
+    benchmark looks at `seen` and stops. Blocks nest: the inner one sees the signals while it is open."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.child: subprocess.Popen | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.seen = True
+        if self.child is not None:
+            self.child.kill()
+
+
 def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = None, echo: str | None = None) -> Child:
     """Run cmd with its output merged and read line by line (echoed with the prefix `echo`, if given); a child that
     outlives timeout_s is killed, and so is the child of an interrupted benchmark (SIGINT: Ctrl-C, or bench/gpu.sh's
@@ -50,31 +77,30 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
     from machinery.device import maxrss_bytes
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
-    killed = threading.Event()
-    timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), proc.kill()))
-    if timeout_s:
-        timer.start()  # kills a child that has gone silent, too
-    t0 = time.perf_counter()
-    lines = []
-    interrupted = False
-    assert proc.stdout is not None
-    try:
-        for raw in proc.stdout:
+    with Interrupts() as interrupts:
+        proc = subprocess.Popen(
+            list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        interrupts.child = proc
+        if interrupts.seen:  # (a signal before it was named)
+            proc.kill()
+        killed = threading.Event()
+        timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), proc.kill()))
+        if timeout_s:
+            timer.start()  # kills a child that has gone silent, too
+        t0 = time.perf_counter()
+        lines = []
+        assert proc.stdout is not None
+        for raw in proc.stdout:  # (until the child ends, or is killed)
             lines.append(raw.rstrip("\n"))
             if echo is not None:
                 print(f"[{echo}] {lines[-1]}", flush=True)
-    except KeyboardInterrupt:  # the child is not left running: its figures so far are read, then this one stops
-        interrupted = True
-        proc.kill()
-    timer.cancel()
-    proc.stdout.close()
-    _, status, rusage = os.wait4(proc.pid, 0)
+        timer.cancel()
+        proc.stdout.close()
+        _, status, rusage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen the child is reaped
     wall = time.perf_counter() - t0
-    return Child(proc.returncode, lines, wall, maxrss_bytes(rusage.ru_maxrss), killed.is_set(), interrupted)
+    return Child(proc.returncode, lines, wall, maxrss_bytes(rusage.ru_maxrss), killed.is_set(), interrupts.seen)
 
 
 def parser(description: str, config: bool = False) -> argparse.ArgumentParser:

@@ -202,9 +202,12 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench_training_", ignore_cleanup_errors=True) as work:
+    work = tempfile.TemporaryDirectory(prefix="bench_training_", ignore_cleanup_errors=True)
+    with work, common.Interrupts() as between:  # (a SIGINT during a run is its child's to see)
         for done, (rep, name, side) in enumerate(plan):
-            out_dir = Path(work, f"{name.replace(' ', '_')}_{rep}")
+            if between.seen:
+                break
+            out_dir = Path(work.name, f"{name.replace(' ', '_')}_{rep}")
             cmd, cwd = commands(side, cfg, out_dir, args)
             print(f"== {name}, repeat {rep + 1}/{args.repeats}: {' '.join(cmd[1:])}", flush=True)
             child = common.run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
@@ -215,9 +218,13 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
             print(f"   {name}: {figures}; {common.progress(done + 1, len(plan), t0)}", flush=True)
             common.write_results(args, "bench.training", result, table(result))
-            if child.interrupted:  # (SIGINT) what was measured is written; the runs not started are not
-                print(f"interrupted during {name}: {done} of {len(plan)} runs done", flush=True)
-                break
+            if child.interrupted:  # (its figures so far are in its record)
+                between.seen = True
+        if between.seen:  # what was measured is written, saying so; the runs not started are not
+            finished = sum(not run["interrupted"] for runs in result["runs"].values() for run in runs)
+            result["interrupted"] = f"after {finished} of {len(plan)} runs; the rest not started"
+            print(f"interrupted {result['interrupted']}", flush=True)
+            common.write_results(args, "bench.training", result, table(result))
     return result
 
 

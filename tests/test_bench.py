@@ -12,6 +12,7 @@ import sys
 import tarfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -335,6 +336,17 @@ def test_an_interrupted_benchmark_kills_its_child_and_returns_what_it_has():
     assert child.interrupted and not child.ok and child.wall_s < 30
     with pytest.raises(ProcessLookupError):  # reaped: no such process any more
         os.kill(int(child.lines[0]), 0)
+
+
+def test_signals_in_an_interrupts_block_raise_nothing_and_leave_the_handler_as_it_was():
+    """timeout sends SIGINT twice (to the benchmark, then to its process group): neither may raise in the middle of
+    a benchmark's bookkeeping, and outside the block Ctrl-C raises again."""
+    before = signal.getsignal(signal.SIGINT)
+    with common.Interrupts() as interrupts:
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # (each one handled before the next comes)
+    assert interrupts.seen and signal.getsignal(signal.SIGINT) is before
 
 
 def test_machine_info_needs_no_git(monkeypatch, tmp_path):
