@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import http.client
 import json
 import math
@@ -44,7 +45,7 @@ def decode_text(data: bytes, name: str) -> str:
         fail(f"{name} is empty (0 bytes); give a UTF-8 text file with some text in it")
     nul = data.find(b"\x00")
     if nul != -1:
-        fail(f"{name} looks binary (NUL byte at byte offset {nul}); prepare.py needs a UTF-8 text file")
+        fail(f"{name} looks binary (NUL byte at byte offset {nul}); give a UTF-8 text file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -61,6 +62,8 @@ def decode_text(data: bytes, name: str) -> str:
 def read_text_file(path: Path) -> str:
     if path.is_char_device() or path.is_block_device():  # /dev/zero would fill the memory
         fail(f"{path} is a device, not a text file")
+    if path.is_fifo() or path.is_socket():  # a read that waits for a writer, maybe for ever
+        fail(f"{path} is a {'named pipe' if path.is_fifo() else 'socket'}, not a text file: give a file saved on disk")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -82,6 +85,8 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
     written = {}
     try:
         for name, data in files.items():
+            for stale in folder.glob(f"{glob.escape(name)}.????????.tmp"):  # what a killed write left (mkstemp's)
+                stale.unlink(missing_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=folder)
             written[name] = Path(tmp)
             with os.fdopen(fd, "wb") as f:
@@ -143,13 +148,26 @@ def run_prepare(
     url = "where input.txt is downloaded from, without --input or input.txt (default: the canonical Tiny Shakespeare)"
     parser.add_argument("--url", default=TINY_SHAKESPEARE_URL, help=url)
     args = parser.parse_args(argv)
-    out_dir: Path = args.out_dir
+    try:
+        prepare(args.input, args.out_dir, args.url, str(Path(script_file).resolve().relative_to(ROOT)), make_tokenizer)
+    except KeyboardInterrupt:  # (write_atomic leaves the folder as it was, or without meta.json: never half a set)
+        print(
+            f"\ninterrupted: no half-written file is left in {args.out_dir}; run this again to prepare it",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
+
+
+def prepare(
+    input_path: Path | None, out_dir: Path, url: str, script: str, make_tokenizer: Callable[[str], Any]
+) -> None:
+    """run_prepare's work, once its arguments are read."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         fail(f"cannot create --out_dir {out_dir}: {e.strerror or e}")
 
-    text, source = read_text_source(args.input, out_dir, args.url, str(Path(script_file).resolve().relative_to(ROOT)))
+    text, source = read_text_source(input_path, out_dir, url, script)
     try:
         tok = make_tokenizer(text)
     except (ValueError, RuntimeError) as e:

@@ -16,6 +16,7 @@ checkpoints too (nanogpt.py), for sampling and decoding; train.py resumes only i
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import math
 import os
@@ -105,6 +106,8 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
     new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.????????.tmp"):  # what a killed save left (mkstemp's)
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -114,8 +117,10 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, (OSError, RuntimeError)):  # torch's writer turns a full disk, or a second Ctrl-C, into a
-            raise CheckpointError(  # RuntimeError ("file write failed", "unexpected pos"); `path` is still as it was
+        if isinstance(e.__context__, KeyboardInterrupt):  # a second Ctrl-C, which torch's writer turns into a
+            raise KeyboardInterrupt from None  # RuntimeError ("unexpected pos"): quit, `path` as it was
+        if isinstance(e, (OSError, RuntimeError)):  # torch's writer turns a full disk into a RuntimeError too
+            raise CheckpointError(  # ("file write failed"); `path` is still as it was
                 f"cannot save {path} ({getattr(e, 'strerror', None) or first_line(e)}): any checkpoint there before "
                 f"is kept; free some space or give an --out_dir you can write to"
             ) from None

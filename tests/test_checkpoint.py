@@ -32,19 +32,35 @@ def test_round_trip_gives_the_same_model(tmp_path):
         assert not model.training
 
 
+def interrupted_in_torchs_writer():
+    """A second Ctrl-C inside torch's zip writer: it comes out of torch.save as a RuntimeError over the interrupt."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise RuntimeError("unexpected pos 64 vs 0") from None
+
+
+def full_disk_in_torchs_writer():
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . file write failed")
+
+
+def interrupted():  # a kill mid-write: the interrupt goes on up
+    raise KeyboardInterrupt
+
+
+def full_disk():
+    raise OSError(28, "No space left on device")
+
+
 @pytest.mark.parametrize(
     ("fault", "raised", "message"),
     [
-        (KeyboardInterrupt, KeyboardInterrupt, None),  # a kill mid-write: the interrupt goes on up
-        (
-            OSError(28, "No space left on device"),
-            CheckpointError,
-            r"cannot save .*ckpt.pt \(No space left on device\): any checkpoint",
-        ),
-        # a second Ctrl-C inside torch's zip writer comes out of torch.save as a RuntimeError
-        (RuntimeError("unexpected pos 64 vs 0"), CheckpointError, r"\(unexpected pos 64 vs 0\): any checkpoint"),
+        (interrupted, KeyboardInterrupt, None),
+        (full_disk, CheckpointError, r"cannot save .*ckpt.pt \(No space left on device\): any checkpoint"),
+        (interrupted_in_torchs_writer, KeyboardInterrupt, None),  # not blamed on the disk
+        (full_disk_in_torchs_writer, CheckpointError, r"\(\[enforce fail .* file write failed\): any checkpoint"),
     ],
-    ids=["interrupted", "disk-full", "interrupted-in-torchs-writer"],
+    ids=["interrupted", "disk-full", "interrupted-in-torchs-writer", "disk-full-in-torchs-writer"],
 )
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch, fault, raised, message):
     path = tmp_path / "ckpt.pt"
@@ -53,13 +69,23 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypa
 
     def write_part_then_fail(obj, f):
         f.write(b"part of a checkpoint")
-        raise fault
+        fault()
 
     monkeypatch.setattr(checkpoint.torch, "save", write_part_then_fail)
     with pytest.raises(raised, match=message):
         save_checkpoint(path, _checkpoint())
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["ckpt.pt"]  # no temporary file left behind
+
+
+def test_the_next_save_removes_what_a_killed_save_left_and_nothing_else(tmp_path):
+    """kill -9 mid-save leaves the temporary file (nothing can remove it then): the next save of that path does."""
+    left = [tmp_path / "ckpt.pt.k1ll3d_x.tmp", tmp_path / "ckpt.pt.aaaaaaaa.tmp"]
+    kept = [tmp_path / "ckpt_interrupted.pt.aaaaaaaa.tmp", tmp_path / "ckpt.pt.notes.tmp", tmp_path / "ckpt.pt.bak"]
+    for f in left + kept:
+        f.write_bytes(b"x")
+    save_checkpoint(tmp_path / "ckpt.pt", _checkpoint())
+    assert sorted(os.listdir(tmp_path)) == sorted(["ckpt.pt", *(f.name for f in kept)])
 
 
 @pytest.mark.parametrize(

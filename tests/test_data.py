@@ -358,6 +358,29 @@ def test_an_interrupted_prepare_leaves_the_old_files_or_a_folder_that_does_not_l
             PreparedData(str(folder), "tiny", block_size=16)
 
 
-def test_a_device_as_the_input_text_is_refused_before_it_is_read() -> None:
+def test_a_device_or_a_pipe_as_the_input_text_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """Reading /dev/zero would fill the memory; reading a named pipe that nobody writes would wait for ever."""
     with pytest.raises(SystemExit, match="^error: /dev/zero is a device, not a text file$"):
         read_text_file(Path("/dev/zero"))
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(SystemExit, match=r"^error: .*fifo is a named pipe, not a text file: give a file saved on"):
+        read_text_file(tmp_path / "fifo")
+
+
+def test_a_prepare_interrupted_says_so_in_one_line_and_leaves_no_half_written_file(tmp_path: Path, capsys) -> None:
+    """Ctrl-C while the text is tokenized (Tiny Shakespeare's BPE takes seconds): exit 130, no traceback."""
+    import data.common as common
+
+    (tmp_path / "in.txt").write_text("some text to prepare " * 50, encoding="utf-8")
+
+    def interrupted(text: str) -> object:
+        raise KeyboardInterrupt
+
+    argv = ["--input", str(tmp_path / "in.txt"), "--out_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as stop:
+        common.run_prepare(argv, description=None, script_file=__file__, make_tokenizer=interrupted)
+    assert stop.value.code == 130 and list((tmp_path / "out").iterdir()) == []
+    assert (
+        capsys.readouterr().err
+        == f"\ninterrupted: no half-written file is left in {tmp_path / 'out'}; run this again to prepare it\n"
+    )
