@@ -13,6 +13,11 @@ Every row runs with PyTorch's kernels, where it passes when every difference is 
 where every difference must be 0. TF32 is off. Exit 1 when a --require row fails.
 """
 
+import signal
+
+if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once, quietly (exit 130); restored below
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import json
 import os
 import sys
@@ -287,10 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again)
     try:
         raise SystemExit(main())
     except KeyboardInterrupt:
-        raise SystemExit("\ninterrupted") from None  # exit status 1
+        print("\ninterrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     except BrokenPipeError:  # stdout's reader is gone (`| head`): nothing more to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise SystemExit(1) from None

@@ -14,6 +14,11 @@ decoding and --no_kv_cache past block_size: README.md. Errors are one line, "err
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once, quietly (exit 130); restored below
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import argparse
 import math
 import os
@@ -152,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again)
     if sys.stdout is not None:  # (None: stdout closed)
         sys.stdout.reconfigure(errors="backslashreplace")  # a console that cannot show a character prints its escape
     try:

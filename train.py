@@ -21,10 +21,14 @@ an estimate of train and val loss every eval_interval iterations, a checkpoint a
 
 from __future__ import annotations
 
+import signal
+
+if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once, quietly (exit 130); cli() restores it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 import contextlib
 import math
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -406,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """main() with every expected failure as one line on stderr and an exit status (no traceback)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again: see the top)
     if hasattr(sys.stdout, "reconfigure"):  # a console that cannot show a character prints its escape
         sys.stdout.reconfigure(errors="backslashreplace")
     dist = Dist()  # until torchrun's variables are read (and found sound)

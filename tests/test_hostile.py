@@ -10,7 +10,9 @@ through a command.
 from __future__ import annotations
 
 import io
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -310,3 +312,18 @@ def test_a_reader_that_goes_away_ends_sampling_quietly(trained):
     proc.stdout.close()  # as `| head -c 10` does
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1 and err == "", err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train.py", "sample.py", "batch_independence.py"])
+def test_ctrl_c_while_torch_loads_ends_the_command_at_once_and_quietly(command):
+    """Signalled once a module of torch's has loaded (-X importtime names each as it finishes), that is mid-import:
+    the command ends by SIGINT (a shell's 130), printing nothing, with no KeyboardInterrupt's traceback."""
+    argv = [sys.executable, "-X", "importtime", command, "--help"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in proc.stderr:
+        if re.search(rb"\|\s+torch\.", line):  # "import time: self | cumulative |   torch.NAME"
+            proc.send_signal(signal.SIGINT)
+            break
+    err = [line for line in proc.stderr.read().decode().splitlines() if not line.startswith("import time:")]
+    assert proc.wait(timeout=60) == -signal.SIGINT and err == [] and proc.stdout.read() == b"", err
