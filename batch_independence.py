@@ -19,8 +19,6 @@ if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import json
-import os
-import sys
 from argparse import Namespace
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -32,7 +30,7 @@ from torch import Tensor
 from layernorm import NORMS, TritonUnavailableError
 from machinery.batch_invariant import batch_invariant, refusal
 from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
-from machinery.device import DEVICE_HELP, DeviceError, autocast, fault_message, resolve_device
+from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device, run_command
 from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
 from machinery.options import SEEDS, ArgumentParser, read_config_file
 from model import GPT, GPTConfig, gpt2_checkpoint
@@ -293,15 +291,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again)
-    try:
-        raise SystemExit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        raise SystemExit(130) from None
-    except BrokenPipeError:  # stdout's reader is gone (`| head`): nothing more to say to it
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(1) from None
-    except (OSError, MemoryError, RuntimeError) as e:  # stdout on a full disk, an allocation that failed
-        if (message := fault_message(e, "--batch_size or --new_tokens, or use a smaller --config")) is None:
-            raise
-        raise SystemExit(f"error: {message}") from None
+    run_command(main, "--batch_size or --new_tokens, or use a smaller --config")

@@ -21,7 +21,6 @@ if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once
 
 import argparse
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +31,7 @@ from data.common import fail, read_text_file
 from layernorm import NORMS, check_triton_device
 from machinery import nanogpt
 from machinery.checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint
-from machinery.device import DEVICE_HELP, DeviceError, autocast, fault_message, resolve_device, resolve_dtype
+from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype, run_command
 from machinery.options import SEEDS, ArgumentParser
 from machinery.tokenizer import GPT2_ENCODING, CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 from model import GPT, gpt2_checkpoint
@@ -160,15 +159,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again)
     if sys.stdout is not None:  # (None: stdout closed)
         sys.stdout.reconfigure(errors="backslashreplace")  # a console that cannot show a character prints its escape
-    try:
-        main()
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:  # e.g. piped into head
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    except (OSError, MemoryError, RuntimeError) as e:  # a full disk under stdout, an allocation that failed
-        if (message := fault_message(e, "--max_new_tokens, or sample on another --device")) is None:
-            raise
-        sys.exit(f"error: {message}")
+    run_command(main, "--max_new_tokens, or sample on another --device")

@@ -30,6 +30,7 @@ from layernorm import NORMS, TritonUnavailableError, check_triton_device
 from machinery import options
 from machinery.batch_invariant import batch_invariant, refusal
 from machinery.checkpoint import CheckpointError, load_checkpoint
+from machinery.device import run_command
 from model import GPT, GPTConfig, gpt2_checkpoint
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
@@ -231,4 +232,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "--batches, --new_tokens or --sizes")

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 ZERO = 1e-9  # a difference of exactly 0 is drawn here, on the axis labelled "0" (a log scale has no 0)
 RESULT = Path("bench/results/batch_independence_cpu.json")  # the figure README.md and docs/03 show
+FORMATS = (".png", ".svg", ".pdf")
 WORLDS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant mode"}
+
+
+class NotFinite(ValueError):
+    """A difference in the JSON that cannot be drawn: NaN or inf."""
 
 
 def plot(result: dict, out: Path) -> None:
@@ -22,6 +28,11 @@ def plot(result: dict, out: Path) -> None:
     for ax, world in zip(axes[0], worlds, strict=True):
         for row in result[world]:
             steps = row["alone_vs_batch"]["per_step_max_abs_diff"]
+            bad = [(i, d) for i, d in enumerate(steps) if not math.isfinite(d)]
+            if bad:  # drawn, it would be a gap in the line that no reader sees
+                raise NotFinite(
+                    f"{world}, {row['name']}: a difference that is not finite ({bad[0][1]} at step {bad[0][0]})"
+                )
             style = "--" if not row["required"] else "-"
             label = f"{row['name']} ({row['statistics']})"
             ax.plot(range(len(steps)), [max(d, ZERO) for d in steps], style, label=label)
@@ -41,15 +52,21 @@ def plot(result: dict, out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", type=Path, default=RESULT, help=f"batch_independence.py's JSON (default {RESULT})")
-    p.add_argument("--out", type=Path, help="the PNG (default: beside --json)")
+    p.add_argument("--out", type=Path, help="the figure, .png, .svg or .pdf (default: the PNG beside --json)")
     args = p.parse_args(argv)
     out = args.out or args.json.with_suffix(".png")
+    if out.is_dir():
+        raise SystemExit(f"error: --out {out} is a folder: give a file name, such as {out / 'batch_independence.png'}")
+    if out.suffix.lower() not in FORMATS:  # (without one, matplotlib would add .png to the name given)
+        raise SystemExit(f"error: --out {out}: give a file name ending in {', '.join(FORMATS)}")
     try:
         result = json.loads(args.json.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
         raise SystemExit(f"error: --json {args.json}: {getattr(e, 'strerror', None) or e}") from None
     try:
         plot(result, out)
+    except NotFinite as e:
+        raise SystemExit(f"error: --json {args.json}: {e}; nothing drawn") from None
     except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:  # another JSON
         raise SystemExit(f"error: --json {args.json} is not batch_independence.py --json's output ({e!r})") from None
     except OSError as e:

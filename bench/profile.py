@@ -28,6 +28,7 @@ from bench.common import (
     write_results,
 )
 from layernorm import NORMS, Norm
+from machinery.device import run_command
 from machinery.options import TrainConfig
 from machinery.step import train_step
 
@@ -203,4 +204,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main, "the model's size or batch (--set batch_size=..., --set n_embd=...)")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import at_least, fmt, markdown_table, parse, parser, run_child, write_results
+from machinery.device import run_command
 from machinery.runlog import read_metrics
 
 ITERS = 4
@@ -71,4 +72,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main()["same"] else 1)
+    run_command(lambda: 0 if main()["same"] else 1, "the model's size (--set n_layer=..., --set n_embd=...)")

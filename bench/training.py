@@ -18,6 +18,7 @@ from typing import Any
 from bench import common
 from bench.common import Child, comma_list, fmt, markdown_table, median, spread
 from layernorm import NO_NORM, NORMS
+from machinery.device import run_command
 from machinery.options import TrainConfig
 from machinery.runlog import read_metrics
 
@@ -247,7 +248,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--curves", action="store_true", help="the config's own iterations and evals (loss curves)")
     p.add_argument("--whole", action="store_true", help="--curves, with each side's checkpoints and our sample")
     p.add_argument("--compare", action="store_true", help="every norm once, --curves; evals.csv, val_loss.png")
-    p.add_argument("--target_val", type=float, default=None, help="report the training time to this val loss")
+    p.add_argument(
+        "--target_val", type=common.at_least(0.0, float), default=None, help="report the training time to this val loss"
+    )
     p.add_argument(
         "--time_limit", type=common.at_least(1e-9, float), default=None, help="seconds before a run is killed"
     )
@@ -258,6 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.compare:
         args.repeats = 1
         args.norms = args.norms if "--norms" in args.argv else ",".join((*NORMS, NO_NORM))
+    if args.data_dir and not (Path(args.data_dir) / "train.bin").exists():  # else every run fails alike
+        why = "no train.bin there; prepare it first: python data/shakespeare_char/prepare.py --out_dir"
+        raise SystemExit(f"error: --data_dir {args.data_dir}: {why} {args.data_dir}")
     if args.nanogpt and not (Path(args.nanogpt) / "data" / "shakespeare_char" / "train.bin").exists():
         why = "no data/shakespeare_char/train.bin there; put Tiny Shakespeare in its data/shakespeare_char/input.txt"
         raise SystemExit(f"error: --nanogpt {args.nanogpt}: {why} and run its prepare.py there")
@@ -273,6 +279,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def all_ok(result: dict[str, Any]) -> int:
+    """The exit status: 0 when every run of every side was ok."""
+    return 0 if all(s["runs_ok"] == s["runs"] for s in result["sides"].values()) else 1
+
+
 if __name__ == "__main__":
-    result = main()
-    sys.exit(0 if all(s["runs_ok"] == s["runs"] for s in result["sides"].values()) else 1)
+    run_command(lambda: all_ok(main()), "the model's size (--set n_layer=..., --set n_embd=...)")

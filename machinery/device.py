@@ -11,10 +11,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -137,6 +137,25 @@ def fault_message(e: BaseException, lower: str) -> str | None:
         where = f" on {e.filename}" if e.filename else ""
         return f"{e.strerror or type(e).__name__}{where}: free space, fix the permissions or give another path"
     return None
+
+
+def run_command(main: Callable[[], object], lower: str) -> NoReturn:
+    """Run a command's main() and exit: with its status if it returns an int (else 0); 130 on Ctrl-C, saying
+    "interrupted"; 1, quietly, when stdout's reader is gone (`| head`); 1 and one line for a fault of the machine
+    (fault_message, with what to `lower`). Any other error is a bug, and keeps its traceback."""
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:  # nothing more to say to stdout; its closing at exit must not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except (OSError, MemoryError, RuntimeError) as e:  # stdout on a full disk, an allocation that failed
+        if (message := fault_message(e, lower)) is None:
+            raise
+        sys.exit(f"error: {message}")
+    sys.exit(status if isinstance(status, int) else 0)
 
 
 def resolve_device(name: str, dist: Dist | None = None) -> str:

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from bench import common, decoding, profile, resume, training
-from helpers import MODEL_FLAGS, TINY, make_dataset, needs_triton, save_model, tiny_model
+from helpers import MODEL_FLAGS, ROOT, TINY, make_dataset, needs_triton, save_model, tiny_model
 from machinery.device import maxrss_bytes
 
 # A config file for the benchmarks: the tests' model, a short schedule.
@@ -161,6 +161,8 @@ def test_compare_writes_the_curves_and_skips_triton_without_a_gpu(bench_files, t
         (["--set", "batchsize=3"], "batchsize"),
         (["--out", "/proc/no/x.json"], "--out /proc/no/x.json: its folder cannot be created"),
         (["--out", "/tmp"], "--out /tmp: a folder; give a file path"),
+        (["--target_val", "nan"], "--target_val: must be >= 0.0, got nan"),
+        (["--data_dir", "/proc/no"], "--data_dir /proc/no: no train.bin there; prepare it first"),
     ],
 )
 def test_training_bad_input_is_one_line(argv, message, capsys):
@@ -374,3 +376,27 @@ def test_pack_makes_the_three_files(tmp_path):
     assert "| 1 |" in summary and "line 39" in summary and "line 14\n" not in summary  # the log's last 25 lines
     with tarfile.open(tmp_path / "out" / "gpu_results.tar.gz") as tar:
         assert {"gpu_results/b.log", "gpu_results/a.md"} <= set(tar.getnames())
+
+
+def test_the_plot_refuses_what_it_would_draw_wrong_and_draws_the_rest(tmp_path, capsys):
+    """A folder as --out (matplotlib would write FOLDER.png), a name without a format it writes, a difference that
+    is not finite (a line with a gap no reader sees): one line each, nothing written. The committed JSON draws."""
+    pytest.importorskip("matplotlib")
+    from bench import plot_batch_independence as plot
+
+    source = ROOT / "bench" / "results" / "batch_independence_cpu.json"
+    result = json.loads(source.read_text())
+    result["rows"][0]["alone_vs_batch"]["per_step_max_abs_diff"][2] = float("nan")
+    (tmp_path / "nan.json").write_text(json.dumps(result))
+    refused = {
+        f"--out {tmp_path}": f"--out {tmp_path} is a folder: give a file name, such as {tmp_path}",
+        f"--out {tmp_path / 'x.xyz'}": "give a file name ending in .png, .svg, .pdf",
+        f"--json {tmp_path / 'nan.json'} --out {tmp_path / 'x.png'}": "rows, custom: a difference that is not finite (nan at step 2); nothing drawn",
+    }
+    for argv, message in refused.items():
+        with pytest.raises(SystemExit) as stop:
+            plot.main(argv.split())
+        assert str(stop.value).startswith("error: ") and message in str(stop.value) and "\n" not in str(stop.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan.json"]
+    plot.main(["--json", str(source), "--out", str(tmp_path / "fig.svg")])
+    assert (tmp_path / "fig.svg").stat().st_size > 1000 and capsys.readouterr().out == f"wrote {tmp_path / 'fig.svg'}\n"

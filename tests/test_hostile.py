@@ -280,8 +280,9 @@ def test_a_new_run_into_a_folder_with_another_runs_interrupted_state_is_refused(
         (["sample.py", "OUT", *SAMPLE], "error: No space left on device"),
         (["data/shakespeare_char/prepare.py", "--input", "TEXT", "--out_dir", "PREPARED"], "the report cannot be"),
         (["-m", "exercises", "2"], "error: the results cannot be printed (No space left on device)"),
+        (["-m", "bench.kernels", "--sizes=32", "--rows=16", "--reps=1", "--impls=builtin"], "error: No space left"),
     ],
-    ids=["sample", "prepare", "exercises"],
+    ids=["sample", "prepare", "exercises", "a-benchmark"],
 )
 def test_printing_into_a_full_disk_is_one_line(trained, tmp_path, command, named):
     (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
