@@ -245,7 +245,8 @@ class PreparedData:
             vocab = self.meta["vocab_size"]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise DataError(f"{meta_path} is unreadable or has no vocab_size ({e}): {how}") from None
-        for key in ("vocab_size", "train_bytes", "val_bytes"):  # the byte counts: absent in a dataset by hand
+        for key in ("vocab_size", "train_tokens", "val_tokens", "train_bytes", "val_bytes"):  # (the counts may be
+            # absent, in a dataset written by hand)
             value = self.meta.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DataError(f"{meta_path} has {key}={value!r}: it must be a positive integer; {how}")

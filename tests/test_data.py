@@ -260,6 +260,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         (lambda d: _set_meta(d, vocab_size="30"), "has vocab_size='30'"),
         (lambda d: _set_meta(d, vocab_size=29), "train.bin holds token id 29, but"),  # the largest id is 29
         (lambda d: _set_meta(d, val_bytes=0), "has val_bytes=0: it must be a positive integer"),
+        (lambda d: _set_meta(d, train_tokens="100"), "has train_tokens='100': it must be a positive integer"),
         (lambda d: _set_meta(d, tokenizer={"kind": "char", "itos": ["a", "b"]}), "its tokenizer lists 2 characters"),
         (lambda d: (d / "meta.json").write_bytes(b"\xff{"), "meta.json is unreadable"),
         (lambda d: (d / "meta.json").write_text("[1]", encoding="utf-8"), "meta.json is unreadable"),
@@ -273,6 +274,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         "vocab-a-string",
         "vocab-below-an-id",
         "bytes-0",
+        "tokens-a-string",
         "itos-shorter",
         "meta-not-utf8",
         "meta-not-an-object",
