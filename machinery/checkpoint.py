@@ -173,12 +173,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:
             checkpoint = nanogpt.to_checkpoint(checkpoint)
-        GPTConfig.from_options(checkpoint["model_args"])
+        config = GPTConfig.from_options(checkpoint["model_args"])
         checkpoint["model"] = unprefixed(checkpoint["model"])
+        mismatch = mismatch_with_weights(checkpoint["model_args"], config, checkpoint["model"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(
             f"{path} is incomplete or malformed ({type(e).__name__}: {first_line(e)}); use another checkpoint"
         ) from None
+    if mismatch:
+        raise CheckpointError(f"{path} does not describe its own weights: {mismatch}; use another checkpoint")
     weights = checkpoint["model"].items()
     bad = [k for k, t in weights if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all()]
     if bad:
@@ -187,6 +190,26 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{', ...' if len(bad) > 3 else ''}): it comes from a diverged run or is damaged; use another checkpoint"
         )
     return checkpoint
+
+
+def mismatch_with_weights(model_args: dict[str, Any], config: GPTConfig, state: dict[str, Any]) -> str | None:
+    """What a checkpoint's model_args say of its weights' shapes that the weights deny (a size that is missing, and
+    would take GPTConfig's default, included); None if they agree."""
+    missing = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size") if k not in model_args]
+    if missing:
+        return f"its model_args lack {', '.join(missing)}"
+    expected = {
+        "transformer.wte.weight": (config.vocab_size, config.n_embd),  # vocab_size and n_embd
+        "transformer.wpe.weight": (config.block_size, config.n_embd),  # block_size
+    }
+    for name, shape in expected.items():
+        found = tuple(state[name].shape) if isinstance(state.get(name), torch.Tensor) else None
+        if found is not None and found != shape:
+            return f"model_args give {name} the shape {list(shape)}, the weight is {list(found)}"
+    blocks = {int(k.split(".")[2]) for k in state if k.startswith("transformer.h.") and k.split(".")[2].isdigit()}
+    if blocks and len(blocks) != config.n_layer:
+        return f"model_args say n_layer={config.n_layer}, the weights hold {len(blocks)} blocks"
+    return None
 
 
 def first_line(e: BaseException) -> str:
@@ -337,8 +360,9 @@ def check_rng(rng: Any, path: Path) -> None:
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer, path: Path, iter_num: int) -> None:
-    """CheckpointError unless every loaded optimizer state tensor is finite and each per-weight one (AdamW's
-    moments) has its weight's shape: torch's load_state_dict checks the groups' sizes only. An empty state, which
+    """CheckpointError unless every loaded optimizer state tensor is finite, AdamW's second moment is not negative,
+    and each per-weight one (AdamW's moments) has its weight's shape: torch's load_state_dict checks the groups'
+    sizes only. An empty state, which
     AdamW has only before its first step, is refused after one (iter_num > 0)."""
     if iter_num > 0 and not optimizer.state:
         raise CheckpointError(
@@ -348,9 +372,13 @@ def check_optimizer(optimizer: torch.optim.Optimizer, path: Path, iter_num: int)
     for group in optimizer.param_groups:
         for p in group["params"]:
             for name, value in optimizer.state.get(p, {}).items():
-                wrong = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape
-                if wrong or (isinstance(value, torch.Tensor) and not value.isfinite().all()):
+                if not isinstance(value, torch.Tensor):
+                    continue
+                wrong = value.dim() > 0 and value.shape != p.shape
+                negative = name in ("exp_avg_sq", "max_exp_avg_sq") and bool((value < 0).any())  # squares' averages
+                if wrong or negative or not value.isfinite().all():
                     what = f"shape {tuple(value.shape)}, its weight's {tuple(p.shape)}" if wrong else "not finite"
+                    what = "negative in places (an average of squares cannot be)" if negative else what
                     raise CheckpointError(
                         f"{path} cannot be resumed: its optimizer state {name!r} of a weight is {what}; "
                         f"start a new run (another --out_dir) or use another checkpoint"

@@ -162,6 +162,29 @@ def test_a_checkpoint_of_this_format_with_a_malformed_entry_is_refused_at_load(t
     assert named in str(e.value) and str(tmp_path / "ckpt.pt") in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda a: a.pop("n_layer"), "its model_args lack n_layer"),  # else GPTConfig's default, 12, then blamed
+        (lambda a: a.update(vocab_size=a["vocab_size"] + 1), "transformer.wte.weight the shape [{v1}, {c}], the"),
+        (lambda a: a.update(block_size=a["block_size"] * 2), "transformer.wpe.weight the shape [{b2}, {c}], the"),
+        (lambda a: a.update(n_layer=a["n_layer"] + 1), "model_args say n_layer={l1}, the weights hold {l} blocks"),
+    ],
+    ids=["n_layer-missing", "vocab-one-more", "block-twice", "a-layer-more"],
+)
+def test_a_checkpoint_whose_model_args_deny_its_weights_is_refused_at_load(tmp_path, damage, named):
+    """Saved with a valid checksum (a program's bug, not damage in transit): named at load, not later as the
+    resume's 'asked for' or the model's missing keys."""
+    ckpt = _checkpoint()
+    damage(ckpt["model_args"])
+    save_checkpoint(tmp_path / "ckpt.pt", ckpt)
+    with pytest.raises(CheckpointError, match="does not describe its own weights: ") as e:
+        load_checkpoint(tmp_path / "ckpt.pt")
+    t = TINY
+    figures = dict(v1=t.vocab_size + 1, c=t.n_embd, b2=2 * t.block_size, l1=t.n_layer + 1, l=t.n_layer)
+    assert named.format(**figures) in str(e.value) and "\n" not in str(e.value)
+
+
 def test_weights_that_do_not_fit_are_reported():
     ckpt = _checkpoint()
     ckpt["model_args"]["n_embd"] = 2 * TINY.n_embd
@@ -237,6 +260,7 @@ def test_weights_that_are_not_finite_are_refused_at_load_naming_the_tensors(tmp_
         (lambda c: c.update(rng=[1]), "RNG state 'torch' is NoneType"),
         (lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "'exp_avg' of a weight is shape (3,)"),
         (lambda c: c["optimizer"]["state"][1]["exp_avg_sq"].fill_(float("nan")), "'exp_avg_sq' of a weight is not"),
+        (lambda c: c["optimizer"]["state"][1]["exp_avg_sq"].neg_(), "'exp_avg_sq' of a weight is negative in"),
         (lambda c: c["optimizer"].update(state=7), "optimizer or RNG state does not fit (AttributeError"),
         (lambda c: c.update(iter_num=-4), "its iter_num is -4, not an integer >= 0"),
         (lambda c: c.update(iter_num=True), "its iter_num is True"),
@@ -246,7 +270,8 @@ def test_weights_that_are_not_finite_are_refused_at_load_naming_the_tensors(tmp_
         (lambda c: c["optimizer"].update(state={}), "its optimizer holds no state after 12 iterations"),
     ],
     ids=[
-        *("rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "moment-nan", "state-not-a-dict"),
+        *("rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "moment-nan", "moment-negative"),
+        "state-not-a-dict",
         *("iter<0", "iter-a-bool", "iter-a-float", "best-nan", "config-a-list", "no-moments"),
     ],
 )
