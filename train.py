@@ -326,7 +326,7 @@ def train(
     stop_reason = None
     with (
         runlog.open_log(cfg, dist, start if resumed else None) as log,
-        StopRequest(dist) as stop,
+        StopRequest(dist, catch=not cfg.eval_only) as stop,
         contextlib.closing(run.data),
     ):
         window = runlog.LossWindow(dist, tokens_per_iter(cfg), log)
@@ -374,8 +374,14 @@ def train(
             stop_reason="eval_only" if cfg.eval_only else stop_reason or "max_iters",
         )
         log(summary)
-        if cfg.sample_at_end and dist.master and not cfg.eval_only:
+    # The sample at the end, past StopRequest: Ctrl-C stops it, the run being done (evaluated, saved). A signal
+    # during the last evaluation skips it.
+    if cfg.sample_at_end and dist.master and not cfg.eval_only and stop.signum is None:
+        try:
             print_sample(run)
+        except KeyboardInterrupt:
+            where = f"the run is done ({it} iterations) and its checkpoint is in {cfg.out_dir}"
+            raise Interrupted(f"interrupted (SIGINT) during the sample at the end; {where}", signal.SIGINT) from None
     return summary
 
 

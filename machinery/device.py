@@ -223,16 +223,18 @@ class StopRequest:
     """SIGINT and SIGTERM while a run trains (a `with` block; in the main thread, the only one that may catch them).
     The first one only sets `signum`: the run finishes its iteration, saves a checkpoint and exits. A second within
     a second is the same request (torchrun forwards the terminal's Ctrl-C to processes that already got it); a
-    later one raises KeyboardInterrupt: stop now, without saving."""
+    later one raises KeyboardInterrupt: stop now, without saving. With catch=False (a run that saves nothing, such
+    as eval_only), the signals are left as they are: the first Ctrl-C stops it."""
 
-    def __init__(self, dist: Dist) -> None:
+    def __init__(self, dist: Dist, catch: bool = True) -> None:
         self.dist = dist
+        self.catch = catch
         self.signum: int | None = None
         self._time = 0.0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
+        if self.catch and threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 

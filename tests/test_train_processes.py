@@ -49,6 +49,42 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, tiny_data: Pa
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("during", ["the-sample-at-the-end", "eval_only"])
+def test_ctrl_c_where_there_is_nothing_to_save_says_what_was_kept(tmp_path: Path, tiny_data: Path, during: str):
+    """During the sample at the end the run is done and saved: Ctrl-C stops the sample and says so (exit 130).
+    eval_only saves nothing: the first Ctrl-C quits, saying just that, not that it will save a checkpoint."""
+    out = tmp_path / "run"
+    args = tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=2")
+    if during == "eval_only":
+        train.main(args)
+        args += ["--init_from=resume", "--eval_only=True", "--eval_iters=100000"]
+    else:
+        args += ["--sample_at_end=True", "--sample_tokens=100000"]
+    before = load_checkpoint(out / "ckpt.pt")["iter_num"] if during == "eval_only" else None
+    proc = start(args)
+    if during == "eval_only":
+        wait_for(lambda: (out / "metrics.jsonl").stat().st_size > 0 and time.sleep(1) is None, proc)
+    else:
+        wait_for(
+            lambda: (out / "metrics.jsonl").exists() and '"kind": "summary"' in (out / "metrics.jsonl").read_text(),
+            proc,
+        )
+        time.sleep(1)  # into the sample
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    if during == "eval_only":
+        assert err.strip() == "interrupted: quit without saving", err[-2000:]
+        assert load_checkpoint(out / "ckpt.pt")["iter_num"] == before
+    else:
+        assert err.strip() == (
+            f"interrupted (SIGINT) during the sample at the end; the run is done (4 iterations) and its checkpoint "
+            f"is in {out}"
+        ), err[-2000:]
+        assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 4
+
+
 def run_printed_command(command: str, *extra: str) -> str:
     """The resume command train.py printed, `python train.py ARGS`, with EXTRA appended, run as printed
     by a shell from the repository's root, its `python` this suite's interpreter. Returns its stdout."""
