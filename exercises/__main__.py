@@ -1,17 +1,27 @@
-"""python -m exercises [N] [--explain]: grade every exercise, or exercise N, and print PASS or the first mistake for
-each; with --explain, print what the checker tries instead.
+"""python -m exercises [N] [--explain] [--time-limit S]: grade every exercise, or exercise N, and print PASS or the
+first mistake for each; with --explain, print what the checker tries instead.
+
+Each exercise is graded in a process of its own, so that code which ends that process (os._exit), crashes it (a
+segfault) or never returns (given S seconds, 60 unless --time-limit says otherwise) is named, not graded, and
+counted as failed.
 
 Exit status: 0 when every exercise graded passes (one that cannot run here, the Triton one without triton, is
-skipped, saying why), 1 otherwise, 2 for an argument that is not an exercise or --explain, 130 when grading is
-interrupted (Ctrl-C, or a KeyboardInterrupt raised by an exercise).
+skipped, saying why), 1 otherwise, 2 for an argument that is not an exercise, --explain or --time-limit S (S a
+positive number of seconds), 130 when grading is interrupted (Ctrl-C, or a KeyboardInterrupt raised by an exercise).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import math
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 try:
     from exercises import check
@@ -28,6 +38,9 @@ FILES = {
     6: "ex6_per_token",
     7: "ex7_rms_norm",
 }
+# Seconds for one exercise's process, torch's import included: the slowest solution's takes 2 s on a 2-core CPU,
+# and up to 9 s with both cores busy with other work
+TIME_LIMIT = 60.0
 
 
 def grade(n: int, package: str = "exercises") -> str:
@@ -43,18 +56,96 @@ def grade(n: int, package: str = "exercises") -> str:
     return check.CHECKS[n](module)
 
 
-def main(argv: Sequence[str] | None = None, package: str = "exercises") -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    explain = "--explain" in args
-    numbers = [a for a in args if a != "--explain"]
+def grade_into(n: int, package: str, path: str) -> None:
+    """The child process of graded_apart: exercise n graded, its result written to path; exit status 130 for a
+    KeyboardInterrupt raised by the learner's code."""
+    try:
+        result = grade(n, package)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    Path(path).write_text(result, encoding="utf-8")
+
+
+def graded_apart(n: int, package: str, time_limit: float) -> str:
+    """Exercise n graded by grade in a child process: PASS, the first mistake, or why the child gave no result (it
+    ended, crashed, or ran past time_limit seconds). A KeyboardInterrupt raised in the child is raised here."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "result"
+        code = f"from exercises.__main__ import grade_into; grade_into({n}, {package!r}, {str(path)!r})"
+        env = {"TRITON_INTERPRET": "1", **os.environ}  # as the __main__ block sets it, before triton is imported
+        # A session of its own: Ctrl-C reaches this process only, and the child and all it started die as one.
+        # No stdin: a process outside the terminal's foreground group that reads it is stopped, silently.
+        child = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            status = child.wait(timeout=time_limit)
+        except subprocess.TimeoutExpired:
+            status = None
+        finally:
+            if child.returncode is None:  # past the time limit, or Ctrl-C
+                kill(child)
+        if path.exists():  # graded, even if the child then failed to end
+            return path.read_text(encoding="utf-8")
+    if status is None:
+        return f"no result after {time_limit:g} s (an endless loop in your code?): not graded"
+    if status == 130:  # grade_into's KeyboardInterrupt
+        raise KeyboardInterrupt
+    if status < 0:
+        return f"crashed ({signal_name(-status)}) while your code ran: not graded"
+    return f"your code ended the grader's process (exit status {status}) before it was graded: not graded"
+
+
+def kill(child: subprocess.Popen) -> None:
+    """The child and every process it started: its process group, as start_new_session made it (Windows has none:
+    the child alone)."""
+    with contextlib.suppress(ProcessLookupError):  # it ended already
+        if hasattr(os, "killpg"):
+            os.killpg(child.pid, signal.SIGKILL)
+        else:
+            child.kill()
+    child.wait()
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a signal Python has no name for (a real-time one)
+        return f"signal {number}"
+
+
+def parsed(args: list[str]) -> tuple[list[int], bool, float] | None:
+    """(the exercises to grade, --explain given, the time limit) from the arguments; None if they are not valid."""
+    rest = list(args)
+    time_limit = TIME_LIMIT
+    if "--time-limit" in rest:
+        at = rest.index("--time-limit")
+        try:
+            time_limit = float(rest[at + 1])
+        except (IndexError, ValueError):
+            return None
+        del rest[at : at + 2]
+    numbers = [a for a in rest if a != "--explain"]
     valid = [str(n) for n in FILES]
-    if len(numbers) > 1 or (numbers and numbers[0] not in valid) or args.count("--explain") > 1:
+    if len(numbers) > 1 or (numbers and numbers[0] not in valid) or rest.count("--explain") > 1:
+        return None
+    if not 0 < time_limit < math.inf:  # nan fails it too
+        return None
+    return ([int(numbers[0])] if numbers else list(FILES)), "--explain" in rest, time_limit
+
+
+def main(argv: Sequence[str] | None = None, package: str = "exercises", in_process: bool = False) -> int:
+    """python -m exercises ARGV, grading package's files, each in a child process (in this one with in_process)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = parsed(args)
+    if options is None:
         print(
-            f"usage: python -m exercises [N] [--explain], N one of {', '.join(valid)}; got {' '.join(args)}",
+            f"usage: python -m exercises [N] [--explain] [--time-limit S], N one of {', '.join(map(str, FILES))}, "
+            f"S a number of seconds above 0 (default {TIME_LIMIT:g}); got {' '.join(args)}",
             file=sys.stderr,
         )
         return 2
-    chosen = [int(numbers[0])] if numbers else list(FILES)
+    chosen, explain, time_limit = options
     if explain:
         for n in chosen:
             print(f"exercise {n} ({FILES[n]}.py): {check.explain(n)}")
@@ -62,7 +153,7 @@ def main(argv: Sequence[str] | None = None, package: str = "exercises") -> int:
     failed = 0
     for n in chosen:
         try:
-            result = grade(n, package)
+            result = grade(n, package) if in_process else graded_apart(n, package, time_limit)
         except KeyboardInterrupt:
             why = "interrupted (Ctrl-C, or a KeyboardInterrupt raised by your code): not graded"
             print(f"exercise {n} ({FILES[n]}.py): {why}", flush=True)

@@ -22,7 +22,7 @@ import torch
 
 from exercises import check
 from exercises.__main__ import FILES, grade, main
-from helpers import ROOT, subprocess_env, wait_for
+from helpers import ROOT, python, subprocess_env, wait_for
 
 TRITON_WHY = check.triton_unavailable()
 needs_interpreter = pytest.mark.skipif(TRITON_WHY is not None, reason=f"the Triton exercise: {TRITON_WHY}")
@@ -82,17 +82,17 @@ def test_the_derive_it_exercises_do_not_print_dx(n: int) -> None:
 
 
 def test_main_prints_a_line_per_exercise_and_exits_0_when_each_passes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([], "exercises.solutions") == 0
+    assert main([], "exercises.solutions", in_process=True) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == [f"exercise {n} ({FILES[n]}.py)" for n in FILES]
     assert all(line.endswith(": PASS") or ": skipped: " in line for line in lines), lines
-    assert main(["4"], "exercises.solutions") == 0
+    assert main(["4"], "exercises.solutions", in_process=True) == 0
     assert capsys.readouterr().out == "exercise 4 (ex4_backward.py): PASS\n"
 
 
 def test_main_exits_1_when_one_does_not_pass(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setitem(check.CHECKS, 2, lambda module: check.SAMPLE_VARIANCE)
-    assert main(["2"], "exercises.solutions") == 1
+    assert main(["2"], "exercises.solutions", in_process=True) == 1
     assert capsys.readouterr().out == f"exercise 2 (ex2_layer_norm.py): {check.SAMPLE_VARIANCE}\n"
 
 
@@ -110,20 +110,26 @@ def test_explain_lists_every_case_the_checker_tries(capsys: pytest.CaptureFixtur
     assert "a norm that adds each token's position in the batch: per token False" in out
 
 
-def test_python_m_exercises_refuses_an_n_that_is_no_exercise(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setattr(sys, "argv", ["exercises", "8"])
-    with pytest.raises(SystemExit) as stopped:  # `python -m exercises 8`, its __main__ block included, in-process
+@pytest.mark.parametrize(
+    "args",
+    ["8", "--explian", "2 --time-limit 0", "--time-limit -1", "--time-limit nan", "--time-limit", "1 --time-limit"],
+)
+def test_python_m_exercises_refuses_what_is_no_exercise_or_time_limit(monkeypatch, capsys, args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["exercises", *args.split()])
+    with pytest.raises(SystemExit) as stopped:  # `python -m exercises ARGS`, its __main__ block included, in-process
         runpy.run_path(str(ROOT / "exercises" / "__main__.py"), run_name="__main__")
     assert stopped.value.code == 2
-    usage = "usage: python -m exercises [N] [--explain], N one of 1, 2, 3, 4, 5, 6, 7; got 8\n"
+    usage = (
+        "usage: python -m exercises [N] [--explain] [--time-limit S], N one of 1, 2, 3, 4, 5, 6, 7, "
+        f"S a number of seconds above 0 (default 60); got {args}\n"
+    )
     assert capsys.readouterr() == ("", usage)
-    assert main(["--explian"]) == 2
 
 
 def test_the_triton_exercise_is_skipped_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError, as where it is missing
     assert grade(5, "exercises.solutions").startswith("skipped: triton cannot be imported here")
-    assert main(["5"], "exercises.solutions") == 0  # skipped is no failure
+    assert main(["5"], "exercises.solutions", in_process=True) == 0  # skipped is no failure
     monkeypatch.undo()
     if TRITON_WHY is None:
         monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -155,17 +161,17 @@ def test_an_exit_in_the_learners_code_is_a_mistake_not_a_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     text = "import sys\n\ndef layer_norm(x, gamma, beta, eps):\n    sys.exit(0)\n"
-    assert main(["2"], planted(tmp_path, monkeypatch, "planted_exit", text)) == 1
+    assert main(["2"], planted(tmp_path, monkeypatch, "planted_exit", text), in_process=True) == 1
     assert capsys.readouterr().out == (
         "exercise 2 (ex2_layer_norm.py): layer_norm on x [4, 3, 8] float64, eps 0.01: your code called sys.exit(0); "
         "return the result instead\n"
     )
     (tmp_path / "planted_exit_at_import").mkdir()
     (tmp_path / "planted_exit_at_import" / "ex2_layer_norm.py").write_text("raise SystemExit(0)\n")
-    assert main(["2"], "planted_exit_at_import") == 1
+    assert main(["2"], "planted_exit_at_import", in_process=True) == 1
     assert "ex2_layer_norm.py calls sys.exit(0) when it is imported" in capsys.readouterr().out
     text = "def layer_norm(x, gamma, beta, eps):\n    raise GeneratorExit\n"  # a BaseException, not an Exception
-    assert main(["2"], planted(tmp_path, monkeypatch, "planted_base", text)) == 1
+    assert main(["2"], planted(tmp_path, monkeypatch, "planted_base", text), in_process=True) == 1
     assert "eps 0.01: GeneratorExit (in layer_norm, line 2)" in capsys.readouterr().out
 
 
@@ -173,7 +179,7 @@ def test_an_interrupt_while_grading_stops_with_one_line_and_status_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     text = "def layer_norm(x, gamma, beta, eps):\n    raise KeyboardInterrupt\n"  # as Ctrl-C raises it
-    assert main([], planted(tmp_path, monkeypatch, "planted_interrupt", text)) == 130
+    assert main([], planted(tmp_path, monkeypatch, "planted_interrupt", text), in_process=True) == 130
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == (
         "exercise 2 (ex2_layer_norm.py): interrupted (Ctrl-C, or a KeyboardInterrupt raised by your code): not graded"
@@ -181,16 +187,24 @@ def test_an_interrupt_while_grading_stops_with_one_line_and_status_130(
     assert len(out) == 2 and out[0].startswith("exercise 1 ("), out  # exercise 1 graded, the rest not
 
 
-@pytest.mark.slow
-def test_ctrl_c_while_grading_ends_in_one_line_and_status_130(tmp_path: Path) -> None:
-    """`python -m exercises 2` in a copy of the tree whose exercise 2 waits; SIGINT once it runs, as Ctrl-C."""
+def learners_tree(tmp_path: Path, ex2: str) -> Path:
+    """A copy of the tree for `python -m exercises 2` to grade, its exercise 2 replaced by the learner's ex2."""
     shutil.copytree(ROOT / "exercises", tmp_path / "exercises", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("layernorm.py", "layernorm_triton.py"):
         shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "exercises" / "ex2_layer_norm.py").write_text(ex2)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_grading_ends_in_one_line_and_status_130(tmp_path: Path) -> None:
+    """`python -m exercises 2` in a copy of the tree whose exercise 2 waits; SIGINT once it runs, as Ctrl-C. The
+    process grading it is ended too: alive, it would hold the output pipe open past communicate's timeout."""
     started = tmp_path / "started"
-    (tmp_path / "exercises" / "ex2_layer_norm.py").write_text(
+    learners_tree(
+        tmp_path,
         f"import pathlib, time\n\ndef layer_norm(x, gamma, beta, eps):\n"
-        f"    pathlib.Path({str(started)!r}).touch()\n    time.sleep(60)\n"
+        f"    pathlib.Path({str(started)!r}).touch()\n    time.sleep(300)\n",
     )
     argv = [sys.executable, "-m", "exercises", "2"]
     proc = subprocess.Popen(argv, cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -201,6 +215,44 @@ def test_ctrl_c_while_grading_ends_in_one_line_and_status_130(tmp_path: Path) ->
     assert out.decode() == (
         "exercise 2 (ex2_layer_norm.py): interrupted (Ctrl-C, or a KeyboardInterrupt raised by your code): not graded\n"
     )
+
+
+# Slow: each starts `python -m exercises 2`, which grades in a process of its own: torch is imported twice.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("body", "line"),
+    [
+        (
+            "import os\n\ndef layer_norm(x, gamma, beta, eps):\n    os._exit(0)\n",
+            "your code ended the grader's process (exit status 0) before it was graded: not graded",
+        ),
+        (
+            "import ctypes\n\ndef layer_norm(x, gamma, beta, eps):\n    ctypes.string_at(0)\n",
+            "crashed (SIGSEGV) while your code ran: not graded",
+        ),
+    ],
+    ids=["os._exit(0)", "segfault"],
+)
+def test_code_that_ends_the_graders_process_is_not_graded_and_fails(tmp_path: Path, body: str, line: str) -> None:
+    proc = python("-m", "exercises", "2", cwd=learners_tree(tmp_path, body))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, f"exercise 2 (ex2_layer_norm.py): {line}\n", "")
+
+
+@pytest.mark.slow  # `python -m exercises 2` and its child, which runs until its 10 s are up
+def test_code_that_never_returns_is_stopped_at_the_time_limit_and_fails(tmp_path: Path) -> None:
+    """The learner's code starts a process and loops: both are killed. One left alive would hold the output pipe
+    open, and `python` would time out waiting for its end."""
+    started = tmp_path / "started"
+    tree = learners_tree(
+        tmp_path,
+        f"import pathlib, subprocess, sys\n\ndef layer_norm(x, gamma, beta, eps):\n"
+        f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"    pathlib.Path({str(started)!r}).touch()\n    while True:\n        pass\n",
+    )
+    proc = python("-m", "exercises", "2", "--time-limit", "10", cwd=tree, timeout=60)
+    line = "exercise 2 (ex2_layer_norm.py): no result after 10 s (an endless loop in your code?): not graded\n"
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, line, "")
+    assert started.exists()  # the loop was reached within the 10 s
 
 
 def test_ex2_gives_the_numbers_that_show_it() -> None:
