@@ -8,6 +8,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -58,7 +59,8 @@ class Dist:
             torch.backends.cudnn.allow_tf32 = True
             torch.cuda.reset_peak_memory_stats(device)
         if self.enabled:
-            torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+            with joining(self):
+                torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
             if device.startswith("cuda"):  # agreeing on a flag over gloo never waits for the GPU
                 self.control = torch.distributed.new_group(backend="gloo")
         try:
@@ -93,12 +95,39 @@ class Dist:
         return out
 
 
+JOIN_NOTE_S = 10.0  # a wait for the other processes longer than this is said, with what to do
+
+
+@contextmanager
+def joining(dist: Dist) -> Iterator[None]:
+    """The wait at the start for every process of the run (torch's rendezvous, in C++, deaf to Python's signal
+    handlers): Ctrl-C ends the process at once (SIGINT's default action; there is nothing to save yet), and a wait
+    past JOIN_NOTE_S is said on stderr, with how to stop it or avoid it."""
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    note = (
+        f"rank {dist.rank}: still waiting, after {JOIN_NOTE_S:g} s, for the other processes of this run "
+        f"(WORLD_SIZE={dist.world_size}) at {where}: start all of them (torchrun starts them for you), or unset "
+        f"{', '.join(TORCHRUN_VARIABLES)} to train in one process; Ctrl-C stops this one\n"
+    )
+    timer = threading.Timer(JOIN_NOTE_S, lambda: os.write(2, note.encode()))
+    timer.daemon = True
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL) if in_main else None
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+
+
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def dist_from_env() -> Dist:
     """torchrun sets all of TORCHRUN_VARIABLES; a plain `python train.py` sets none of them. DeviceError for some
-    without the others, or ranks that do not fit the world size."""
+    without the others, ranks that do not fit the world size, or a MASTER_ADDR that does not resolve."""
     given = [name for name in TORCHRUN_VARIABLES if name in os.environ]
     if not given:
         return Dist()
@@ -117,6 +146,14 @@ def dist_from_env() -> Dist:
             f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} do not fit: "
             f"need 0 <= LOCAL_RANK <= RANK < WORLD_SIZE"
         )
+    if world_size > 1:
+        try:  # else torch retries, warning, until its timeout
+            socket.getaddrinfo(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        except (OSError, UnicodeError) as e:
+            raise DeviceError(
+                f"MASTER_ADDR={os.environ['MASTER_ADDR']!r} cannot be resolved ({getattr(e, 'strerror', None) or e}): "
+                f"give the address of the machine running RANK 0 (torchrun --standalone sets it for you)"
+            ) from None
     return Dist(rank, local_rank, world_size)
 
 

@@ -13,8 +13,10 @@ import io
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,8 +98,12 @@ MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
             {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2", **MASTER},
             "RANK=2, LOCAL_RANK=0, WORLD_SIZE=2 do not fit",
         ),
+        (
+            {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", **MASTER, "MASTER_ADDR": "no.such.host.invalid"},
+            "MASTER_ADDR='no.such.host.invalid' cannot be resolved (",
+        ),
     ],
-    ids=["world-size-alone", "rank-not-a-number", "port-not-a-number", "rank-past-the-world"],
+    ids=["world-size-alone", "rank-not-a-number", "port-not-a-number", "rank-past-the-world", "addr-unknown"],
 )
 def test_torchruns_variables_are_checked_as_a_set(tmp_path, tiny_data, capsys, monkeypatch, env, named):
     for name in TORCHRUN_VARIABLES:
@@ -255,6 +261,27 @@ def test_a_device_as_the_text_to_prepare_is_one_line(tmp_path):
     proc = python("data/shakespeare_char/prepare.py", "--input", "/dev/zero", "--out_dir", tmp_path)
     assert_one_line_error(proc, 1, "error: /dev/zero is a device, not a text file")
     assert tree(tmp_path) == {}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_process_waiting_for_the_others_of_its_run(tmp_path, tiny_data):
+    """A process started by hand as rank 0 of 2, the other never started: torch's rendezvous waits in C++, where
+    Python's handler never runs. Once it listens on MASTER_PORT, Ctrl-C ends it at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = subprocess_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    argv = [sys.executable, "train.py", *tiny_args(tiny_data, tmp_path / "out", "--gradient_accumulation_steps=2")]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:  # (each a fresh socket)
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == -signal.SIGINT
+    finally:
+        proc.kill()  # (a process that did not stop is not left behind)
 
 
 @pytest.mark.slow
