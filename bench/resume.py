@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ):
             child = run_child([sys.executable, "train.py", *cmd])
             print(f"train.py {' '.join(cmd)}: exit {child.returncode}", flush=True)
+            if child.interrupted:  # (Ctrl-C: run_command says so)
+                raise KeyboardInterrupt
             if not child.ok:
                 raise SystemExit(f"error: train.py {' '.join(cmd)} failed: {' | '.join(child.lines[-5:])}")
         result = {"flags": flags, **compare(straight, resumed, args.rtol)}

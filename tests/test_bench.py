@@ -223,6 +223,14 @@ def test_profile_categories_follow_the_outermost_caller(names: tuple[str, ...], 
 
 
 @pytest.mark.slow  # three train.py processes
+def test_resume_interrupted_is_an_interrupt_not_a_failed_run(monkeypatch):
+    """Ctrl-C kills the train.py child: bench.resume stops as interrupted (run_command: 130), not 'train.py failed'
+    with the killed child's empty reason."""
+    monkeypatch.setattr(resume, "run_child", lambda cmd: common.Child(-9, [], 1.0, 0, False, interrupted=True))
+    with pytest.raises(KeyboardInterrupt):
+        resume.main(["--device", "cpu"])
+
+
 def test_resume_compares_every_loss_the_straight_run_logged(bench_files, tmp_path):
     """bench/resume's plumbing: both runs evaluate at the cut and log each iteration, the resumed run's losses
     reach the comparison, --rtol the verdict. (That a resume is exact: tests/test_train.py.)"""
