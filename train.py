@@ -380,7 +380,8 @@ def train(
         try:
             print_sample(run)
         except KeyboardInterrupt:
-            where = f"the run is done ({it} iterations) and its checkpoint is in {cfg.out_dir}"
+            saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
+            where = f"the run is done ({it} iterations) and {saved}"
             raise Interrupted(f"interrupted (SIGINT) during the sample at the end; {where}", signal.SIGINT) from None
     return summary
 

@@ -6,6 +6,7 @@ python -m bench.common RESULTS_DIR OUT_DIR    # bench/gpu.sh, after every step: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -66,7 +67,14 @@ class Interrupts:
     def _handle(self, signum: int, frame: object) -> None:
         self.seen = True
         if self.child is not None:
-            self.child.kill()
+            kill_unreaped(self.child)
+
+
+def kill_unreaped(proc: subprocess.Popen) -> None:
+    """SIGKILL to proc by its pid: Popen.kill() would poll() first, and so reap a child that has just ended, which
+    run_child's os.wait4 must do (for its peak memory)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
 
 
 def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = None, echo: str | None = None) -> Child:
@@ -83,9 +91,9 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
         )
         interrupts.child = proc
         if interrupts.seen:  # (a signal before it was named)
-            proc.kill()
+            kill_unreaped(proc)
         killed = threading.Event()
-        timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), proc.kill()))
+        timer = threading.Timer(timeout_s or 0, lambda: (killed.set(), kill_unreaped(proc)))
         if timeout_s:
             timer.start()  # kills a child that has gone silent, too
         t0 = time.perf_counter()

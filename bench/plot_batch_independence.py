@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         plot(result, out)
     except NotFinite as e:
-        raise SystemExit(f"error: --json {args.json}: {e}; nothing drawn") from None
+        raise SystemExit(f"error: --json {args.json}: {e}; nothing drawn: run batch_independence.py again") from None
     except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:  # another JSON
         raise SystemExit(f"error: --json {args.json} is not batch_independence.py --json's output ({e!r})") from None
     except OSError as e:

@@ -280,7 +280,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def all_ok(result: dict[str, Any]) -> int:
-    """The exit status: 0 when every run of every side was ok."""
+    """The exit status: 130 if interrupted, else 0 when every run of every side was ok."""
+    if result.get("interrupted"):
+        return 130
     return 0 if all(s["runs_ok"] == s["runs"] for s in result["sides"].values()) else 1
 
 

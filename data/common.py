@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import http.client
 import json
@@ -85,8 +86,9 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
     written = {}
     try:
         for name, data in files.items():
-            for stale in folder.glob(f"{glob.escape(name)}.????????.tmp"):  # what a killed write left (mkstemp's)
-                stale.unlink(missing_ok=True)
+            for stale in folder.glob(f"{glob.escape(name)}.{'[a-z0-9_]' * 8}.tmp"):  # what a killed write left
+                with contextlib.suppress(OSError):  # (mkstemp's names; one another process holds on Windows)
+                    stale.unlink()
             fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=folder)
             written[name] = Path(tmp)
             with os.fdopen(fd, "wb") as f:

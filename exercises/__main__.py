@@ -20,6 +20,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,12 +60,21 @@ def grade(n: int, package: str = "exercises") -> str:
 
 def grade_into(n: int, package: str, path: str) -> None:
     """The child process of graded_apart: exercise n graded, its result written to path; exit status 130 for a
-    KeyboardInterrupt raised by the learner's code."""
+    KeyboardInterrupt raised by the learner's code. It ends itself if the grader does (a closed terminal, a kill):
+    in a session of its own, nothing else would stop an endless loop."""
+    parent = os.getppid()
+    threading.Thread(target=end_with_parent, args=(parent,), daemon=True).start()
     try:
         result = grade(n, package)
     except KeyboardInterrupt:
         sys.exit(130)
     Path(path).write_text(result, encoding="utf-8")
+
+
+def end_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def graded_apart(n: int, package: str, time_limit: float) -> str:
@@ -73,6 +84,7 @@ def graded_apart(n: int, package: str, time_limit: float) -> str:
         path = Path(folder) / "result"
         code = f"from exercises.__main__ import grade_into; grade_into({n}, {package!r}, {str(path)!r})"
         env = {"TRITON_INTERPRET": "1", **os.environ}  # as the __main__ block sets it, before triton is imported
+        env["PYTHONUNBUFFERED"] = "1"  # what the learner's code prints shows even if it is then killed
         # A session of its own: Ctrl-C reaches this process only, and the child and all it started die as one.
         # No stdin: a process outside the terminal's foreground group that reads it is stopped, silently.
         child = subprocess.Popen(
@@ -88,7 +100,8 @@ def graded_apart(n: int, package: str, time_limit: float) -> str:
         if path.exists():  # graded, even if the child then failed to end
             return path.read_text(encoding="utf-8")
     if status is None:
-        return f"no result after {time_limit:g} s (an endless loop in your code?): not graded"
+        why = "an endless loop in your code? if it is only slow, give --time-limit S"
+        return f"no result after {time_limit:g} s ({why}): not graded"
     if status == 130:  # grade_into's KeyboardInterrupt
         raise KeyboardInterrupt
     if status < 0:
@@ -99,7 +112,7 @@ def graded_apart(n: int, package: str, time_limit: float) -> str:
 def kill(child: subprocess.Popen) -> None:
     """The child and every process it started: its process group, as start_new_session made it (Windows has none:
     the child alone)."""
-    with contextlib.suppress(ProcessLookupError):  # it ended already
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # it ended (macOS: a group of one zombie)
         if hasattr(os, "killpg"):
             os.killpg(child.pid, signal.SIGKILL)
         else:

@@ -16,6 +16,7 @@ checkpoints too (nanogpt.py), for sampling and decoding; train.py resumes only i
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import math
@@ -100,14 +101,24 @@ def _feed(digest: Any, value: Any) -> None:
         digest.update(f"{type(value).__name__} {value!r};".encode())
 
 
+def interrupted(e: BaseException | None) -> bool:
+    """Whether a KeyboardInterrupt is e or anywhere in what it was raised while handling."""
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e = e.__context__
+    return False
+
+
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
     """Write `checkpoint` with its checksum to a temporary file beside `path`, flush it to disk, then rename it over
     `path`: a rename within one directory is atomic, so a crash at any moment leaves either the old checkpoint or the
     new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f"{glob.escape(path.name)}.????????.tmp"):  # what a killed save left (mkstemp's)
-        stale.unlink(missing_ok=True)
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.{'[a-z0-9_]' * 8}.tmp"):  # what a killed save left
+        with contextlib.suppress(OSError):  # (mkstemp's names; one another process holds on Windows)
+            stale.unlink()
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -117,8 +128,8 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(e.__context__, KeyboardInterrupt):  # a second Ctrl-C, which torch's writer turns into a
-            raise KeyboardInterrupt from None  # RuntimeError ("unexpected pos"): quit, `path` as it was
+        if interrupted(e):  # a second Ctrl-C, which torch's writer turns into a RuntimeError ("unexpected pos"):
+            raise KeyboardInterrupt from None  # quit, `path` as it was
         if isinstance(e, (OSError, RuntimeError)):  # torch's writer turns a full disk into a RuntimeError too
             raise CheckpointError(  # ("file write failed"); `path` is still as it was
                 f"cannot save {path} ({getattr(e, 'strerror', None) or first_line(e)}): any checkpoint there before "

@@ -116,6 +116,13 @@ def joining(dist: Dist) -> Iterator[None]:
     timer.start()
     try:
         yield
+    except torch.distributed.DistError as e:  # torch's time limit on the wait (30 min), or a peer gone
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DeviceError(
+            f"rank {dist.rank}: the processes of this run (WORLD_SIZE={dist.world_size}) did not all join at {where} "
+            f"({why}): start all of them (torchrun starts them for you), or unset {', '.join(TORCHRUN_VARIABLES)} to "
+            f"train in one process"
+        ) from None
     finally:
         timer.cancel()
         if in_main:

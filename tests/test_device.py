@@ -3,10 +3,12 @@ use instead."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
-from machinery.device import DeviceError, Dist, resolve_device
+from machinery.device import DeviceError, Dist, joining, resolve_device
 
 
 @pytest.mark.parametrize(
@@ -47,3 +49,20 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
 def test_a_device_that_is_not_here_is_refused_saying_what_to_use(name: str, message: str) -> None:
     with pytest.raises(DeviceError, match=f"device={name!r} {message}"):
         resolve_device(name)
+
+
+def test_a_wait_for_the_other_processes_that_torch_gives_up_is_one_line_saying_what_to_do(monkeypatch):
+    """torch's rendezvous gives up after 30 minutes (DistStoreError): one line, not its traceback; and Ctrl-C
+    during the wait is SIGINT's default (fatal at once), restored after it."""
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.9")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(DeviceError) as e, joining(Dist(rank=1, local_rank=1, world_size=2)):
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
+        raise torch.distributed.DistStoreError("Timed out after 1801 seconds waiting for clients. 1/2 clients joined.")
+    assert str(e.value) == (
+        "rank 1: the processes of this run (WORLD_SIZE=2) did not all join at 10.0.0.9:29500 (Timed out after 1801 "
+        "seconds waiting for clients. 1/2 clients joined.): start all of them (torchrun starts them for you), or unset "
+        "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT to train in one process"
+    )
+    assert signal.getsignal(signal.SIGINT) is before

@@ -62,9 +62,19 @@ def test_ctrl_c_where_there_is_nothing_to_save_says_what_was_kept(tmp_path: Path
     else:
         args += ["--sample_at_end=True", "--sample_tokens=100000"]
     before = load_checkpoint(out / "ckpt.pt")["iter_num"] if during == "eval_only" else None
-    proc = start(args)
-    if during == "eval_only":
-        wait_for(lambda: (out / "metrics.jsonl").stat().st_size > 0 and time.sleep(1) is None, proc)
+    log = tmp_path / "stdout.txt"
+    with open(log, "w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", *args],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    if during == "eval_only":  # announce()'s second line: set up, in the evaluation
+        wait_for(lambda: "tokens per iteration" in log.read_text(), proc)
+        time.sleep(1)
     else:
         wait_for(
             lambda: (out / "metrics.jsonl").exists() and '"kind": "summary"' in (out / "metrics.jsonl").read_text(),
@@ -80,7 +90,7 @@ def test_ctrl_c_where_there_is_nothing_to_save_says_what_was_kept(tmp_path: Path
     else:
         assert err.strip() == (
             f"interrupted (SIGINT) during the sample at the end; the run is done (4 iterations) and its checkpoint "
-            f"is in {out}"
+            f"is {out / 'ckpt.pt'}"
         ), err[-2000:]
         assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 4
 
