@@ -103,12 +103,11 @@ def joining(dist: Dist) -> Iterator[None]:
     """The wait at the start for every process of the run (torch's rendezvous, in C++, deaf to Python's signal
     handlers): Ctrl-C ends the process at once (SIGINT's default action; there is nothing to save yet), and a wait
     past JOIN_NOTE_S is said on stderr, with how to stop it or avoid it."""
-    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    note = (
-        f"rank {dist.rank}: still waiting, after {JOIN_NOTE_S:g} s, for the other processes of this run "
-        f"(WORLD_SIZE={dist.world_size}) at {where}: start all of them (torchrun starts them for you), or unset "
-        f"{', '.join(TORCHRUN_VARIABLES)} to train in one process; Ctrl-C stops this one\n"
-    )
+    world, at = f"(WORLD_SIZE={dist.world_size})", f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    how = f"start all of them (torchrun starts them for you), or unset {', '.join(TORCHRUN_VARIABLES)} to train in one"
+    how += " process"
+    note = f"rank {dist.rank}: still waiting, after {JOIN_NOTE_S:g} s, for the other processes of this run {world} "
+    note += f"at {at}: {how}; Ctrl-C stops this one\n"
     timer = threading.Timer(JOIN_NOTE_S, lambda: os.write(2, note.encode()))
     timer.daemon = True
     in_main = threading.current_thread() is threading.main_thread()
@@ -118,11 +117,8 @@ def joining(dist: Dist) -> Iterator[None]:
         yield
     except torch.distributed.DistError as e:  # torch's time limit on the wait (30 min), or a peer gone
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DeviceError(
-            f"rank {dist.rank}: the processes of this run (WORLD_SIZE={dist.world_size}) did not all join at {where} "
-            f"({why}): start all of them (torchrun starts them for you), or unset {', '.join(TORCHRUN_VARIABLES)} to "
-            f"train in one process"
-        ) from None
+        message = f"rank {dist.rank}: the processes of this run {world} did not all join at {at} ({why}): {how}"
+        raise DeviceError(message) from None
     finally:
         timer.cancel()
         if in_main:
