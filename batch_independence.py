@@ -13,12 +13,12 @@ Every row runs with PyTorch's kernels, where it passes when every difference is 
 where every difference must be 0. TF32 is off. Exit 1 when a --require row fails.
 """
 
-import signal
+from machinery.command import quiet_until_started
 
-if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once, quietly (exit 130); restored below
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+quiet_until_started(__name__)  # Ctrl-C while torch loads ends the process at once, quietly
 
 import json
+import sys
 from argparse import Namespace
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,11 +29,12 @@ from torch import Tensor
 
 from layernorm import NORMS, TritonUnavailableError
 from machinery.batch_invariant import batch_invariant, refusal
-from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
-from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device, run_command
+from machinery.checkpoint import resolve_weights
+from machinery.command import Failure, first_line, run_command
+from machinery.device import DEVICE_HELP, autocast, resolve_device
 from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
-from machinery.options import SEEDS, ArgumentParser, read_config_file
-from model import GPT, GPTConfig, gpt2_checkpoint
+from machinery.options import SEEDS, ArgumentParser, ConfigError, read_config_file
+from model import GPT, GPTConfig
 
 EVAL_ROW = "batchnorm-eval"
 STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
@@ -106,20 +107,21 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
 
 def base_weights(args: Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], str]:
     """The config and weights every row shares, and a line saying where they come from."""
-    if args.init_from is not None:
-        ckpt = gpt2_checkpoint(args.init_from)  # a ValueError says what to install, or what does not fit
-        return GPTConfig.from_options(ckpt["model_args"]), ckpt["model"], f"GPT-2's weights from {args.init_from}"
-    if args.out_dir is None and args.ckpt is None:
+    if args.out_dir is None and args.ckpt is None and args.init_from is None:
         size = read_config_file(args.config) if args.config else {}  # a ConfigError says what is wrong with it
-        config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
+        try:
+            config = replace(RANDOM_MODEL, **{k: v for k, v in size.items() if k in ("n_layer", "n_head", "n_embd")})
+        except ValueError as e:  # sizes that do not fit one another
+            raise ConfigError(f"--config: {e}") from None
         return (
             config,
             GPT.from_seed(config, args.seed).state_dict(),
             f"random init (seed {args.seed}), the same weights in every row",
         )
-    path = checkpoint_path(args.out_dir, args.ckpt)
-    ckpt = load_checkpoint(path)  # a CheckpointError says what is wrong with it
+    ckpt, path = resolve_weights(args.out_dir or "out", args.ckpt, args.init_from)
     config = GPTConfig.from_options(ckpt["model_args"])
+    if args.init_from is not None:
+        return config, ckpt["model"], f"GPT-2's weights from {args.init_from}"
     owner = "nanoGPT's checkpoint" if ckpt["format"] == NANOGPT_FORMAT else "checkpoint"
     source = f"{owner} {path} (trained with norm={config.norm}), loaded into every row's model with strict=False"
     return config, ckpt["model"], f"{source}: the norms share weight/bias"
@@ -133,7 +135,7 @@ def attempt(measure: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
     except TritonUnavailableError:
         raise
     except (ValueError, RuntimeError) as e:
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None, f"{type(e).__name__}: {first_line(e)}"
 
 
 def compare(pair: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
@@ -153,7 +155,7 @@ def run_row(
     model = GPT(replace(config, norm="batchnorm" if name == EVAL_ROW else name, dropout=0.0))
     missing, unexpected = model.load_state_dict(state, strict=False)  # only norm entries may differ
     if stray := [k for k in missing + unexpected if not any(f"{n}." in k for n in NORM_NAMES)]:
-        raise SystemExit(f"error: the weights do not fit a GPT with norm={model.config.norm!r}: {stray[:5]}")
+        raise Failure(f"the weights do not fit a GPT with norm={model.config.norm!r}: {stray[:5]}")
     # Dropout is 0, so the mode matters only to BatchNorm: training mode (the batchnorm row) uses batch statistics
     model.to(prompts.device).train(name == "batchnorm")
     # GPT.generate's greedy decoding with the KV cache: (tokens [B, P + n], logits [B, n, V]), or the error
@@ -240,14 +242,8 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks, print the tables (or JSON); 0 when every required row passes in both worlds, else 1."""
     args = parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-        config, state, source = base_weights(args)
-    except (DeviceError, ValueError) as e:  # a bad device, a config file that is not a model, GPT-2's weights unread
-        flag = "device" if isinstance(e, DeviceError) else "init_from" if args.init_from else "config"
-        raise SystemExit(f"error: --{flag}: {e}") from None
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}") from None
+    device = resolve_device(args.device)
+    config, state, source = base_weights(args)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 computed as float32
     torch.backends.cudnn.allow_tf32 = False
     notes = []  # from here on, args.prompt_len and args.new_tokens are what ran
@@ -290,5 +286,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again)
-    run_command(main, "--batch_size or --new_tokens, or use a smaller --config")
+    sys.exit(run_command(main, "--batch_size or --new_tokens, or use a smaller --config"))

@@ -9,15 +9,15 @@
 The checkpoint's tokenizer (a nanoGPT checkpoint's: nanogpt.tokenizer_meta; GPT-2's: its BPE) turns text into
 tokens; `--norm` runs the same weights with another LayerNorm (GPT.from_checkpoint refuses the others). Each sample
 streams: the prompt, the text of each token as soon as it is whole (GPT.stream), then a line of dashes. Greedy
-decoding and --no_kv_cache past block_size: README.md. Errors are one line, "error: ...", exit status 1.
+decoding and --no_kv_cache past block_size: README.md. Errors are one line, "error: ...": exit status 2 for a bad
+option, 1 for the rest.
 """
 
 from __future__ import annotations
 
-import signal
+from machinery.command import quiet_until_started
 
-if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once, quietly (exit 130); restored below
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+quiet_until_started(__name__)  # Ctrl-C while torch loads ends the process at once, quietly
 
 import argparse
 import math
@@ -27,14 +27,15 @@ from pathlib import Path
 
 import torch
 
-from data.common import fail, read_text_file
-from layernorm import NORMS, check_triton_device
+from data.common import read_text_file
+from layernorm import NORMS
 from machinery import nanogpt
-from machinery.checkpoint import CheckpointError, checkpoint_path, first_line, load_checkpoint
-from machinery.device import DEVICE_HELP, DeviceError, autocast, resolve_device, resolve_dtype, run_command
+from machinery.checkpoint import resolve_weights
+from machinery.command import BadOption, Failure, first_line, run_command
+from machinery.device import DEVICE_HELP, autocast, check_norm_device, resolve_device, resolve_dtype
 from machinery.options import SEEDS, ArgumentParser
-from machinery.tokenizer import GPT2_ENCODING, CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
-from model import GPT, gpt2_checkpoint
+from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
+from model import GPT
 
 SEPARATOR = "-" * 40
 MIN_TEMPERATURE = 1e-6  # the logits over it stay finite in float32 up to 3e32: any model's
@@ -57,11 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no_kv_cache", action="store_true", help="recompute the whole context every step")
     args = p.parse_args(argv)
     if args.num_samples < 1:
-        fail(f"--num_samples must be >= 1, got {args.num_samples}")
+        raise BadOption(f"--num_samples must be >= 1, got {args.num_samples}")
     if args.seed not in SEEDS:
-        fail(f"--seed must be an integer in [0, 2**63), got {args.seed}")
+        raise BadOption(f"--seed must be an integer in [0, 2**63), got {args.seed}")
     if 0 < args.temperature < MIN_TEMPERATURE or args.temperature == math.inf:  # below 0, NaN: GPT.stream says
-        fail(
+        raise BadOption(
             f"--temperature must be 0 (greedy) or a finite number from {MIN_TEMPERATURE:g} up, got "
             f"{args.temperature} (nearer 0, logits / temperature overflow float32)"
         )
@@ -71,33 +72,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | TiktokenTokenizer]:
     """The checkpoint's model, with --norm swapped in, in eval mode, and its tokenizer (for a nanoGPT checkpoint, its
     meta.pkl's characters or GPT-2's BPE)."""
-    path = args.init_from or checkpoint_path(args.out_dir, args.ckpt)
-    if args.init_from and args.ckpt:
-        fail("--init_from and --ckpt each name the weights to sample: give one of them")
+    checkpoint, path = resolve_weights(args.out_dir, args.ckpt, args.init_from)
+    check_norm_device(args.norm or checkpoint["model_args"].get("norm"), device)  # before building, what to do
     try:
-        if args.init_from:  # GPT-2's weights, and its BPE
-            checkpoint = gpt2_checkpoint(args.init_from) | {
-                "tokenizer": {"kind": "tiktoken", "encoding": GPT2_ENCODING}
-            }
-        else:
-            checkpoint = load_checkpoint(path, map_location="cpu")
-        if (args.norm or checkpoint["model_args"].get("norm")) == "triton":
-            check_triton_device(device)  # refuse before building, with what to do instead
         model = GPT.from_checkpoint(checkpoint, norm=args.norm).to(device)
-    except CheckpointError as e:
-        fail(str(e))
-    except (ValueError, RuntimeError) as e:  # e.g. Triton not installed
-        fail(f"cannot build the model from {path}: {first_line(e)}")
+    except (ValueError, RuntimeError) as e:  # another function than the weights', weights that do not fit
+        raise Failure(f"cannot build the model from {path}: {first_line(e)}") from None
     nanogpt_format = checkpoint.get("format") == nanogpt.FORMAT
     if args.meta is not None and not nanogpt_format:
-        fail(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
+        raise BadOption(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
     if "tokenizer" not in checkpoint and not nanogpt_format:
-        fail("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
+        raise Failure("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
     try:
-        meta = nanogpt.tokenizer_meta(path, checkpoint, args.meta) if nanogpt_format else checkpoint["tokenizer"]
+        meta = nanogpt.tokenizer_meta(Path(path), checkpoint, args.meta) if nanogpt_format else checkpoint["tokenizer"]
         return model, tokenizer_from_meta(meta)
     except (ValueError, TypeError, RuntimeError) as e:  # nanogpt.MetaError, a malformed entry, tiktoken's ranks
-        fail(str(e))
+        raise Failure(str(e)) from None
 
 
 def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
@@ -114,24 +104,23 @@ def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
 def main(argv: Sequence[str] | None = None) -> list[str]:
     """Draw the samples, print them, and return them (each: the prompt followed by the generated text)."""
     args = parse_args(argv)
-    try:
-        device = resolve_device(args.device)  # train.py's rule
-    except DeviceError as e:
-        fail(f"--device: {e}")
+    device = resolve_device(args.device)  # train.py's rule
     # the prompt: --start itself, or the UTF-8 file named after 'FILE:' (read as the prepare scripts do)
     prompt = read_text_file(Path(args.start.removeprefix("FILE:"))) if args.start.startswith("FILE:") else args.start
     model, tokenizer = load(args, device)
     try:
         ids = tokenizer.encode(prompt)
     except ValueError as e:  # a character the vocabulary lacks
-        fail(f"--start: {e}")
+        raise BadOption(f"--start: {e}") from None
     if not ids:
         eot = getattr(tokenizer, "eot_token", None)
         if eot is None:
-            fail("--start is empty: give a prompt of at least one character (the default is a newline)")
+            raise BadOption("--start is empty: give a prompt of at least one character (the default is a newline)")
         ids = [eot]  # BPE: start from <|endoftext|>, as GPT-2 does
     if max(ids) >= model.config.vocab_size:
-        fail(f"the prompt encodes to token id {max(ids)}, outside the model's vocabulary of {model.config.vocab_size}")
+        raise Failure(
+            f"the prompt encodes to token id {max(ids)}, outside the model's vocabulary of {model.config.vocab_size}"
+        )
     restrict_to_vocab(model, tokenizer.vocab_size)
 
     torch.manual_seed(args.seed)  # seeds every device's generator
@@ -144,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
             try:  # the checks run here, before anything is printed; their messages start with the argument's name
                 steps = model.stream(x, args.max_new_tokens, **decoding)
             except ValueError as e:
-                fail(f"--{e}")
+                raise BadOption(f"--{e}") from None
             pieces = [prompt]
             print(prompt, end="", flush=True)
             for piece in tokenizer.decode_stream(int(next_tokens[0]) for next_tokens, _ in steps):
@@ -156,7 +145,4 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again)
-    if sys.stdout is not None:  # (None: stdout closed)
-        sys.stdout.reconfigure(errors="backslashreplace")  # a console that cannot show a character prints its escape
-    run_command(main, "--max_new_tokens, or sample on another --device")
+    sys.exit(run_command(main, "--max_new_tokens, or sample on another --device"))

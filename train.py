@@ -21,101 +21,74 @@ an estimate of train and val loss every eval_interval iterations, a checkpoint a
 
 from __future__ import annotations
 
-import signal
+from machinery.command import quiet_until_started
 
-if __name__ == "__main__":  # Ctrl-C while torch loads: the process ends at once, quietly (exit 130); cli() restores it
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+quiet_until_started(__name__)  # Ctrl-C while torch loads ends the process at once, quietly
 
 import contextlib
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.common import DataError, PreparedData
-from layernorm import TritonUnavailableError, check_triton_device
-from machinery import checkpoint, runlog
+from machinery import runlog
+from machinery.checkpoint import CheckpointError, checkpoint_path
+from machinery.command import Failure, Interrupted, run_command
+from machinery.dataset import DataError, PreparedData
 from machinery.device import (
-    DeviceError,
     Dist,
     StopRequest,
     autocast,
+    check_norm_device,
     dist_from_env,
-    fault_message,
     peak_memory,
     resolve_device,
     resolve_dtype,
 )
 from machinery.options import ConfigError, TrainConfig, build_config, parse_args
+from machinery.run import MODEL_SHAPE_KEYS, Run, check_resume, load_resume, make_out_dir
 from machinery.step import get_lr, train_step
-from machinery.tokenizer import GPT2_ENCODING
+from machinery.tokenizer import GPT2_BPE
 from model import GPT, GPTConfig, gpt2_checkpoint
 
 EVAL_SEED_OFFSET = 1_000_003  # the eval generator's seed is seed + this: a stream unrelated to the training one
 SAMPLE_TEMPERATURE = 0.8
 SAMPLE_TOP_K = 200
-OPTION_ERRORS = (ConfigError, DeviceError, TritonUnavailableError)  # exit status 2; the others exit with 1
-GPT2_BPE = {"kind": "tiktoken", "encoding": GPT2_ENCODING}  # the tokenizer entry of a dataset GPT-2 can read
 
 
-class TrainError(Exception):
+class TrainError(Failure):
     """Training stopped: a loss or a weight became NaN or inf (the message says what to do)."""
 
 
-class Interrupted(TrainError):
-    """SIGINT/SIGTERM: a checkpoint was saved (the message says where and how to resume); exit 128 + signum."""
-
-    def __init__(self, message: str, signum: int) -> None:
-        super().__init__(message)
-        self.signum = signum
-
-
-@dataclass
-class Run:
-    """A run as the loop trains it, from its first iteration (new, or as the checkpoint left it: setup())."""
-
-    cfg: TrainConfig
-    device: str
-    dtype: str
-    dist: Dist
-    data: PreparedData
-    model: GPT
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    data_gen: torch.Generator
-    amp: Any  # the autocast context (a no-op in float32), built once, entered at every step
-    iter_num: int = 0
-    best_val: float = math.inf
-    last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
-
-    @property
-    def ckpt_path(self) -> Path:
-        return checkpoint.checkpoint_path(self.cfg.out_dir)
-
-
 def setup(
-    cfg: TrainConfig, explicit: dict[str, Any], ckpt: dict[str, Any] | None, device: str, dtype: str, dist: Dist
+    cfg: TrainConfig,
+    explicit: dict[str, Any],
+    ckpt: dict[str, Any] | None,
+    device: str,
+    dtype: str,
+    dist: Dist,
+    resumed_from: Path | None = None,
 ) -> Run:
     """The run's one set-up, which the benchmarks and the experiments share: the data, the model (new, its weights
     drawn from cfg.seed, or the checkpoint's, a resume's or GPT-2's, with cfg's norm and dropout), the optimizer,
-    the loss scaler, the data stream and the seeds; a resume's state (restore_training_state) last."""
+    the loss scaler, the data stream and the seeds; a resume's state (from the checkpoint at resumed_from) last."""
     data = PreparedData(cfg.data_dir, cfg.dataset, cfg.block_size)
     device_type = torch.device(device).type
     fine_tune = cfg.init_from not in ("scratch", "resume")  # GPT-2's weights (from_gpt2)
     if ckpt is None:
         model = GPT.from_seed(GPTConfig.from_options(cfg, vocab_size=data.vocab_size), cfg.seed)  # on every process
     else:
-        path = checkpoint.checkpoint_path(cfg.out_dir, cfg.resume_from)
-        where = f"--init_from={cfg.init_from}" if fine_tune else f"cannot resume from {path}"
+        where = f"--init_from={cfg.init_from}" if fine_tune else f"cannot resume from {resumed_from}"
         if not fine_tune:
-            checkpoint.check_resume(ckpt, explicit, data.vocab_size, data.meta.get("tokenizer"), path)
+            check_resume(ckpt, explicit, data.vocab_size, data.meta.get("tokenizer"), resumed_from)
         elif data.meta.get("tokenizer") != GPT2_BPE or data.vocab_size != ckpt["model_args"]["vocab_size"]:
             raise DataError(
                 f"{where} needs a dataset in GPT-2's BPE of {ckpt['model_args']['vocab_size']} tokens "
@@ -124,15 +97,15 @@ def setup(
         try:
             model = GPT.from_checkpoint(ckpt, norm=cfg.norm, dropout=cfg.dropout).train()
         except ValueError as e:  # a norm that computes another function, weights that do not fit
-            raise checkpoint.CheckpointError(f"{where}: {e}") from None
+            raise CheckpointError(f"{where}: {e}") from None
     model.to(device)
     torch.manual_seed(cfg.seed + dist.rank)  # dropout: one stream per process; a resume restores each
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")  # loss scaling for float16
     data_gen = torch.Generator().manual_seed(cfg.seed)  # the batches: one stream, the same on every process
-    run = Run(cfg, device, dtype, dist, data, model, optimizer, scaler, data_gen, autocast(device, dtype))
+    run = Run(cfg, device, dtype, dist, data, model, optimizer, scaler, data_gen, autocast(device, dtype), resumed_from)
     if ckpt is not None and not fine_tune:
-        checkpoint.restore_training_state(ckpt, run)
+        run.restore(ckpt)
     return run
 
 
@@ -142,9 +115,9 @@ def from_gpt2(cfg: TrainConfig, explicit: dict[str, Any]) -> tuple[TrainConfig, 
     try:
         ckpt = gpt2_checkpoint(cfg.init_from)
     except ValueError as e:
-        raise checkpoint.CheckpointError(f"--init_from={cfg.init_from}: {e}") from None
+        raise CheckpointError(f"--init_from={cfg.init_from}: {e}") from None
     args = ckpt["model_args"]
-    keys = [k for k in checkpoint.MODEL_SHAPE_KEYS if k != "block_size" and k in explicit]
+    keys = [k for k in MODEL_SHAPE_KEYS if k != "block_size" and k in explicit]
     asked = [f"{k}={explicit[k]!r} (it has {args[k]!r})" for k in keys if explicit[k] != args[k]]
     if cfg.block_size > args["block_size"]:
         asked.append(f"block_size={cfg.block_size} (it has {args['block_size']} positions)")
@@ -248,9 +221,8 @@ def save(run: Run, it: int, path: Path) -> None:
     """Checkpoint the run after `it` iterations, if every weight is finite (else TrainError: the last one stays)."""
     if not all(bool(torch.isfinite(t).all()) for t in run.model.state_dict().values() if t.is_floating_point()):
         raise diverged(f"the weights are not finite at iteration {it}", run)
-    checkpoint.save_training_checkpoint(path, run, it)
+    run.save(path, it)
     if path == run.ckpt_path:
-        run.last_saved = it
         run.dist.print(f"saved checkpoint {path}")
 
 
@@ -268,8 +240,7 @@ def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
 
 def announce(run: Run, resumed: bool) -> None:
     cfg = run.cfg
-    resumed_from = checkpoint.checkpoint_path(cfg.out_dir, cfg.resume_from)
-    where = f"resuming {resumed_from} at iteration {run.iter_num}" if resumed else f"from {cfg.init_from}"
+    where = f"resuming {run.resumed_from} at iteration {run.iter_num}" if resumed else f"from {cfg.init_from}"
     run.dist.print(
         f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, {run.model.get_num_params() / 1e6:.2f}M "
         f"parameters, device={run.device}, dtype={run.dtype}, compile={cfg.compile}, processes={run.dist.world_size}"
@@ -310,13 +281,19 @@ def print_sample(run: Run) -> None:
 
 
 def train(
-    cfg: TrainConfig, explicit: dict[str, Any], device: str, dtype: str, ckpt: dict[str, Any] | None, dist: Dist
+    cfg: TrainConfig,
+    explicit: dict[str, Any],
+    device: str,
+    dtype: str,
+    ckpt: dict[str, Any] | None,
+    dist: Dist,
+    resumed_from: Path | None = None,
 ) -> dict[str, Any]:
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, step, log. Returns the summary."""
     t_start = time.perf_counter()
-    run = setup(cfg, explicit, ckpt, device, dtype, dist)
+    run = setup(cfg, explicit, ckpt, device, dtype, dist, resumed_from)
     model, train_model = wrap(run)
-    resumed = ckpt is not None and cfg.init_from == "resume"
+    resumed = resumed_from is not None
     announce(run, resumed)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share of the global batch
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
@@ -387,62 +364,35 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Train as the command line `argv` asks; return the summary record. Raises one of OPTION_ERRORS, DataError,
-    CheckpointError or TrainError, each with a one-line message; `cli()` turns them into exit statuses."""
+    """Train as the command line `argv` asks; return the summary record. Every expected failure is a Failure with a
+    one-line message (machinery/command.py), which cli() turns into an exit status."""
     explicit = parse_args(sys.argv[1:] if argv is None else list(argv))
     dist = dist_from_env()
-    cfg = build_config(explicit, processes=dist.world_size)
-    ckpt = None
-    if cfg.init_from == "resume":
-        ckpt = checkpoint.load_resume_checkpoint(cfg.out_dir, cfg.resume_from)
-        source = str(checkpoint.checkpoint_path(cfg.out_dir, cfg.resume_from))
-        cfg = build_config(explicit, ckpt["config"], source=source, processes=dist.world_size)
-    elif cfg.init_from != "scratch":
+    ckpt = resumed_from = None
+    if explicit.get("init_from") == "resume":  # the checkpoint's options are the defaults
+        resumed_from = checkpoint_path(explicit.get("out_dir", TrainConfig.out_dir), explicit.get("resume_from"))
+        ckpt = load_resume(resumed_from)
+    cfg = build_config(explicit, ckpt and ckpt["config"], source=str(resumed_from or ""), processes=dist.world_size)
+    if cfg.init_from not in ("scratch", "resume"):
         cfg, ckpt = from_gpt2(cfg, explicit)
     device = resolve_device(cfg.device, dist)
     dtype = resolve_dtype(cfg.dtype, torch.device(device).type)
-    if cfg.norm == "triton":
-        check_triton_device(device)  # before any data or model is loaded
+    check_norm_device(cfg.norm, device)  # before any data or model is loaded
     if cfg.cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
     # a resume from a file in out_dir continues the run there; from a file elsewhere, out_dir is a new run's
-    in_place = cfg.init_from == "resume" and os.path.realpath(Path(source).parent) == os.path.realpath(cfg.out_dir)
-    checkpoint.make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
+    in_place = resumed_from is not None and os.path.realpath(resumed_from.parent) == os.path.realpath(cfg.out_dir)
+    make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
     if cfg.overwrite and not in_place:  # the replaced run's interrupted state and record, never to be mixed in
         for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
             (Path(cfg.out_dir) / name).unlink(missing_ok=True)
     with dist.use(device):
-        return train(cfg, explicit, device, dtype, ckpt, dist)
+        return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """main() with every expected failure as one line on stderr and an exit status (no traceback)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # (Ctrl-C is KeyboardInterrupt again: see the top)
-    if hasattr(sys.stdout, "reconfigure"):  # a console that cannot show a character prints its escape
-        sys.stdout.reconfigure(errors="backslashreplace")
-    dist = Dist()  # until torchrun's variables are read (and found sound)
-    try:
-        dist = dist_from_env()
-        main(argv)
-    except Interrupted as e:
-        dist.print(e, file=sys.stderr)
-        return 128 + e.signum
-    except (*OPTION_ERRORS, DataError, checkpoint.CheckpointError, TrainError, runlog.WandbError) as e:
-        dist.print(f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, OPTION_ERRORS) else 1
-    except KeyboardInterrupt:
-        print("\ninterrupted: quit without saving", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # stdout's reader is gone (`| head`): nothing more to say to it
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except (OSError, MemoryError, RuntimeError) as e:
-        message = fault_message(e, "--batch_size or --block_size, or the model's size (--n_layer, --n_embd)")
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
-    return 0
+    """main() through the front door: its exit status, every expected failure one line on stderr."""
+    return run_command(lambda: main(argv), "--batch_size or --block_size, or the model's size (--n_layer, --n_embd)")
 
 
 if __name__ == "__main__":

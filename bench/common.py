@@ -23,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from machinery.command import Failure
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKED = ("summary.md", "results.json", "gpu_results.tar.gz")  # what bench/gpu.sh leaves in its output folder
 
@@ -152,21 +154,18 @@ def train_config(config: str, sets: Sequence[str], *flags: str) -> Any:
     typed and checked by machinery/options.py; one clear line (SystemExit) if something is wrong."""
     from machinery import options
 
-    try:
-        return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
-    except options.ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
+    return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
 
 
 def open_data(data_dir: str | None, dataset: str, block_size: int, hint: str = "") -> Any:
     """The prepared dataset (a data.common.PreparedData) in data_dir, else data/<dataset>; a missing or broken one
     exits with a one-line error, `hint` at its end."""
-    from data.common import DataError, PreparedData
+    from machinery.dataset import DataError, PreparedData
 
     try:
         return PreparedData(data_dir, dataset, block_size)
     except DataError as e:
-        raise SystemExit(f"error: {e}{hint}") from None
+        raise Failure(f"{e}{hint}") from None
 
 
 def new_run(cfg: Any, device: str = "cpu") -> Any:
@@ -175,13 +174,9 @@ def new_run(cfg: Any, device: str = "cpu") -> Any:
     import torch
 
     import train
-    from data.common import DataError
     from machinery.device import Dist, resolve_dtype
 
-    try:
-        return train.setup(cfg, {}, None, device, resolve_dtype(cfg.dtype, torch.device(device).type), Dist())
-    except DataError as e:
-        raise SystemExit(f"error: {e}") from None
+    return train.setup(cfg, {}, None, device, resolve_dtype(cfg.dtype, torch.device(device).type), Dist())
 
 
 def progress(done: int, total: int, t0: float) -> str:

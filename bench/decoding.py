@@ -5,6 +5,7 @@ Linear layers alone; --matmul: F.linear alone at decoding shapes, stock against 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,12 +27,13 @@ from bench.common import (
     timed,
     write_results,
 )
-from layernorm import NORMS, TritonUnavailableError, check_triton_device
+from layernorm import NORMS
 from machinery import options
 from machinery.batch_invariant import batch_invariant, refusal
-from machinery.checkpoint import CheckpointError, load_checkpoint
-from machinery.device import run_command
-from model import GPT, GPTConfig, gpt2_checkpoint
+from machinery.checkpoint import resolve_weights
+from machinery.command import Failure, first_line, run_command
+from machinery.device import check_norm_device
+from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
 PATHS = ("uncached", "cached", "mode", "linears")
@@ -42,12 +44,11 @@ def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
     """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) or GPT-2's weights
     (args.init_from) with each of --norms."""
     norms = args.norms.split(",")
-    if "triton" in norms:
-        check_triton_device(device)  # one line saying what to do, before a model is loaded
+    for norm in norms:
+        check_norm_device(norm, device)  # one line saying what to do, before a model is loaded
     if args.checkpoint or args.init_from:
-        ckpt = gpt2_checkpoint(args.init_from) if args.init_from else load_checkpoint(args.checkpoint)
+        ckpt, source = resolve_weights("", args.checkpoint, args.init_from)
         loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in norms]
-        source = args.init_from or args.checkpoint
         return [(f"{source} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
     out = []
     for path in args.sizes.split(","):
@@ -224,12 +225,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result["runs"].append(run)
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
             table = decode_table(result)
-    except (TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
-        raise SystemExit(f"error: {e}") from None
+    except ValueError as e:  # a norm that computes another function than the weights', weights that do not fit
+        if isinstance(e, Failure):  # already one line, with its exit status
+            raise
+        raise Failure(first_line(e)) from None
     print(table)
     write_results(args, "bench.decoding", result, table)
     return result
 
 
 if __name__ == "__main__":
-    run_command(main, "--batches, --new_tokens or --sizes")
+    sys.exit(run_command(main, "--batches, --new_tokens or --sizes"))

@@ -16,7 +16,7 @@ import torch
 
 import layernorm
 from bench.common import at_least, comma_list, fmt, markdown_table, median, parse, parser, spread, timed, write_results
-from machinery.device import run_command
+from machinery.command import run_command
 
 IMPLS = ("custom", "builtin", "triton", "naive")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -181,4 +181,4 @@ if __name__ == "__main__":
     if sys.platform == "linux" and "--system-malloc" not in sys.argv and not STEADY:
         argv = [sys.executable, "-m", "bench.kernels", *sys.argv[1:]]
         os.execve(sys.executable, argv, {**os.environ, **STEADY_MALLOC})
-    run_command(main, "--rows or --sizes")
+    sys.exit(run_command(main, "--rows or --sizes"))

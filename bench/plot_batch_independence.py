@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
+
+from machinery.command import Failure, run_command
 
 ZERO = 1e-9  # a difference of exactly 0 is drawn here, on the axis labelled "0" (a log scale has no 0)
 RESULT = Path("bench/results/batch_independence_cpu.json")  # the figure README.md and docs/03 show
@@ -56,23 +59,23 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     out = args.out or args.json.with_suffix(".png")
     if out.is_dir():
-        raise SystemExit(f"error: --out {out} is a folder: give a file name, such as {out / 'batch_independence.png'}")
+        raise Failure(f"--out {out} is a folder: give a file name, such as {out / 'batch_independence.png'}")
     if out.suffix.lower() not in FORMATS:  # (without one, matplotlib would add .png to the name given)
-        raise SystemExit(f"error: --out {out}: give a file name ending in {', '.join(FORMATS)}")
+        raise Failure(f"--out {out}: give a file name ending in {', '.join(FORMATS)}")
     try:
         result = json.loads(args.json.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
-        raise SystemExit(f"error: --json {args.json}: {getattr(e, 'strerror', None) or e}") from None
+        raise Failure(f"--json {args.json}: {getattr(e, 'strerror', None) or e}") from None
     try:
         plot(result, out)
     except NotFinite as e:
-        raise SystemExit(f"error: --json {args.json}: {e}; nothing drawn: run batch_independence.py again") from None
+        raise Failure(f"--json {args.json}: {e}; nothing drawn: run batch_independence.py again") from None
     except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:  # another JSON
-        raise SystemExit(f"error: --json {args.json} is not batch_independence.py --json's output ({e!r})") from None
+        raise Failure(f"--json {args.json} is not batch_independence.py --json's output ({e!r})") from None
     except OSError as e:
-        raise SystemExit(f"error: --out {out}: {e.strerror or e}") from None
+        raise Failure(f"--out {out}: {e.strerror or e}") from None
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

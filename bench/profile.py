@@ -6,6 +6,7 @@ What a step is, what is reported, and the figure beside --out: bench/README.md.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from bench.common import (
     write_results,
 )
 from layernorm import NORMS, Norm
-from machinery.device import run_command
+from machinery.command import run_command
 from machinery.options import TrainConfig
 from machinery.step import train_step
 
@@ -204,4 +205,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_command(main, "the model's size or batch (--set batch_size=..., --set n_embd=...)")
+    sys.exit(run_command(main, "the model's size or batch (--set batch_size=..., --set n_embd=...)"))

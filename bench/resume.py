@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import at_least, fmt, markdown_table, parse, parser, run_child, write_results
-from machinery.device import run_command
+from machinery.command import Failure, run_command
 from machinery.runlog import read_metrics
 
 ITERS = 4
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if child.interrupted:  # (Ctrl-C: run_command says so)
                 raise KeyboardInterrupt
             if not child.ok:
-                raise SystemExit(f"error: train.py {' '.join(cmd)} failed: {' | '.join(child.lines[-5:])}")
+                raise Failure(f"train.py {' '.join(cmd)} failed: {' | '.join(child.lines[-5:])}")
         result = {"flags": flags, **compare(straight, resumed, args.rtol)}
     title = f"### {CUT} + {ITERS - CUT} iterations resumed against {ITERS} straight: {' '.join(flags[1:])}"
     verdict = "the same run" if result["same"] else "NOT the same run"
@@ -74,4 +74,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    run_command(lambda: 0 if main()["same"] else 1, "the model's size (--set n_layer=..., --set n_embd=...)")
+    sys.exit(run_command(lambda: 0 if main()["same"] else 1, "the model's size (--set n_layer=..., --set n_embd=...)"))

@@ -18,7 +18,7 @@ from typing import Any
 from bench import common
 from bench.common import Child, comma_list, fmt, markdown_table, median, spread
 from layernorm import NO_NORM, NORMS
-from machinery.device import run_command
+from machinery.command import BadOption, run_command
 from machinery.options import TrainConfig
 from machinery.runlog import read_metrics
 
@@ -54,7 +54,7 @@ def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[st
     for mode in args.modes:
         for norm, _, only in (item.partition(":") for item in args.norms.split(",") if item):
             if norm not in (*NORMS, NO_NORM):
-                raise SystemExit(f"error: --norms: {norm!r} is not a norm; choose from {', '.join(NORMS)}, {NO_NORM}")
+                raise BadOption(f"--norms: {norm!r} is not a norm; choose from {', '.join(NORMS)}, {NO_NORM}")
             if only and only != mode:
                 continue
             if mode != "eager" and not on_cuda(args):
@@ -263,10 +263,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.norms = args.norms if "--norms" in args.argv else ",".join((*NORMS, NO_NORM))
     if args.data_dir and not (Path(args.data_dir) / "train.bin").exists():  # else every run fails alike
         why = "no train.bin there; prepare it first: python data/shakespeare_char/prepare.py --out_dir"
-        raise SystemExit(f"error: --data_dir {args.data_dir}: {why} {args.data_dir}")
+        raise BadOption(f"--data_dir {args.data_dir}: {why} {args.data_dir}")
     if args.nanogpt and not (Path(args.nanogpt) / "data" / "shakespeare_char" / "train.bin").exists():
         why = "no data/shakespeare_char/train.bin there; put Tiny Shakespeare in its data/shakespeare_char/input.txt"
-        raise SystemExit(f"error: --nanogpt {args.nanogpt}: {why} and run its prepare.py there")
+        raise BadOption(f"--nanogpt {args.nanogpt}: {why} and run its prepare.py there")
     return args
 
 
@@ -287,4 +287,4 @@ def all_ok(result: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
-    run_command(lambda: all_ok(main()), "the model's size (--set n_layer=..., --set n_embd=...)")
+    sys.exit(run_command(lambda: all_ok(main()), "the model's size (--set n_layer=..., --set n_embd=...)"))

@@ -1,6 +1,6 @@
-"""Prepared data (data/README.md: train.bin, val.bin and meta.json), written by the ``data/*/prepare.py`` scripts
-(find the text, check it, split 90/10, tokenize, write: run_prepare) and read back by train.py through
-``PreparedData``."""
+"""Prepared data (data/README.md: train.bin, val.bin and meta.json), written by the ``data/*/prepare.py`` scripts:
+find the text, check it, split 90/10, tokenize, write (run_prepare). train.py reads it back through
+machinery/dataset.py."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ import contextlib
 import glob
 import http.client
 import json
-import math
 import os
+import signal
 import ssl
 import sys
 import tempfile
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
+
+from machinery.command import Failure, Interrupted, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -35,46 +37,43 @@ CERTIFICATE_FIX = (
 )
 
 
-def fail(message: str) -> NoReturn:
-    """Stop the script with a one-line error (exit status 1, no traceback)."""
-    raise SystemExit(f"error: {message}")
-
-
 def decode_text(data: bytes, name: str) -> str:
     """UTF-8 bytes -> text (newlines as they are: no universal-newline translation), refusing empty and binary."""
     if not data:
-        fail(f"{name} is empty (0 bytes); give a UTF-8 text file with some text in it")
+        raise Failure(f"{name} is empty (0 bytes); give a UTF-8 text file with some text in it")
     nul = data.find(b"\x00")
     if nul != -1:
-        fail(f"{name} looks binary (NUL byte at byte offset {nul}); give a UTF-8 text file")
+        raise Failure(f"{name} looks binary (NUL byte at byte offset {nul}); give a UTF-8 text file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        fail(
+        raise Failure(
             f"{name} is not UTF-8 text (byte 0x{data[e.start]:02x} at byte offset {e.start} is invalid); "
             f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8) or give a text file"
-        )
+        ) from None
     text = text.removeprefix("\ufeff")  # a byte-order mark (some Windows editors add one) is not text
     if not text:
-        fail(f"{name} holds no text (only a byte-order mark); give a UTF-8 text file with some text in it")
+        raise Failure(f"{name} holds no text (only a byte-order mark); give a UTF-8 text file with some text in it")
     return text
 
 
 def read_text_file(path: Path) -> str:
     if path.is_char_device() or path.is_block_device():  # /dev/zero would fill the memory
-        fail(f"{path} is a device, not a text file")
+        raise Failure(f"{path} is a device, not a text file")
     if path.is_fifo() or path.is_socket():  # a read that waits for a writer, maybe for ever
-        fail(f"{path} is a {'named pipe' if path.is_fifo() else 'socket'}, not a text file: give a file saved on disk")
+        raise Failure(
+            f"{path} is a {'named pipe' if path.is_fifo() else 'socket'}, not a text file: give a file saved on disk"
+        )
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        fail(f"{path} does not exist")
+        raise Failure(f"{path} does not exist") from None
     except IsADirectoryError:
-        fail(f"{path} is a directory, not a text file")
+        raise Failure(f"{path} is a directory, not a text file") from None
     except OSError as e:
-        fail(f"cannot read {path}: {e.strerror or e}")
+        raise Failure(f"cannot read {path}: {e.strerror or e}") from None
     except MemoryError:
-        fail(f"{path} is too large to read into memory here; give a smaller text")
+        raise Failure(f"{path} is too large to read into memory here; give a smaller text") from None
     return decode_text(data, str(path))
 
 
@@ -117,16 +116,16 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
             data = response.read()
     except (OSError, ValueError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e
-        fail(
+        raise Failure(
             f"no input text: no --input, no {local}, and downloading {url} failed ({reason}). "
             f"{CERTIFICATE_FIX if isinstance(reason, ssl.SSLCertVerificationError) else ''}"
             f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})"
-        )
+        ) from None
     text = decode_text(data, url)
     try:
         write_atomic(out_dir, {"input.txt": data})
     except OSError as e:
-        fail(f"cannot save the download as {local}: {e.strerror or e}")
+        raise Failure(f"cannot save the download as {local}: {e.strerror or e}") from None
     print(f"saved {len(data):,} bytes to {local}")
     return text, str(local)
 
@@ -139,9 +138,10 @@ def split_text(text: str, train_fraction: float = TRAIN_FRACTION) -> tuple[str, 
 
 def run_prepare(
     argv: Sequence[str] | None, *, description: str | None, script_file: str, make_tokenizer: Callable[[str], Any]
-) -> None:
-    """The whole prepare script: args, text, tokenizer (``make_tokenizer(text)``: see machinery/tokenizer.py; a
-    ValueError or RuntimeError it raises is the message), 90/10 split, files."""
+) -> int:
+    """The whole prepare script, through the front door (its exit status): args, text, tokenizer
+    (``make_tokenizer(text)``: see machinery/tokenizer.py; a ValueError or RuntimeError it raises is the message),
+    90/10 split, files."""
     script_dir = Path(script_file).resolve().parent
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, help="a UTF-8 text file (default: <out_dir>/input.txt, else downloaded)")
@@ -150,14 +150,16 @@ def run_prepare(
     url = "where input.txt is downloaded from, without --input or input.txt (default: the canonical Tiny Shakespeare)"
     parser.add_argument("--url", default=TINY_SHAKESPEARE_URL, help=url)
     args = parser.parse_args(argv)
-    try:
-        prepare(args.input, args.out_dir, args.url, str(Path(script_file).resolve().relative_to(ROOT)), make_tokenizer)
-    except KeyboardInterrupt:  # (write_atomic leaves the folder as it was, or without meta.json: never half a set)
-        print(
-            f"\ninterrupted: no half-written file is left in {args.out_dir}; run this again to prepare it",
-            file=sys.stderr,
-        )
-        raise SystemExit(130) from None
+    script = str(Path(script_file).resolve().relative_to(ROOT))
+
+    def main() -> None:
+        try:
+            prepare(args.input, args.out_dir, args.url, script, make_tokenizer)
+        except KeyboardInterrupt:  # (write_atomic leaves the folder as it was, or without meta.json: never half a set)
+            message = f"\ninterrupted: no half-written file is left in {args.out_dir}; run this again to prepare it"
+            raise Interrupted(message, signal.SIGINT) from None
+
+    return run_command(main, "the text's size")
 
 
 def prepare(
@@ -167,15 +169,15 @@ def prepare(
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        fail(f"cannot create --out_dir {out_dir}: {e.strerror or e}")
+        raise Failure(f"cannot create --out_dir {out_dir}: {e.strerror or e}") from None
 
     text, source = read_text_source(input_path, out_dir, url, script)
     try:
         tok = make_tokenizer(text)
     except (ValueError, RuntimeError) as e:
-        fail(str(e))
+        raise Failure(str(e)) from None
     if tok.vocab_size > UINT16_IDS:  # every id is below vocab_size (a char vocabulary: the distinct characters)
-        fail(
+        raise Failure(
             f"{source} has {tok.vocab_size:,} distinct characters, more than the {UINT16_IDS:,} token ids "
             f"(0..{UINT16_IDS - 1}) that np.uint16 train.bin/val.bin can hold; use the BPE tokenizer "
             f"(data/shakespeare/prepare.py) for this text"
@@ -184,7 +186,7 @@ def prepare(
     ids = [np.asarray(tok.encode(part), dtype=np.int64) for part in parts]
     n_train, n_val = (int(a.size) for a in ids)
     if min(n_train, n_val) < MIN_SPLIT_TOKENS:
-        fail(
+        raise Failure(
             f"{source} is too short: {n_train + n_val:,} tokens give {n_train:,} train and "
             f"{n_val:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
             f"(train.py further needs more than block_size tokens in each); give a longer text"
@@ -202,7 +204,7 @@ def prepare(
     try:
         write_atomic(out_dir, {**bins, "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")})
     except OSError as e:
-        fail(f"cannot write to {out_dir}: {e.strerror or e}; run this again once that is fixed")
+        raise Failure(f"cannot write to {out_dir}: {e.strerror or e}; run this again once that is fixed") from None
 
     try:
         print(f"source: {source} ({len(text):,} characters)")
@@ -210,123 +212,4 @@ def prepare(
         print(f"train: {n_train:,} tokens, val: {n_val:,} tokens")
         print(f"wrote {out_dir / 'train.bin'}, {out_dir / 'val.bin'}, {out_dir / 'meta.json'}", flush=True)
     except OSError as e:  # stdout on a full disk, or closed
-        fail(f"the prepared files are written, but the report cannot be printed ({e.strerror or e})")
-
-
-# ---- reading it back (train.py) ----
-
-
-class DataError(RuntimeError):
-    """A prepared dataset that is missing or unusable; the message says how to prepare it."""
-
-
-class PreparedData:
-    """train.bin / val.bin and meta.json of one prepared dataset: data_dir, else data/<dataset>/. Windows are read
-    with a seek and a read each, from files opened once: a memmap kept open would keep every page it touched
-    resident, and opening one per batch, as nanoGPT does, costs ~4x more."""
-
-    def __init__(self, data_dir: str | None, dataset: str, block_size: int) -> None:
-        self.dir = Path(data_dir) if data_dir else ROOT / "data" / dataset
-        self.block_size = block_size
-        prepare = ROOT / "data" / dataset / "prepare.py"
-        if prepare.is_file():
-            out_dir = "" if self.dir == ROOT / "data" / dataset else f" --out_dir {self.dir}"
-            how = f"run `python {prepare.relative_to(ROOT)}{out_dir}` first"
-        else:
-            how = "write train.bin, val.bin (np.uint16 token ids) and meta.json there (see data/README.md)"
-        if self.dir.is_file():
-            raise DataError(
-                f"data_dir {str(self.dir)!r} is a file: give the folder holding train.bin, val.bin, meta.json"
-            )
-        for name in ("train.bin", "val.bin", "meta.json"):
-            if not (self.dir / name).is_file():
-                raise DataError(f"no {name} in {self.dir} (dataset {dataset!r}): {how}")
-        meta_path = self.dir / "meta.json"
-        try:
-            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            vocab = self.meta["vocab_size"]
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-            raise DataError(f"{meta_path} is unreadable or has no vocab_size ({e}): {how}") from None
-        for key in ("vocab_size", "train_tokens", "val_tokens", "train_bytes", "val_bytes"):  # (the counts may be
-            # absent, in a dataset written by hand)
-            value = self.meta.get(key, 1)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise DataError(f"{meta_path} has {key}={value!r}: it must be a positive integer; {how}")
-        self.vocab_size = vocab
-        sizes = {s: (self.dir / f"{s}.bin").stat().st_size for s in ("train", "val")}
-        self.tokens = {s: size // 2 for s, size in sizes.items()}
-        for split, n in self.tokens.items():
-            recorded = self.meta.get(f"{split}_tokens")  # None in a dataset written by hand: not compared
-            if sizes[split] % 2 or (recorded is not None and recorded != n):
-                raise DataError(
-                    f"{self.dir / f'{split}.bin'} holds {sizes[split]:,} bytes, but {meta_path} records {recorded} "
-                    f"tokens of 2 bytes: it was cut short or replaced (an interrupted copy or prepare); {how}"
-                )
-            if n <= block_size:
-                raise DataError(
-                    f"{split}.bin in {self.dir} has {n} tokens but block_size is {block_size}: a window needs "
-                    f"block_size + 1 = {block_size + 1} tokens (input and shifted target); use more text or a "
-                    f"smaller --block_size"
-                )
-        for split in self.tokens:
-            largest = int(np.memmap(self.dir / f"{split}.bin", dtype=np.uint16, mode="r").max())  # one pass over it
-            if largest >= vocab:
-                raise DataError(
-                    f"{self.dir / f'{split}.bin'} holds token id {largest}, but {meta_path} has vocab_size={vocab}: "
-                    f"the files do not belong together; {how}"
-                )
-        itos = self.meta.get("tokenizer", {}).get("itos") if isinstance(self.meta.get("tokenizer"), dict) else None
-        if isinstance(itos, list) and len(itos) != vocab:  # a char vocabulary: one id a character, no more, no less
-            raise DataError(
-                f"{meta_path} has vocab_size={vocab} but its tokenizer lists {len(itos)} characters: the two must "
-                f"agree; {how}"
-            )
-        self._files: dict[str, Any] = {}  # opened at first use
-
-    def bits_per_byte(self, split: str, loss: float) -> float | None:
-        """A loss in nats per token as bits per byte of the split's UTF-8 text, loss / ln 2 * tokens / bytes: one
-        scale for models with other tokenizers on one text. None where meta.json records no byte count."""
-        n_bytes = self.meta.get(f"{split}_bytes")
-        return loss / math.log(2) * self.tokens[split] / n_bytes if n_bytes else None
-
-    def describe(self) -> str:
-        tokens = f"{self.tokens['train']:,} train / {self.tokens['val']:,} val tokens"
-        return f"data {self.dir}: {tokens}, vocab {self.vocab_size}"
-
-    def tokenizer(self) -> Any:
-        """The dataset's tokenizer (machinery/tokenizer.py, from meta.json); DataError if it cannot be built here."""
-        from machinery.tokenizer import tokenizer_from_meta  # only here: reading batches never needs tiktoken
-
-        try:
-            return tokenizer_from_meta(self.meta["tokenizer"])
-        except (KeyError, TypeError, ValueError, ImportError, RuntimeError) as e:
-            raise DataError(f"the dataset's tokenizer cannot be built here ({e})") from None
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files = {}
-
-    def num_starts(self, split: str) -> int:
-        """How many window start positions the split has (0 .. n - block_size - 1)."""
-        return self.tokens[split] - self.block_size
-
-    def get(self, split: str, starts: Any, device: str) -> tuple[Any, Any]:
-        """Windows at `starts` (an int tensor of any shape S) -> inputs and targets [*S, block_size] on `device`."""
-        import torch  # only here: the prepare scripts never need it
-
-        if split not in self._files:
-            self._files[split] = open(self.dir / f"{split}.bin", "rb", buffering=0)  # close() closes it
-        f = self._files[split]
-        raw = bytearray()
-        for i in starts.view(-1).tolist():
-            f.seek(2 * i)
-            raw += f.read(2 * (self.block_size + 1))
-        if len(raw) != 2 * (self.block_size + 1) * starts.numel():
-            raise DataError(f"{self.dir / f'{split}.bin'} was cut short while this run read it: prepare it again")
-        windows = np.frombuffer(raw, dtype=np.uint16).reshape(*starts.shape, self.block_size + 1)
-        x = torch.from_numpy(windows[..., :-1].astype(np.int64))
-        y = torch.from_numpy(windows[..., 1:].astype(np.int64))
-        if device.startswith("cuda"):  # from pinned memory the copy runs while the GPU works
-            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-        return x.to(device), y.to(device)
+        raise Failure(f"the prepared files are written, but the report cannot be printed ({e.strerror or e})") from None

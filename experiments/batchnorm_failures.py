@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ import common  # first: the repository's modules on sys.path
 import torch
 
 from machinery.checkpoint import load_checkpoint
+from machinery.command import Failure, run_command
 from model import GPT
 
 LAYERNORM = "builtin"
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         proc = common.train("batchnorm", flags, args.data_dir, Path(out))
         if proc.returncode != 0:
             last = proc.stdout.strip().splitlines()[-1:] or ["no output"]
-            raise SystemExit(f"error: train.py {' '.join(flags)} failed: {last[0]}")
+            raise Failure(f"train.py {' '.join(flags)} failed: {last[0]}")
         trained = GPT.from_checkpoint(load_checkpoint(Path(out) / "ckpt.pt"))
     cfg = trained.config
     layernorm = GPT.from_seed(dataclasses.replace(cfg, norm=LAYERNORM), seed=0).eval()
@@ -107,4 +109,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

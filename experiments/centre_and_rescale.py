@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 
 from bench.common import markdown_table
 from layernorm import Norm
+from machinery.command import run_command
 from machinery.options import TrainConfig
 from machinery.step import get_lr, train_step
 
@@ -181,4 +183,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

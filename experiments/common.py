@@ -22,7 +22,7 @@ matplotlib.use("Agg")  # figures are written to files; no window opens
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 from bench.common import machine_info, new_run, open_data, train_config  # noqa: E402, F401 (the root is on sys.path from here)
-from data.common import PreparedData  # noqa: E402
+from machinery.dataset import PreparedData  # noqa: E402
 
 CPU_CONFIG = "configs/shakespeare_char_cpu.json"  # as the results name it; read from ROOT
 DATASET = "shakespeare_char"

@@ -14,6 +14,7 @@ saturates (|alpha x| > 2, where its slope is below 0.07). Writes dyt_stall.json 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from functools import partial
@@ -25,6 +26,7 @@ import torch
 
 from bench.common import progress
 from machinery.checkpoint import load_checkpoint
+from machinery.command import Failure, run_command
 from model import GPT
 
 CONFIG = common.CPU_CONFIG
@@ -49,7 +51,7 @@ def trained_model(name: str, flags: list[str], args: argparse.Namespace, out_dir
     schedule["log_interval"] = max(1, args.iters // 3)
     proc = common.train(name, [CONFIG, *flags, *(f"--{k}={v}" for k, v in schedule.items())], args.data_dir, out_dir)
     if proc.returncode != 0:
-        raise SystemExit(f"error: train.py failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
+        raise Failure(f"train.py failed ({proc.returncode}): {proc.stdout.strip()[-500:]}")
     return GPT.from_checkpoint(load_checkpoint(out_dir / "ckpt.pt"))
 
 
@@ -142,4 +144,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

@@ -11,6 +11,7 @@ percentiles of every norm's parameters) and inside_norms.png to --results_dir.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from machinery.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
+from machinery.checkpoint import resolve_weights
+from machinery.command import Failure, first_line, run_command
 from model import GPT
 
 
@@ -42,18 +44,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     n_batches = 1 if args.smoke else args.batches
     batch_size = 2 if args.smoke else args.batch_size
-    ckpt_path = checkpoint_path(args.out_dir, args.ckpt)
+    ckpt, ckpt_path = resolve_weights(args.out_dir, args.ckpt, None)
     try:
-        ckpt = load_checkpoint(ckpt_path)
         model = GPT.from_checkpoint(ckpt)  # on the CPU, in eval mode
-    except (CheckpointError, ValueError) as e:  # a ValueError: weights that do not fit the model
-        raise SystemExit(f"error: {e}") from None
+    except ValueError as e:  # weights that do not fit the model
+        raise Failure(f"{ckpt_path}: {first_line(e)}") from None
     cfg = model.config
     train_cfg = ckpt.get("config") or {}
     data_dir = args.data_dir or train_cfg.get("data_dir")  # the checkpoint's dataset, unless --data_dir names another
     data = common.open_data(data_dir, train_cfg.get("dataset", ""), cfg.block_size, "; or give --data_dir")
     if ckpt.get("tokenizer") is not None and data.meta.get("tokenizer") != ckpt["tokenizer"]:
-        raise SystemExit(f"error: {data.dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
+        raise Failure(f"{data.dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
     sizes = f"{cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}"
     print(f"{ckpt_path}: {sizes}; {data.tokens['val']:,} val tokens in {data.dir}", flush=True)
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     data.close()
     measured = {k: stats(torch.cat(v)) for k, v in rms.items()}
     result = {
-        "checkpoint": str(ckpt_path.resolve()),
+        "checkpoint": str(Path(ckpt_path).resolve()),
         "iter_num": ckpt.get("iter_num"),
         "model_args": ckpt["model_args"],
         "config": train_cfg,
@@ -144,4 +145,4 @@ def plot(result: dict, norms: dict[str, torch.nn.Module], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

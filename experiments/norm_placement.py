@@ -13,6 +13,7 @@ norm_placement.json, grad_norms.png and training.png to --results_dir.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch.nn.utils import get_total_norm
 
+from machinery.command import Failure, run_command
 from machinery.runlog import read_metrics
 from model import GPT, GPTConfig
 
@@ -109,7 +111,7 @@ def train_runs(args: argparse.Namespace, tmp: Path) -> dict[str, dict]:
                 "last_lines": lines[-3:],
             }
             if proc.returncode != 0 and not runs[name]["diverged"]:
-                raise SystemExit(f"train.py failed ({proc.returncode}):\n" + "\n".join(lines[-10:]))
+                raise Failure(f"train.py failed ({proc.returncode}):\n" + "\n".join(lines[-10:]))
             outcome = "DIVERGED" if runs[name]["diverged"] else f"final val loss {summary['final_val_loss']:.4f}"
             print(f"    [{name}] {outcome} ({wall_s:.0f} s)", flush=True)
     return runs
@@ -173,4 +175,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_command(main))

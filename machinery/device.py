@@ -5,24 +5,26 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 import resource
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
+
+from layernorm import TritonUnavailableError, check_triton_device
+from machinery.command import BadOption
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what --device takes, everywhere
 
 
-class DeviceError(ValueError):
+class DeviceError(BadOption, ValueError):
     """The asked-for device or dtype is not there; the message says what is valid."""
 
 
@@ -160,44 +162,6 @@ def dist_from_env() -> Dist:
     return Dist(rank, local_rank, world_size)
 
 
-def fault_message(e: BaseException, lower: str) -> str | None:
-    """One line for a fault of the machine, not of an input: memory that cannot be allocated (what to `lower`), an
-    OS error on a file or the console (no space, permission, a name too long, a closed pipe); None for the rest."""
-    text = str(e)
-    if isinstance(e, MemoryError) or (
-        isinstance(e, RuntimeError)
-        and any(
-            why in text for why in ("out of memory", "can't allocate memory", "Storage size calculation overflowed")
-        )
-    ):
-        size = re.search(r"allocate (\d[\d.]* ?(?:bytes|[KMGTP]i?B))", text)  # CPU's and CUDA's allocator
-        asked = f" (an allocation of {size.group(1)} failed)" if size else ""
-        return f"out of memory{asked}: lower {lower}"
-    if isinstance(e, OSError):
-        where = f" on {e.filename}" if e.filename else ""
-        return f"{e.strerror or type(e).__name__}{where}: free space, fix the permissions or give another path"
-    return None
-
-
-def run_command(main: Callable[[], object], lower: str) -> NoReturn:
-    """Run a command's main() and exit: with its status if it returns an int (else 0); 130 on Ctrl-C, saying
-    "interrupted"; 1, quietly, when stdout's reader is gone (`| head`); 1 and one line for a fault of the machine
-    (fault_message, with what to `lower`). Any other error is a bug, and keeps its traceback."""
-    try:
-        status = main()
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)
-    except BrokenPipeError:  # nothing more to say to stdout; its closing at exit must not raise again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    except (OSError, MemoryError, RuntimeError) as e:  # stdout on a full disk, an allocation that failed
-        if (message := fault_message(e, lower)) is None:
-            raise
-        sys.exit(f"error: {message}")
-    sys.exit(status if isinstance(status, int) else 0)
-
-
 def resolve_device(name: str, dist: Dist | None = None) -> str:
     """The torch device string for --device ('auto': cuda, then mps, then cpu); DeviceError if it is not here."""
     dist = dist or Dist()
@@ -226,6 +190,16 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
         if dist.enabled:
             raise DeviceError("several processes (torchrun) are supported on CUDA (nccl) and CPU (gloo), not MPS")
     return name
+
+
+def check_norm_device(norm: str, device: str) -> None:
+    """DeviceError, saying what to do instead, if `norm` cannot run on `device` (the Triton norm without Triton or
+    its GPU): before any data or model is loaded."""
+    if norm == "triton":
+        try:
+            check_triton_device(device)
+        except TritonUnavailableError as e:
+            raise DeviceError(str(e)) from None
 
 
 def resolve_dtype(name: str, device_type: str) -> str:

@@ -19,7 +19,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from machinery.tokenizer import GPT2_ENCODING, CharTokenizer
+from machinery.tokenizer import GPT2_BPE, CharTokenizer
 
 FORMAT = "nanoGPT"  # what checkpoint.load_checkpoint marks a converted nanoGPT checkpoint with
 KEYS = ("model", "model_args", "config", "iter_num")  # what nanoGPT's train.py saves and this project's does too
@@ -109,4 +109,4 @@ def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = Non
             f"text needs the meta.pkl of its dataset, in none of {', '.join(dict.fromkeys(map(str, searched)))}: "
             f"give it with --meta=PATH (nanoGPT writes it to data/<dataset>/meta.pkl)"
         )
-    return {"kind": "tiktoken", "encoding": GPT2_ENCODING}
+    return GPT2_BPE

@@ -16,19 +16,21 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import layernorm
+from machinery.command import BadOption
 from machinery.device import DEVICE_HELP
 from model import GPT2_SIZES, GPTConfig
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """The parser of the other commands (sample.py, batch_independence.py, prepare, the benchmarks): a bad argument
-    is one line, the error and where the options are listed, without argparse's usage block before it."""
+    """The parser of the other commands (sample.py, batch_independence.py, the benchmarks): a bad argument is a
+    BadOption, one line through the front door, saying where the options are listed, without argparse's usage
+    block before it."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+        raise BadOption(f"{message} (--help lists the options)")
 
 
-class ConfigError(ValueError):
+class ConfigError(BadOption, ValueError):
     """A bad option: unknown, of the wrong type, out of range, or impossible on this machine (exit status 2)."""
 
 

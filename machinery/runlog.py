@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from machinery.checkpoint import first_line
+from machinery.command import Failure, first_line
 from machinery.device import Dist
 from machinery.options import TrainConfig
 
 
-class WandbError(RuntimeError):
+class WandbError(Failure, RuntimeError):
     """wandb.init failed: the message says what to try."""
 
 

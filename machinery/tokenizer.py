@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 GPT2_ENCODING = "r50k_base"  # GPT-2's BPE: tiktoken's "gpt2" has the same ranks, split pattern and <|endoftext|>
+GPT2_BPE = {"kind": "tiktoken", "encoding": GPT2_ENCODING}  # its tokenizer entry, in a checkpoint or meta.json
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from layernorm import TritonUnavailableError, layer_norm_naive, make_norm
 from machinery.checkpoint import FORMAT, save_checkpoint
+from machinery.command import run_command
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,6 +234,15 @@ class Run(NamedTuple):
     returncode: int
     stdout: str
     stderr: str
+
+
+def command(capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], object], argv: Sequence[str]) -> Run:
+    """A command's main(ARGV) in this process, through the front door its `python COMMAND ARGV` exits by
+    (machinery.command.run_command): the exit status, and what it printed."""
+    capsys.readouterr()
+    code = run_command(lambda: main(list(argv)))
+    out, err = capsys.readouterr()
+    return Run(code, out, err)
 
 
 def train_cli(capsys: pytest.CaptureFixture[str], argv: Sequence[str]) -> Run:

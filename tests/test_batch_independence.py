@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import batch_independence
-from helpers import ROOT, TRITON_SKIP, Run, save_model, tiny_model
+from helpers import ROOT, TRITON_SKIP, Run, assert_one_line_error, command, save_model, tiny_model
 from layernorm import TritonUnavailableError
+from machinery.command import Failure
 from model import GPT
 
 SMALL = ["--device", "cpu", "--prompt_len", "6", "--new_tokens", "6"]  # on the CPU; a few steps are enough
@@ -152,29 +153,24 @@ def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], t
     assert result["model"]["n_embd"] == written["n_embd"]
     assert result["batch_invariant_rows"][0]["alone_vs_batch"]["max_abs_diff"] == 0.0
     (tmp_path / "bad.json").write_text("[1]")
-    with pytest.raises(SystemExit, match="error: --config: config file .*bad.json must hold a JSON object"):
+    with pytest.raises(Failure, match="--config: config file .*bad.json must hold a JSON object"):
         batch_independence.main(["--config", str(tmp_path / "bad.json")])
     (tmp_path / "odd.json").write_text('{"n_head": 5}')
-    with pytest.raises(SystemExit, match=r"error: --config: n_embd \(64\) must be divisible by n_head \(5\)"):
+    with pytest.raises(Failure, match=r"--config: n_embd \(64\) must be divisible by n_head \(5\)"):
         batch_independence.main(["--config", str(tmp_path / "odd.json")])
 
 
 def test_bad_arguments_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit, match="no checkpoint"):
-        batch_independence.main(["--out_dir", str(tmp_path)])
+    assert_one_line_error(command(capsys, batch_independence.main, ["--out_dir", str(tmp_path)]), 1, "no checkpoint")
     for args, fragment in (
         (["--norms", "groupnorm"], "'groupnorm'"),
         (["--norms", "custom", "--require", "builtin"], "'builtin' not among the rows run"),
         (["--new_tokens", "0"], "--new_tokens"),
+        (["--device", "nonsense"], "device='nonsense' is not a device here; choose auto, cpu, cuda, cuda:N or mps"),
     ):
-        with pytest.raises(SystemExit) as exc:
-            batch_independence.main(args)
-        assert exc.value.code == 2
-        assert fragment in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:  # a message: Python prints it, alone, on stderr, and exits 1
-        batch_independence.main(["--device", "nonsense"])
-    expected = "error: --device: device='nonsense' is not a device here; choose auto, cpu, cuda, cuda:N or mps"
-    assert e.value.code == expected and capsys.readouterr().out == ""
+        proc = command(capsys, batch_independence.main, args)
+        assert_one_line_error(proc, 2, fragment)
+        assert proc.stdout == ""
 
 
 def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):

@@ -11,6 +11,7 @@ import torch
 
 from helpers import TINY, assert_one_line_error, save_with_payload, tiny_model, train_cli
 from machinery import checkpoint
+from machinery import run as run_state
 from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from model import GPT
 
@@ -186,29 +187,6 @@ def test_a_checkpoint_of_this_format_with_a_malformed_entry_is_refused_at_load(t
     assert named in str(e.value) and str(tmp_path / "ckpt.pt") in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize(
-    ("damage", "named"),
-    [
-        (lambda a: a.pop("n_layer"), "its model_args lack n_layer"),  # else GPTConfig's default, 12, then blamed
-        (lambda a: a.update(vocab_size=a["vocab_size"] + 1), "transformer.wte.weight the shape [{v1}, {c}], the"),
-        (lambda a: a.update(block_size=a["block_size"] * 2), "transformer.wpe.weight the shape [{b2}, {c}], the"),
-        (lambda a: a.update(n_layer=a["n_layer"] + 1), "model_args say n_layer={l1}, the weights hold {l} blocks"),
-    ],
-    ids=["n_layer-missing", "vocab-one-more", "block-twice", "a-layer-more"],
-)
-def test_a_checkpoint_whose_model_args_deny_its_weights_is_refused_at_load(tmp_path, damage, named):
-    """Saved with a valid checksum (a program's bug, not damage in transit): named at load, not later as the
-    resume's 'asked for' or the model's missing keys."""
-    ckpt = _checkpoint()
-    damage(ckpt["model_args"])
-    save_checkpoint(tmp_path / "ckpt.pt", ckpt)
-    with pytest.raises(CheckpointError, match="does not describe its own weights: ") as e:
-        load_checkpoint(tmp_path / "ckpt.pt")
-    t = TINY
-    figures = dict(v1=t.vocab_size + 1, c=t.n_embd, b2=2 * t.block_size, l1=t.n_layer + 1, l=t.n_layer)
-    assert named.format(**figures) in str(e.value) and "\n" not in str(e.value)
-
-
 def test_weights_that_do_not_fit_are_reported():
     ckpt = _checkpoint()
     ckpt["model_args"]["n_embd"] = 2 * TINY.n_embd
@@ -277,37 +255,36 @@ def test_weights_that_are_not_finite_are_refused_at_load_naming_the_tensors(tmp_
 
 
 @pytest.mark.parametrize(
-    ("damage", "named"),
+    "damage",
     [
-        (lambda c: c["rng"].update(torch="abc"), "RNG state 'torch' is str, not a uint8 tensor of 5056 bytes"),
-        (lambda c: c["rng"].update(data=c["rng"]["data"][:100]), "RNG state 'data' is torch.uint8 (100,)"),
-        (lambda c: c.update(rng=[1]), "RNG state 'torch' is NoneType"),
-        (lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "'exp_avg' of a weight is shape (3,)"),
-        (lambda c: c["optimizer"]["state"][1]["exp_avg_sq"].fill_(float("nan")), "'exp_avg_sq' of a weight is not"),
-        (lambda c: c["optimizer"]["state"][1]["exp_avg_sq"].neg_(), "'exp_avg_sq' of a weight is negative in"),
-        (lambda c: c["optimizer"].update(state=7), "optimizer or RNG state does not fit (AttributeError"),
-        (lambda c: c.update(iter_num=-4), "its iter_num is -4, not an integer >= 0"),
-        (lambda c: c.update(iter_num=True), "its iter_num is True"),
-        (lambda c: c.update(iter_num=1.5), "its iter_num is 1.5"),
-        (lambda c: c.update(best_val_loss=float("nan")), "its best_val_loss is nan, not a number"),
-        (lambda c: c.update(config=[1]), "its config is a list, not a dict"),
-        (lambda c: c["optimizer"].update(state={}), "its optimizer holds no state after 12 iterations"),
+        lambda c: c["rng"].update(torch="abc"),
+        lambda c: c["rng"].update(data=c["rng"]["data"][:100]),
+        lambda c: c.update(rng=[1]),
+        lambda c: c["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)),
+        lambda c: c["optimizer"].update(state=7),
+        lambda c: c.update(iter_num="twelve"),
+        lambda c: c.update(config=[1]),
     ],
     ids=[
-        *("rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "moment-nan", "moment-negative"),
+        "rng-a-string",
+        "rng-short",
+        "rng-not-a-dict",
+        "moment-shape",
         "state-not-a-dict",
-        *("iter<0", "iter-a-bool", "iter-a-float", "best-nan", "config-a-list", "no-moments"),
+        "iter-a-word",
+        "config-a-list",
     ],
 )
-def test_a_resume_state_that_does_not_fit_is_refused_in_one_line(tmp_path, trained, capsys, damage, named):
-    """The state is damaged before save_checkpoint, so the checksum is right: the checks of its contents catch it."""
+def test_a_sealed_checkpoint_that_cannot_be_resumed_is_one_line_naming_it(tmp_path, trained, capsys, damage):
+    """A checkpoint that train.py did not write (damaged before save_checkpoint, so its checksum is right): one
+    boundary (Run.restore, load_resume) names the file and torch's reason; nothing on disk changes."""
     out = tmp_path / "out"
     ckpt = load_checkpoint(trained[0] / "ckpt.pt")
     damage(ckpt)
     save_checkpoint(out / "ckpt.pt", ckpt)
     before = (out / "ckpt.pt").read_bytes()
     proc = train_cli(capsys, [f"--out_dir={out}", "--init_from=resume", "--max_iters=14"])
-    assert_one_line_error(proc, 1, f"error: {out / 'ckpt.pt'} cannot be resumed", named)
+    assert_one_line_error(proc, 1, f"{out / 'ckpt.pt'} cannot be resumed")
     assert (out / "ckpt.pt").read_bytes() == before and sorted(os.listdir(out)) == ["ckpt.pt"]
 
 
@@ -318,6 +295,6 @@ def test_a_new_run_is_refused_a_folder_holding_another_runs_files(tmp_path, file
     for name in files:
         (tmp_path / name).write_text("another run's", encoding="utf-8")
     with pytest.raises(CheckpointError, match=f"holds another run's files \\({', '.join(files)}\\).*--overwrite=True"):
-        checkpoint.make_out_dir(tmp_path, new_run=True)
-    checkpoint.make_out_dir(tmp_path)  # a resume, or --overwrite=True, may use it
+        run_state.make_out_dir(tmp_path, new_run=True)
+    run_state.make_out_dir(tmp_path)  # a resume, or --overwrite=True, may use it
     assert all((tmp_path / name).read_text(encoding="utf-8") == "another run's" for name in files)

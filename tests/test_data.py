@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from data.common import UINT16_IDS, DataError, PreparedData, read_text_file, split_text
+from data.common import UINT16_IDS, read_text_file, split_text
 from helpers import NO_DOWNLOADS, ROOT, assert_one_line_error, make_dataset, python
+from machinery.command import Failure
+from machinery.dataset import DataError, PreparedData
 from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 
 CHAR = ROOT / "data" / "shakespeare_char" / "prepare.py"
@@ -362,10 +364,10 @@ def test_an_interrupted_prepare_leaves_the_old_files_or_a_folder_that_does_not_l
 
 def test_a_device_or_a_pipe_as_the_input_text_is_refused_before_it_is_read(tmp_path: Path) -> None:
     """Reading /dev/zero would fill the memory; reading a named pipe that nobody writes would wait for ever."""
-    with pytest.raises(SystemExit, match="^error: /dev/zero is a device, not a text file$"):
+    with pytest.raises(Failure, match="^/dev/zero is a device, not a text file$"):
         read_text_file(Path("/dev/zero"))
     os.mkfifo(tmp_path / "fifo")
-    with pytest.raises(SystemExit, match=r"^error: .*fifo is a named pipe, not a text file: give a file saved on"):
+    with pytest.raises(Failure, match=r"^.*fifo is a named pipe, not a text file: give a file saved on"):
         read_text_file(tmp_path / "fifo")
 
 
@@ -379,9 +381,8 @@ def test_a_prepare_interrupted_says_so_in_one_line_and_leaves_no_half_written_fi
         raise KeyboardInterrupt
 
     argv = ["--input", str(tmp_path / "in.txt"), "--out_dir", str(tmp_path / "out")]
-    with pytest.raises(SystemExit) as stop:
-        common.run_prepare(argv, description=None, script_file=__file__, make_tokenizer=interrupted)
-    assert stop.value.code == 130 and list((tmp_path / "out").iterdir()) == []
+    status = common.run_prepare(argv, description=None, script_file=__file__, make_tokenizer=interrupted)
+    assert status == 130 and list((tmp_path / "out").iterdir()) == []
     assert (
         capsys.readouterr().err
         == f"\ninterrupted: no half-written file is left in {tmp_path / 'out'}; run this again to prepare it\n"

@@ -18,10 +18,11 @@ import batch_independence
 import sample
 import train
 from bench import decoding
-from data.common import DataError
 from helpers import ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
 from layernorm import LAYERNORMS, NORMS
 from machinery.checkpoint import load_checkpoint
+from machinery.command import Failure
+from machinery.dataset import DataError
 from machinery.options import ConfigError
 from machinery.tokenizer import TiktokenTokenizer
 from model import GPT, gpt2_checkpoint
@@ -151,9 +152,9 @@ def test_what_this_gpt_does_not_compute_is_one_line_naming_it(gpt2_64, tmp_path:
 
 @pytest.mark.parametrize("norm", [n for n in NORMS if n not in LAYERNORMS])
 def test_a_norm_of_another_function_is_refused(gpt2_64, norm: str) -> None:
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(Failure) as e:
         sample.main(["--init_from", str(gpt2_64[0]), "--norm", norm, "--device", "cpu", "--max_new_tokens", "1"])
-    assert str(e.value.code) == (
+    assert f"error: {e.value}" == (
         f"error: cannot build the model from {gpt2_64[0]}: this checkpoint was trained with norm='builtin'; it can "
         f"run with custom, builtin, triton but not with {norm!r}, which computes a different function"
     )

@@ -13,7 +13,8 @@ import torch
 
 import train
 from helpers import TRITON_SKIP, python, tiny_args
-from machinery import checkpoint, options
+from machinery import options
+from machinery import run as run_state
 from machinery.device import Dist
 
 if TRITON_SKIP is not None:
@@ -234,7 +235,7 @@ def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
     args = tiny_args(tiny_data, tmp_path / "out", "--max_iters=1", "--dropout=0.2")
     cfg = dataclasses.replace(options.build_config(options.parse_args(args)), cuda_graphs=True)
-    checkpoint.make_out_dir(cfg.out_dir)
+    run_state.make_out_dir(cfg.out_dir)
     run = train.setup(cfg, {}, None, "cpu", "float32", Dist())  # a --cuda_graphs run as setup() leaves it
     before = torch.get_rng_state()
     train.wrap(run)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import train
-from helpers import ROOT, TEXT, assert_one_line_error, python, subprocess_env, tiny_args, train_cli
+from helpers import ROOT, TEXT, assert_one_line_error, command, python, subprocess_env, tiny_args, train_cli
 from machinery.checkpoint import load_checkpoint, save_checkpoint
 from machinery.device import TORCHRUN_VARIABLES
 from machinery.runlog import read_metrics
@@ -44,12 +44,9 @@ def run_copy(tmp_path: Path, trained: tuple[Path, dict]) -> Path:
 def sample_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     import sample
 
-    with pytest.raises(SystemExit) as e:
-        sample.main(argv)
-    assert capsys.readouterr().out == ""  # refused before any text was printed
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message
-    return message
+    proc = command(capsys, sample.main, argv)
+    assert proc.stdout == ""  # refused before any text was printed
+    return assert_one_line_error(proc, proc.returncode)
 
 
 # ---- options against the ranges of what consumes them, and the environment ----

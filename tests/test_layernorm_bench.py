@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bench import kernels
-from helpers import needs_triton, python
+from helpers import assert_one_line_error, command, needs_triton, python
 
 
 def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
@@ -34,9 +34,7 @@ def test_tiny_run_writes_every_implementation_and_shape(tmp_path):
     ],
 )
 def test_bad_arguments_are_one_line(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        kernels.main(["--device", "cpu", *argv])
-    assert message in capsys.readouterr().err
+    assert_one_line_error(command(capsys, kernels.main, ["--device", "cpu", *argv]), 2, message)
 
 
 @needs_triton

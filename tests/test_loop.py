@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import train
-from data.common import PreparedData
 from helpers import TEXT, TINY, VOCAB, make_dataset, tiny_args, tiny_model
+from machinery.dataset import PreparedData
 from machinery.options import TrainConfig, build_config, parse_args
 from machinery.runlog import read_metrics
 from machinery.step import get_lr, train_step

@@ -17,7 +17,7 @@ import torch
 import train
 from bench import common, decoding
 from data.common import run_prepare
-from helpers import ROOT, assert_one_line_error, tiny_args, train_cli
+from helpers import ROOT, assert_one_line_error, command, tiny_args, train_cli
 from machinery.checkpoint import load_checkpoint
 from machinery.device import peak_memory
 from machinery.tokenizer import CharTokenizer
@@ -75,7 +75,9 @@ def test_the_checkpoint_keeps_the_mps_generator_and_resume_restores_it(
 # ---- prepare.py's download on python.org's Python for macOS ----
 
 
-def test_a_certificate_failure_names_the_cause_and_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_certificate_failure_names_the_cause_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+) -> None:
     def no_certificates(self: http.client.HTTPSConnection) -> None:  # the TLS handshake, as it fails there
         raise ssl.SSLCertVerificationError(1, f"{CERT_ERROR} (_ssl.c:1000)")
 
@@ -83,10 +85,9 @@ def test_a_certificate_failure_names_the_cause_and_the_fix(monkeypatch: pytest.M
     script = str(ROOT / "data" / "shakespeare_char" / "prepare.py")
     errors = []
     for url in ("https://example.org/input.txt", (tmp_path / "missing.txt").as_uri()):  # the other: no certificates
-        with pytest.raises(SystemExit) as e:
-            args = ["--out_dir", str(tmp_path), "--url", url]
-            run_prepare(args, description=None, script_file=script, make_tokenizer=CharTokenizer.from_text)
-        errors.append(str(e.value))
+        args = ["--out_dir", str(tmp_path), "--url", url]
+        assert run_prepare(args, description=None, script_file=script, make_tokenizer=CharTokenizer.from_text) == 1
+        errors.append(capsys.readouterr().err.strip())
     msg, other = errors
     assert len(msg.splitlines()) == 1, msg
     assert CERT_ERROR in msg and "Install Certificates.command" in msg, msg
@@ -122,6 +123,6 @@ def test_decoding_leaves_out_the_mode_where_it_refuses_the_device_and_refuses_th
     assert len(line.splitlines()) == 1 and line.startswith("leaving out path 'mode': ") and device in line, line
     assert decoding.paths_here(list(decoding.PATHS), "cpu") == list(decoding.PATHS)  # the mode runs on the CPU
     assert capsys.readouterr().out == ""
-    with pytest.raises(SystemExit) as e:
-        decoding.main(["--device", device, "--paths", "mode", "--sizes", "configs/shakespeare_char_cpu.json"])
-    assert str(e.value).startswith("error: --paths mode cannot run here: ") and device in str(e.value)
+    argv = ["--device", device, "--paths", "mode", "--sizes", "configs/shakespeare_char_cpu.json"]
+    err = assert_one_line_error(command(capsys, decoding.main, argv), 1, device)
+    assert err.startswith("error: --paths mode cannot run here: ")

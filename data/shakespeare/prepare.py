@@ -18,4 +18,6 @@ from data.common import run_prepare
 from machinery.tokenizer import TiktokenTokenizer
 
 if __name__ == "__main__":
-    run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=lambda text: TiktokenTokenizer())
+    sys.exit(
+        run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=lambda text: TiktokenTokenizer())
+    )

@@ -15,4 +15,4 @@ from data.common import run_prepare
 from machinery.tokenizer import CharTokenizer
 
 if __name__ == "__main__":
-    run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text)
+    sys.exit(run_prepare(None, description=__doc__, script_file=__file__, make_tokenizer=CharTokenizer.from_text))

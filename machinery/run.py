@@ -1,0 +1,179 @@
+"""A training run's state, in one place: what the loop trains (Run), its folder (out_dir: one run's files), and its
+checkpoint: saved with every process's RNG state, restored on resume so that the run goes on exactly where it was
+cut. The file itself (atomic write, checksum, load) is checkpoint.py's."""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from machinery.checkpoint import FORMAT, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
+from machinery.command import first_line
+from machinery.device import Dist
+from machinery.options import TrainConfig
+from model import GPT, GPTConfig
+
+if TYPE_CHECKING:  # (data/ is above machinery/: its prepare scripts use machinery's tokenizers)
+    from machinery.dataset import PreparedData
+
+# model_args that fix the weights' shapes or where the norms sit: a resume may change dropout and the norm, not these
+MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
+OPTIMIZER_NOW = ("betas", "weight_decay", "fused", "foreach")  # on resume, as configured now: the kernel, too
+RUN_FILES = ("ckpt.pt", "ckpt_interrupted.pt", "metrics.jsonl")  # what a run leaves in its out_dir
+
+
+@dataclass
+class Run:
+    """A run as the loop trains it, from its first iteration (new, or as its checkpoint left it: restore())."""
+
+    cfg: TrainConfig
+    device: str
+    dtype: str
+    dist: Dist
+    data: PreparedData
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    data_gen: torch.Generator  # the batches: one stream, the same on every process
+    amp: AbstractContextManager[Any]  # the autocast context (a no-op in float32), built once, entered at every step
+    resumed_from: Path | None = None  # the checkpoint a resume goes on from
+    iter_num: int = 0
+    best_val: float = math.inf
+    last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
+
+    @property
+    def ckpt_path(self) -> Path:
+        return checkpoint_path(self.cfg.out_dir)
+
+    def save(self, path: Path, iter_num: int) -> None:
+        """Checkpoint the run after `iter_num` iterations. Every process calls it: their RNG states are gathered
+        (each has its own dropout stream), and rank 0 writes the whole state of the run."""
+        rng = rng_state(self.data_gen)
+        ranks = self.dist.gather(rng)
+        if not self.dist.master:
+            return
+        ckpt = {
+            "format": FORMAT,
+            "model": self.model.state_dict(),
+            "model_args": asdict(self.model.config),
+            "optimizer": self.optimizer.state_dict(),
+            "iter_num": iter_num,
+            "best_val_loss": self.best_val,
+            "config": asdict(self.cfg),
+            "tokenizer": self.data.meta.get("tokenizer"),
+            "rng": rng,
+        }
+        if self.dist.enabled:
+            ckpt["rng_ranks"] = ranks
+        if self.scaler.is_enabled():
+            ckpt["scaler"] = self.scaler.state_dict()
+        save_checkpoint(path, ckpt)
+        if path == self.ckpt_path:
+            self.last_saved = iter_num
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        """Load the optimizer, the scaler, this process's RNG states, the iteration and the best val loss of a
+        checkpoint from resumed_from. Each process gets back its own dropout stream; from a checkpoint of another
+        number of processes, ranks > 0 start a fresh one, seeded by rank and iteration. A checkpoint that passed its
+        checksum but does not fit (hand-made, or another program's) is one CheckpointError naming it."""
+        try:
+            # Today's OPTIMIZER_NOW (the rate is set every iteration) put into the saved groups before loading: torch
+            # moves each saved step counter onto its parameter's device, in float32, only where the group says fused.
+            saved = ckpt["optimizer"]
+            pairs = zip(saved["param_groups"], self.optimizer.param_groups, strict=True)
+            now = [{**old, **{k: group.get(k) for k in OPTIMIZER_NOW}} for old, group in pairs]
+            self.optimizer.load_state_dict({**saved, "param_groups": now})
+            for param, state in self.optimizer.state.items():  # torch checks only the groups' sizes, and the fused
+                for name, value in state.items():  # AdamW step would crash the process on a moment of another shape
+                    if value.dim() > 0 and value.shape != param.shape:
+                        raise ValueError(f"the optimizer's {name!r} of a weight has shape {tuple(value.shape)}")
+            if self.scaler.is_enabled() and ckpt.get("scaler"):
+                self.scaler.load_state_dict(ckpt["scaler"])
+            self.data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
+            ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
+            if len(ranks) == self.dist.world_size or self.dist.master:
+                set_rng_state(ranks[self.dist.rank] if len(ranks) == self.dist.world_size else ranks[0])
+            else:
+                torch.manual_seed(int(ckpt["config"]["seed"]) + self.dist.rank + 7919 * int(ckpt["iter_num"]))
+            self.iter_num = int(ckpt["iter_num"])
+            self.best_val = float(ckpt["best_val_loss"])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
+            raise CheckpointError(
+                f"{self.resumed_from} cannot be resumed ({type(e).__name__}: {first_line(e)}): it was not written by "
+                f"train.py; start a new run (another --out_dir) or use another checkpoint"
+            ) from None
+        self.last_saved = self.iter_num if self.resumed_from == self.ckpt_path else None
+
+
+def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
+    """This process's random state: torch's (weights, dropout), the data stream's, and the GPU's (CUDA or MPS)."""
+    rng = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state()  # this process's GPU
+    if torch.backends.mps.is_available():  # dropout on MPS draws from the Apple GPU's own generator
+        rng["mps"] = torch.mps.get_rng_state()
+    return rng
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"].cpu())
+    if isinstance(rng.get("cuda"), torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"].cpu())
+    if isinstance(rng.get("mps"), torch.Tensor) and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(rng["mps"].cpu())
+
+
+def load_resume(path: Path) -> dict[str, Any]:
+    """The checkpoint at `path`, if it is this project's (nanoGPT's are for sampling); CheckpointError otherwise."""
+    ckpt = load_checkpoint(path)
+    if ckpt["format"] != FORMAT:
+        raise CheckpointError(
+            f"{path} is nanoGPT's checkpoint: sample.py and batch_independence.py read it, but train.py resumes only "
+            f"its own; give another --out_dir to start a new run"
+        )
+    if not isinstance(ckpt.get("config"), dict):  # the options a resume starts from
+        raise CheckpointError(f"{path} cannot be resumed: it has no config (it was not written by train.py)")
+    return ckpt
+
+
+def check_resume(ckpt: dict[str, Any], explicit: dict[str, Any], vocab_size: int, tokenizer: Any, path: Path) -> None:
+    """CheckpointError naming the keys if the model's shape asked for explicitly, the dataset's vocabulary size or
+    its tokenizer (`tokenizer`, None if unknown) is not the checkpoint's at `path`."""
+    saved = asdict(GPTConfig.from_options(ckpt["model_args"]))
+    wanted = {k: explicit[k] for k in MODEL_SHAPE_KEYS if k in explicit} | {"vocab_size": vocab_size}
+    diffs = [f"{k}: {saved[k]!r} -> {v!r}" for k, v in sorted(wanted.items()) if saved[k] != v]
+    if ckpt.get("tokenizer") is not None and tokenizer is not None and ckpt["tokenizer"] != tokenizer:
+        diffs.append("tokenizer: the dataset's vocabulary is not the checkpoint's")
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume from {path}: it does not match what was asked for (checkpoint "
+            f"-> asked): {'; '.join(diffs)}. Drop those options (or use the dataset it was trained on) to resume it, "
+            f"or give another --out_dir to start a new run"
+        )
+
+
+def make_out_dir(path: str | Path, new_run: bool = False) -> None:
+    """Create the folder for ckpt.pt (and its parents) now, so that a path that can't be one fails before training.
+    A new run is refused a folder that holds another run's files (RUN_FILES): it would replace them without a word."""
+    out = Path(path)
+    try:
+        if out.exists() and not out.is_dir():
+            raise CheckpointError(f"out_dir {str(out)!r} is a file, not a folder: give a folder for ckpt.pt")
+        found = [name for name in RUN_FILES if (out / name).exists()] if new_run else []
+        if found:
+            what = f"{out / 'ckpt.pt'} holds another run's checkpoint"
+            what = what if "ckpt.pt" in found else f"{out} holds another run's files ({', '.join(found)})"
+            raise CheckpointError(
+                f"{what}: give this run its own --out_dir, continue that run with --init_from=resume, or replace it "
+                f"with --overwrite=True"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(
+            f"out_dir {str(out)!r} cannot be created ({e.strerror or e}): give a folder you can write to"
+        ) from None
