@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}
             result = {"device": device, **settings, "runs": []}
             todo = [(m, b) for m in models(args, device) for b in args.batches]
+            result["runs_planned"] = len(todo)
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):
                 run = decode(label, model, batch, args, device)
@@ -223,11 +224,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
                 result["runs"].append(run)
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
+                write_results(args, "bench.decoding", result, decode_table(result))  # a run cut short keeps these
             table = decode_table(result)
     except (TritonUnavailableError, CheckpointError, options.ConfigError, ValueError) as e:  # one line
         raise SystemExit(f"error: {e}") from None
     print(table)
-    write_results(args, "bench.decoding", result, table)
+    if args.matmul:
+        write_results(args, "bench.decoding", result, table)
     return result
 
 

@@ -269,6 +269,26 @@ def test_decoding_times_every_path_at_every_batch(bench_files, tmp_path):
     assert "cached / linears" in out.with_suffix(".md").read_text()
 
 
+def test_decoding_cut_short_leaves_the_batches_it_measured(bench_files, tmp_path, monkeypatch):
+    """As bench/gpu.sh's time limit cuts it (SIGINT: KeyboardInterrupt) during the second batch size."""
+    out = tmp_path / "decode.json"
+    calls = []
+
+    def cut_at_the_second(*args, real=decoding.decode):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(decoding, "decode", cut_at_the_second)
+    command = "--sizes {config} --batches 1,2 --prompt_len 4 --new_tokens 4 --repeats 1 --device cpu --out {out}"
+    with pytest.raises(KeyboardInterrupt):
+        decoding.main(cli(command, **bench_files, out=out))
+    saved = json.loads(out.read_text())
+    assert [r["batch"] for r in saved["runs"]] == [1] and saved["runs_planned"] == 2
+    assert "| 1 |" in out.with_suffix(".md").read_text()
+
+
 def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
     """The ceiling path runs each Linear (weight and bias) once a step, in the order the model's forward does."""
 
