@@ -18,10 +18,12 @@ from machinery.command import quiet_until_started
 quiet_until_started(__name__)  # Ctrl-C while torch loads ends the process at once, quietly
 
 import json
+import os
 import sys
 from argparse import Namespace
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -87,6 +89,7 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
     p.add_argument("--seed", type=int, default=1337, help="seed of the random model, prompts and x (default 1337)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("--out", help="also write the JSON to this file, after every row (a run cut short keeps its rows)")
     args = p.parse_args(argv)
     split = lambda values: list(dict.fromkeys(s for v in values for s in v.split(",") if s))  # 'a,b a' -> [a, b]
     args.norms = split(args.norms)
@@ -239,6 +242,13 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_json(result: dict[str, Any], path: str | None) -> None:
+    """The result so far in the file --out names, replaced whole (a run cut while it writes keeps the one before)."""
+    if path:
+        Path(f"{path}.part").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        os.replace(f"{path}.part", path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the checks, print the tables (or JSON); 0 when every required row passes in both worlds, else 1."""
     args = parse_args(argv)
@@ -259,15 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     worlds = ["rows"] if why else list(WORLDS)
     rows = {world: [] for world in worlds}
     skipped = {}
-    for name in args.rows:  # the Triton norm refuses to build, or its first forward refuses, where it cannot run
-        try:
-            for world in worlds:
-                rows[world].append(run_row(name, config, state, prompts, x, args, world != "rows"))
-        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with its message
-            skipped[name] = str(e)
-    missing = [n for n in args.require or [] if n in skipped]
-    notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
-    failed = [r["name"] + SUFFIX[w] for w in worlds for r in rows[w] if r["required"] and not r["passed"]] + missing
     result = {
         "source": source,
         "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
@@ -278,9 +279,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "notes": notes,
         "skipped": skipped,
         **rows,  # "rows": with PyTorch's kernels; "batch_invariant_rows": in the mode (absent where it refuses)
-        "failed": failed,
-        "ok": not failed,
     }
+    for name in args.rows:  # the Triton norm refuses to build, or its first forward refuses, where it cannot run
+        try:
+            for world in worlds:
+                rows[world].append(run_row(name, config, state, prompts, x, args, world != "rows"))
+                write_json(result, args.out)  # (result holds the lists of rows)
+        except TritonUnavailableError as e:  # not a measurement: the row is skipped, with its message
+            skipped[name] = str(e)
+    missing = [n for n in args.require or [] if n in skipped]
+    notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
+    failed = [r["name"] + SUFFIX[w] for w in worlds for r in rows[w] if r["required"] and not r["passed"]] + missing
+    result |= {"failed": failed, "ok": not failed}
+    write_json(result, args.out)
     print(json.dumps(result, indent=2) if args.json else report(result), flush=True)
     return 0 if result["ok"] else 1
 

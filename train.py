@@ -218,7 +218,10 @@ def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, fl
 
 
 def save(run: Run, it: int, path: Path) -> None:
-    """Checkpoint the run after `it` iterations, if every weight is finite (else TrainError: the last one stays)."""
+    """Checkpoint the run after `it` iterations, if every weight is finite (else TrainError: the last one stays);
+    with save_checkpoint=False, nothing."""
+    if not run.cfg.save_checkpoint:
+        return
     if not all(bool(torch.isfinite(t).all()) for t in run.model.state_dict().values() if t.is_floating_point()):
         raise diverged(f"the weights are not finite at iteration {it}", run)
     run.save(path, it)
@@ -228,12 +231,14 @@ def save(run: Run, it: int, path: Path) -> None:
 
 def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
     """Save the run a signal stopped after `it` iterations; the error to raise says how to go on. In best-only
-    mode ckpt.pt is the best model so far: the interrupted state goes beside it."""
+    mode ckpt.pt is the best model so far: the interrupted state goes beside it. With save_checkpoint=False, nothing."""
+    name = signal.Signals(signum).name
+    if not run.cfg.save_checkpoint:
+        return Interrupted(f"interrupted ({name}) after {it} iterations; saved nothing (save_checkpoint=False)", signum)
     path = run.ckpt_path if run.cfg.always_save_checkpoint else Path(run.cfg.out_dir) / "ckpt_interrupted.pt"
     save(run, it, path)
     resume = f"python train.py --init_from=resume --out_dir={run.ckpt_path.parent}"
     resume = resume if path == run.ckpt_path else f"{resume} --resume_from={path}"  # ckpt.pt stays the best model
-    name = signal.Signals(signum).name
     message = f"interrupted ({name}) after {it} iterations; saved {path}. To continue the run: {resume}"
     return Interrupted(message, signum)
 

@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}
             result = {"device": device, **settings, "runs": []}
             todo = [(m, b) for m in models(args, device) for b in args.batches]
+            result["runs_planned"] = len(todo)
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):
                 run = decode(label, model, batch, args, device)
@@ -224,13 +225,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
                 result["runs"].append(run)
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
+                write_results(args, "bench.decoding", result, decode_table(result))  # a run cut short keeps these
             table = decode_table(result)
     except ValueError as e:  # a norm that computes another function than the weights', weights that do not fit
         if isinstance(e, Failure):  # already one line, with its exit status
             raise
         raise Failure(first_line(e)) from None
     print(table)
-    write_results(args, "bench.decoding", result, table)
+    if args.matmul:
+        write_results(args, "bench.decoding", result, table)
     return result
 
 

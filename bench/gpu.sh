@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU measurement in one run of at most 8 minutes by its own clock (bench/README.md says what each step does).
 #
-#   bash bench/gpu.sh [--dry-run] [--input TINY_SHAKESPEARE.txt] [--nanogpt NANOGPT_CHECKOUT] [--commit REV] [OUT_DIR]
+#   OUT=FOLDER bash bench/gpu.sh [--dry-run] [--input TINY_SHAKESPEARE.txt] [--nanogpt NANOGPT_CHECKOUT] [--commit REV]
 #
-# PY: the python that has torch (default python3). SHARES: each step's share of the 480-s budget in s and the time
-# it is estimated to take (bench/README.md: where each estimate comes from), in the order the steps run.
-# GPU_SH_BUDGET_S scales every share (default 480 s, 1440 s with --dry-run); GPU_SH_STEPS="data,tests:30 ...": run
-# only those steps (the others: not selected), NAME:S with a limit of S seconds instead of its share. --commit (or
-# BENCH_COMMIT): the commit measured, for a copy of the tree without git.
+# OUT: the folder its three result files go to (default bench/results/gpu). PY: the python that has torch (default
+# python3). SHARES: each step's share of the 480-s budget in s and the time it is estimated to take (bench/README.md:
+# where each estimate comes from), in the order the steps run. GPU_SH_BUDGET_S scales every share (default 480 s,
+# 1440 s with --dry-run); GPU_SH_STEPS="data,tests:30 ...": run only those steps (the others: not selected), NAME:S
+# with a limit of S seconds instead of its share. --commit (or BENCH_COMMIT): the commit measured, for a copy of the
+# tree without git.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 fail() { echo "bench/gpu.sh: $1" >&2 && exit 2; }
@@ -18,14 +19,15 @@ while (($#)); do
         --input) INPUT=$2 && shift ;;
         --nanogpt) NANOGPT=$2 && shift ;;
         --commit) export BENCH_COMMIT=$2 && shift ;;
-        -*) fail "unknown option '$1'; options: --dry-run, --input PATH, --nanogpt PATH, --commit REV" ;;
-        *) OUT_DIR=$1 ;;
+        -h | --help) sed -n '2,/^set -u/s/^# \{0,1\}//p' bench/gpu.sh && exit 0 ;;
+        -*) fail "unknown option '$1'; options: --dry-run, --input PATH, --nanogpt PATH, --commit REV, --help" ;;
+        *) fail "unexpected argument '$1': the output folder is \$OUT (OUT=$1 bash bench/gpu.sh ...)" ;;
     esac
     shift
 done
 if [[ -n $NANOGPT ]]; then WIDE=0:0 NANO=60:55; else WIDE=60:50 NANO=0:0; fi
-SHARES=(report:15:10 data:5:1 grid_6x384:80:75 demo_float32:20:15 demo_bfloat16:20:15 decode:20:15 kernels:20:14
-    grid_6x384_compile:85:70 grid_6x384_reduce_overhead:55:50 full_run:60:60 grid_12x768:$WIDE nanogpt:$NANO
+SHARES=(report:15:10 data:5:1 grid_6x384:75:70 demo_float32:20:15 demo_bfloat16:20:15 decode:20:15 kernels:20:14
+    grid_6x384_compile:85:70 grid_6x384_reduce_overhead:55:50 full_run:65:65 grid_12x768:$WIDE nanogpt:$NANO
     overhead:12:11 tests:28:25)
 PY=${PY:-python3} BUDGET=${GPU_SH_BUDGET_S:-$((DRY ? 1440 : 480))} START=$(date +%s)
 share() {  # share NAME: its seconds of BUDGET
@@ -109,8 +111,9 @@ step() {
 step data "$PY" data/shakespeare_char/prepare.py --input "$INPUT" --out_dir "$WORK/data"
 GRID+=(--data_dir "$WORK/data" --repeats 1)
 step grid_6x384 "$PY" -m bench.training "${GRID[@]}" --modes eager,graphs "${NORMS[@]}" --out "$RES/grid_6x384.json"
-step demo_float32 "$PY" batch_independence.py --device=$DEV "${DEMO[@]}"
-step demo_bfloat16 "$PY" batch_independence.py --device=$DEV --dtype=bfloat16 "${DEMO[@]}"
+step demo_float32 "$PY" batch_independence.py --device=$DEV "${DEMO[@]}" --out "$RES/demo_float32.json"
+step demo_bfloat16 "$PY" batch_independence.py --device=$DEV --dtype=bfloat16 "${DEMO[@]}" \
+    --out "$RES/demo_bfloat16.json"
 step decode "$PY" -m bench.decoding --device $DEV --paths cached,mode ${DECODE[@]+"${DECODE[@]}"} \
     --out "$RES/decode.json"
 step kernels "$PY" -m bench.kernels --device $DEV "${KERNELS[@]}" --out "$RES/kernels.json"
@@ -122,13 +125,16 @@ FASTEST=$("$PY" -c "import json, sys; s = {k: v for f in sys.argv[1:] for k, v i
 print(min((v['ms_per_iter'], k) for k, v in s.items() if v['ms_per_iter'] and not k.startswith('custom'))[1])" \
     "$RES"/grid_6x384*.json 2>/dev/null)
 read -r NORM MODE <<<"${FASTEST:-builtin eager}"
-# train.py stops at max_wall_s and then evaluates and saves: 20 s of the share are kept for that and the start.
+# train.py stops at max_wall_s, then evaluates once more: 15 s of the share are kept for that and the start. TARGET:
+# a val loss the run reaches in that time (bench/README.md: full_run).
+TARGET=1.50
 step full_run "$PY" -m bench.training "${FULL[@]}" --curves --norms "$NORM" --modes "$MODE" --repeats 1 \
-    --target_val 1.47 --data_dir "$WORK/data" --set max_wall_s=$(($(share full_run) - 20)) --verbose \
+    --target_val $TARGET --data_dir "$WORK/data" --set max_wall_s=$(($(share full_run) - 15)) --verbose \
     --out "$RES/full_run.json"
 step grid_12x768 "$PY" -m bench.training "${GRID[@]}" "${WIDE[@]}" --modes eager,graphs --out "$RES/grid_12x768.json"
 [[ -n $NANOGPT ]] && step nanogpt "$PY" -m bench.training "${FULL[@]}" --curves --norms "" --nanogpt "$NANOGPT" \
-    --repeats 1 --target_val 1.47 --time_limit $(($(share nanogpt) - 10)) --verbose --out "$RES/nanogpt.json"
+    --repeats 1 --target_val $TARGET --time_limit $(($(share nanogpt) - 10)) --verbose --out "$RES/nanogpt.json"
 step overhead "$PY" -m bench.kernels --device $DEV --overhead "${OVERHEAD[@]}" --out "$RES/overhead.json"
 step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_batch_invariant_triton.py ${TESTS[@]+"${TESTS[@]}"}
-pack && echo "total $(($(date +%s) - START)) s of $BUDGET; in $OUT_DIR:" && ls "$OUT_DIR"
+echo "Total $(($(date +%s) - START)) s of $BUDGET." | tee -a "$RES/plan.txt"
+pack && echo "In $OUT_DIR:" && ls "$OUT_DIR"

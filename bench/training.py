@@ -76,16 +76,18 @@ def schedule(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
 
 def commands(side: Side, cfg: TrainConfig, out_dir: Path, args: argparse.Namespace) -> tuple[list[str], Path]:
     """The command line and folder of one run: ours (norm, mode) or nanoGPT's (side None)."""
-    timing = {} if args.whole else {"always_save_checkpoint": False}  # no checkpoint beyond the best one
-    both = {**schedule(args, cfg), "out_dir": out_dir, "device": args.device, **timing}
+    both = {**schedule(args, cfg), "out_dir": out_dir, "device": args.device}
     if side is None:
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **both}
+        if not args.whole:  # nanoGPT has no option to save nothing: a timed run saves its best checkpoint only
+            values["always_save_checkpoint"] = False
         if not on_cuda(args):
             values.update(compile=False, dtype="float32")  # on CUDA its own defaults: compile on, bfloat16
         flags = [f"--{k}={v}" for k, v in values.items()]
         return [sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], Path(args.nanogpt)
     norm, mode = side
-    ours = {**both, "norm": norm, **({} if args.whole else {"sample_at_end": False})}
+    timing = {} if args.whole else {"save_checkpoint": False, "sample_at_end": False}  # metrics.jsonl has the figures
+    ours = {**both, "norm": norm, **timing}
     ours.update({"data_dir": args.data_dir} if args.data_dir else {})
     flags = [*(f"--{item}" for item in args.set), *(f"--{k}={v}" for k, v in ours.items()), *MODES[mode]]
     return [sys.executable, "train.py", args.config, *flags], common.ROOT

@@ -189,6 +189,8 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
             raise DeviceError(f"device={name!r} but MPS is not available here; use --device=cpu or --device=auto")
         if dist.enabled:
             raise DeviceError("several processes (torchrun) are supported on CUDA (nccl) and CPU (gloo), not MPS")
+        if torch.device(name).index:  # an Apple GPU is the one MPS device
+            raise DeviceError(f"device={name!r} but there is one MPS device here; use --device=mps (or mps:0)")
     return name
 
 

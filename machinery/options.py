@@ -61,6 +61,7 @@ class TrainConfig:
     eval_iters: int = opt(200, "batches per split in each loss estimate")
     eval_only: bool = opt(False, "estimate the losses once and exit (no training)")
     always_save_checkpoint: bool = opt(True, "checkpoint after every evaluation; False: only when val loss improves")
+    save_checkpoint: bool = opt(True, "False: write no checkpoint at all (a timing run: metrics.jsonl has its figures)")
     # data
     batch_size: int = opt(12, "sequences per micro-batch (per process)")
     block_size: int = opt(64, "context length in tokens")

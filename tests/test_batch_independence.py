@@ -48,6 +48,30 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
     return status, json.loads(capsys.readouterr().out)
 
 
+def test_out_holds_the_rows_so_far_when_a_run_is_cut_and_the_whole_result_at_the_end(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--out is rewritten after every row: cut during the third (Ctrl-C, or bench/gpu.sh's time limit), it holds the
+    first two, with no verdict yet; a whole run leaves the JSON that --json prints."""
+    out = tmp_path / "demo.json"
+    done = []
+
+    def cut_at_the_third(*args, real=batch_independence.run_row):
+        if len(done) == 2:
+            raise KeyboardInterrupt
+        done.append(real(*args))
+        return done[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(batch_independence, "run_row", cut_at_the_third)
+        with pytest.raises(KeyboardInterrupt):
+            batch_independence.main(["--norms", "custom", "builtin", "--out", str(out), *SMALL])
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == done[:1] and saved["batch_invariant_rows"] == done[1:] and "ok" not in saved
+    _, printed = run_json(capsys, "--norms", "custom", "--out", str(out), *SMALL)
+    assert json.loads(out.read_text()) == printed and printed["ok"]
+
+
 @pytest.mark.slow
 def test_default_run_decodes_every_norm_in_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
     """The default rows, each in both tables (triton where it can run), and exit 0: every required row (all but

@@ -145,8 +145,9 @@ def test_the_norms_rows_do_not_depend_on_how_many_rows_came(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_row_sum_against_float64(dtype: torch.dtype) -> None:
+def test_row_sum_against_float64(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every column counts once (a row wider than one block too), accumulated in float32 (float64 for float64)."""
+    monkeypatch.setattr(bi, "CUDA_ROW_SUMS", True)  # (off by default on CUDA tensors: the mode's refusal below)
     gen = torch.Generator().manual_seed(5)
     x = randn(3, 2, bit.MAX_SUM_BLOCK + 37, dtype=dtype, gen=gen)
     got = bit.row_sum(x)

@@ -113,7 +113,7 @@ def test_training_alternates_with_nanogpt_and_reads_our_metrics(bench_files, tmp
 
 def test_whole_runs_each_config_as_its_command_does(bench_files, tmp_path):
     """--whole: the config's own schedule, each side's checkpoints as its config saves them, and our sample; without
-    it a timed run saves no checkpoint beyond the best one and prints no sample."""
+    it our timed run saves no checkpoint and prints no sample, nanoGPT's saves its best one only."""
     for whole in (True, False):
         args = training.parse_args(
             ["--config", bench_files["config"], "--nanogpt", str(bench_files["nanogpt"])] + ["--whole"] * whole
@@ -124,7 +124,7 @@ def test_whole_runs_each_config_as_its_command_does(bench_files, tmp_path):
         nano, _ = training.commands(None, cfg, tmp_path, args)
         assert (sched["max_iters"], sched["eval_interval"]) == ((6, 3) if whole else (210, 210))
         assert ("--sample_at_end=False" in ours) != whole
-        assert ("--always_save_checkpoint=False" in ours) != whole
+        assert ("--save_checkpoint=False" in ours) != whole
         assert ("--always_save_checkpoint=False" in nano) != whole
 
 
@@ -274,6 +274,26 @@ def test_decoding_times_every_path_at_every_batch(bench_files, tmp_path):
     ]
     assert "mode's time per token" in out.with_suffix(".md").read_text()
     assert "cached / linears" in out.with_suffix(".md").read_text()
+
+
+def test_decoding_cut_short_leaves_the_batches_it_measured(bench_files, tmp_path, monkeypatch):
+    """As bench/gpu.sh's time limit cuts it (SIGINT: KeyboardInterrupt) during the second batch size."""
+    out = tmp_path / "decode.json"
+    calls = []
+
+    def cut_at_the_second(*args, real=decoding.decode):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(decoding, "decode", cut_at_the_second)
+    command = "--sizes {config} --batches 1,2 --prompt_len 4 --new_tokens 4 --repeats 1 --device cpu --out {out}"
+    with pytest.raises(KeyboardInterrupt):
+        decoding.main(cli(command, **bench_files, out=out))
+    saved = json.loads(out.read_text())
+    assert [r["batch"] for r in saved["runs"]] == [1] and saved["runs_planned"] == 2
+    assert "| 1 |" in out.with_suffix(".md").read_text()
 
 
 def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():

@@ -51,6 +51,21 @@ def test_a_device_that_is_not_here_is_refused_saying_what_to_use(name: str, mess
         resolve_device(name)
 
 
+@pytest.mark.parametrize(
+    ("cuda", "name", "last", "message"),
+    [(True, "cuda:2", "cuda:1", "there are only 2 CUDA devices"), (False, "mps:1", "mps:0", "there is one MPS device")],
+)
+def test_a_device_index_past_the_last_device_is_refused_up_front(
+    monkeypatch: pytest.MonkeyPatch, cuda: bool, name: str, last: str, message: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: not cuda)
+    with pytest.raises(DeviceError, match=f"device={name!r} but {message}"):
+        resolve_device(name)
+    assert resolve_device(last) == last
+
+
 def test_a_wait_for_the_other_processes_that_torch_gives_up_is_one_line_saying_what_to_do(monkeypatch):
     """torch's rendezvous gives up after 30 minutes (DistStoreError): one line, not its traceback; and Ctrl-C
     during the wait is SIGINT's default (fatal at once), restored after it."""

@@ -63,9 +63,11 @@ SELECTED = ["data", "decode", "tests"]
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
     out = tmp_path / "out"
     nanogpt = fake_nanogpt(tmp_path / "nanogpt")
-    args = ["--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), "--commit", "abc1234", str(out)]
-    proc = run_gpu_sh(*args, GPU_SH_STEPS=",".join(SELECTED))
+    default = {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results" / "gpu").iterdir()}  # OUT's default
+    args = ["--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), "--commit", "abc1234"]
+    proc = run_gpu_sh(*args, GPU_SH_STEPS=",".join(SELECTED), OUT=str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results" / "gpu").iterdir()} == default
     plan, total = shares(proc.stdout)  # the dry run's 1440 s: each of the 480 s's shares times 3
     assert list(plan) == ["report", *STEPS]  # every step has a share, in the order they run, and nothing else does
     assert sum(plan.values()) == total == 1440 and proc.stdout.startswith("Commit abc1234. ")
@@ -95,7 +97,12 @@ def test_a_step_cut_at_its_limit_leaves_no_process_behind(tmp_path, shakespeare_
     the JSON of what it measured, saying it was interrupted, and nothing of it runs on."""
     out = tmp_path / "out"
     proc = run_gpu_sh(
-        "--dry-run", "--input", str(shakespeare_path), str(out), GPU_SH_STEPS="data,grid_6x384:8", TMPDIR=str(tmp_path)
+        "--dry-run",
+        "--input",
+        str(shakespeare_path),
+        GPU_SH_STEPS="data,grid_6x384:8",
+        TMPDIR=str(tmp_path),
+        OUT=str(out),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert left_behind(tmp_path) == []
@@ -112,7 +119,7 @@ def test_a_run_stopped_leaves_the_steps_it_finished_and_no_process(tmp_path, sha
     """As a caller's time limit does: SIGTERM to the whole process group during a step; the three files hold the
     steps finished before it, and the step's own process group (timeout's) is stopped with the script."""
     out = tmp_path / "out"
-    cmd, env = gpu_sh("--dry-run", "--input", str(shakespeare_path), str(out), GPU_SH_STEPS="data,grid_6x384")
+    cmd, env = gpu_sh("--dry-run", "--input", str(shakespeare_path), GPU_SH_STEPS="data,grid_6x384", OUT=str(out))
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -141,7 +148,7 @@ def test_a_run_stopped_leaves_the_steps_it_finished_and_no_process(tmp_path, sha
 @pytest.mark.slow  # bash and a torch import
 def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_path):
     """14 s: every share under the 5 s a step needs; without nanoGPT its step has no share, the wide grid one."""
-    proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), str(tmp_path / "out"), GPU_SH_BUDGET_S="14")
+    proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), GPU_SH_BUDGET_S="14", OUT=str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"BUDGET=\$\{GPU_SH_BUDGET_S:-\$\(\(DRY \? 1440 : 480\)\)\}", TEXT)  # 8 minutes on a GPU
     plan, _ = shares(proc.stdout)
@@ -164,7 +171,8 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
         ),
         (["--dry-run", "--input", "SHAKESPEARE", "--nanogpt", "/nonexistent"], {}, "is not a nanoGPT checkout"),
         (["--dry-run", "--fast"], {}, "unknown option '--fast'"),
-        (["--dry-run", "--input", "SHAKESPEARE", "/proc/x"], {}, "is not writable"),
+        (["--dry-run", "--input", "SHAKESPEARE"], {"OUT": "/proc/x"}, "output folder '/proc/x' is not writable"),
+        (["--dry-run", "results/"], {}, "unexpected argument 'results/': the output folder is $OUT (OUT=results/ bash"),
     ],
 )
 def test_missing_prerequisites_stop_at_once(shakespeare_path, args, env, message):
@@ -172,3 +180,9 @@ def test_missing_prerequisites_stop_at_once(shakespeare_path, args, env, message
     proc = run_gpu_sh(*[str(shakespeare_path) if a == "SHAKESPEARE" else a for a in args], **env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert time.monotonic() - t0 < 60  # a check, not a run
+
+
+def test_help_prints_the_usage_and_exits_0():
+    proc = run_gpu_sh("--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("Every GPU measurement in one run"), proc.stderr
+    assert "OUT=FOLDER bash bench/gpu.sh [--dry-run]" in proc.stdout and "tree without git.\n" in proc.stdout

@@ -95,6 +95,21 @@ def test_ctrl_c_where_there_is_nothing_to_save_says_what_was_kept(tmp_path: Path
         assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 4
 
 
+@pytest.mark.slow  # a train.py process, then a signal
+def test_save_checkpoint_false_writes_no_checkpoint_at_an_evaluation_nor_at_a_signal(
+    tmp_path: Path, tiny_data: Path
+) -> None:
+    """A timing run (bench.training): evaluations every 3 iterations improve, and Ctrl-C stops it, but no file but
+    metrics.jsonl is written; the message says nothing was saved."""
+    out = tmp_path / "run"
+    proc = start(tiny_args(tiny_data, out, "--save_checkpoint=False", "--eval_interval=3", "--max_iters=100000"))
+    wait_for(lambda: len(records(out, "eval")) >= 3 if (out / "metrics.jsonl").exists() else False, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "saved nothing (save_checkpoint=False)" in err, err[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+
+
 def run_printed_command(command: str, *extra: str) -> str:
     """The resume command train.py printed, `python train.py ARGS`, with EXTRA appended, run as printed
     by a shell from the repository's root, its `python` this suite's interpreter. Returns its stdout."""
