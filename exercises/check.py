@@ -43,7 +43,10 @@ ALL_DIMS = "you reduced over every dim; LayerNorm reduces over the last dim only
 SWAPPED = "gamma and beta are swapped: y = xhat * gamma + beta"
 NO_AFFINE = "your output ignores gamma and beta: y = xhat * gamma + beta"
 IN_PLACE = "changed its input {name} in place ({name} -= ..., {name}.sub_(...)): compute into new tensors"
-BROADCAST = "did you keep the reduced dim? x.mean(-1, keepdim=True) is [..., 1], which broadcasts against x [..., C]"
+BROADCAST = (
+    "did you keep the reduced dim? x.mean(-1, keepdim=True) is [..., 1], which broadcasts against x [..., C]; or does "
+    "your code assume a width (a fixed C, a power of two)?"
+)
 VIEW = "view needs memory laid out in order, and this input is not (a transpose or a slice): use reshape"
 ONE_PASS = (
     "the one-pass E[x^2] - E[x]^2 cancels far from 0 (squares near 1e8, where float32 steps by 8): take two passes"
@@ -83,6 +86,9 @@ FLOOR_DIVISION = (
 PROMOTED = (
     "x times float32 gamma is float32 (torch promotes), and the signature promises x's dtype: compute as you like, "
     "return the result .to(x.dtype)"
+)
+FIXED_WIDTH = (
+    "your statistics divide by {width}, the statement's width, whatever x's: divide by x.shape[-1] (take the mean)"
 )
 EPS_FIXED = "eps is taken as 1e-5 whatever eps it is given: use {eps}"
 AFFINE_FIRST = "gamma and beta are applied before normalising, so normalising undoes them: y = xhat * gamma + beta"
@@ -161,7 +167,7 @@ def explained(error: BaseException) -> str:
         return f"{VIEW}; {in_one_line(error)}"
     if "unexpected type fp32" in words:  # Triton's words for an integer operation on a float block
         return f"{FLOOR_DIVISION}; {in_one_line(error)}"
-    if "Dimension out of range" in words:
+    if "Dimension out of range" in words or "too many indices for tensor" in words:
         return f"{WRONG_RANK}; {in_one_line(error)}"
     return in_one_line(error)
 
@@ -397,19 +403,27 @@ def ln(
     correction: int = 0,
     eps_outside: bool = False,
     root: bool = True,
+    width: int | None = None,
 ) -> torch.Tensor:
-    """LayerNorm and its wrong variants, in x's dtype: statistics over dims, variance over n - correction."""
-    mean = x.mean(dims, keepdim=True)
-    n = math.prod(x.shape[d] for d in dims)
+    """LayerNorm and its wrong variants, in x's dtype: statistics over dims, variance over n - correction (n a fixed
+    width if given, the mean's divisor too)."""
+    n = width or math.prod(x.shape[d] for d in dims)
+    mean = x.sum(dims, keepdim=True) / n
     var = (x - mean).square().sum(dims, keepdim=True) / (n - correction)
     std = var.sqrt() + eps if eps_outside else (var + eps).sqrt() if root else var + eps
     return (x - mean) / std * gamma + beta
 
 
 def ln_variants(
-    x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float, eps_name: str = "the eps argument"
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    eps_name: str = "the eps argument",
+    widths: tuple[int, ...] = (),
 ) -> list[tuple[str, torch.Tensor]]:
-    """The usual wrong LayerNorms of x (float64), each with what it gets wrong; eps_name says where eps comes from."""
+    """The usual wrong LayerNorms of x (float64), each with what it gets wrong; eps_name says where eps comes from,
+    widths are those of the statement's examples, which a learner may have written in."""
     variants = [
         (SAMPLE_VARIANCE, ln(x, gamma, beta, eps, correction=1)),
         (EPS_OUTSIDE, ln(x, gamma, beta, eps, eps_outside=True)),
@@ -422,6 +436,7 @@ def ln_variants(
     ]
     if eps != 1e-5:
         variants += [(EPS_FIXED.format(eps=eps_name), ln(x, gamma, beta, 1e-5))]
+    variants += [(FIXED_WIDTH.format(width=w), ln(x, gamma, beta, eps, width=w)) for w in widths if w != x.shape[-1]]
     if x.dim() > 2:  # every leading dim: BatchNorm's statistics over a batch of sequences
         variants += [(LEADING_DIMS, ln(x, gamma, beta, eps, dims=tuple(range(x.dim() - 1))))]
     if x.dim() > 1:  # for a 1-D x the last dim is every dim: nothing else to reduce over
@@ -514,13 +529,15 @@ EX1_UNFINISHED = "not finished: __init__ runs; __call__ still raises NotImplemen
 def ex1_layer(module: ModuleType, dim: int, eps: float) -> Any:
     """A fresh LayerNorm1d(dim, eps) with random gamma and beta."""
     layer = call(f"LayerNorm1d({dim}, eps={eps:g})", module.LayerNorm1d, {"dim": dim, "eps": eps})
+    if getattr(layer, "eps", None) != eps:
+        raise Mistake(f"LayerNorm1d({dim}, eps={eps:g}).eps is {getattr(layer, 'eps', None)}: keep the eps it is given")
     layer.gamma, layer.beta = params(dim, torch.float32, seed=1)
     return layer
 
 
 def ex1_right(layer: Any, x: torch.Tensor, eps: float) -> tuple[torch.Tensor, list]:
     gamma, beta = layer.gamma.double(), layer.beta.double()
-    return ln(x.double(), gamma, beta, eps), ln_variants(x.double(), gamma, beta, eps, "self.eps")
+    return ln(x.double(), gamma, beta, eps), ln_variants(x.double(), gamma, beta, eps, "self.eps", widths=(16,))
 
 
 def no_state_between_calls(module: ModuleType) -> None:
@@ -582,9 +599,8 @@ def check_ex2(module: ModuleType) -> None:
             got = call(name, module.layer_norm, {"x": x, "gamma": gamma, "beta": beta, "eps": case.eps})
         from_scratch(watched, "layer_norm")
         x64, gamma64, beta64 = x.double(), gamma.double(), beta.double()
-        checked_case(
-            name, got, x, ln(x64, gamma64, beta64, case.eps), ln_variants(x64, gamma64, beta64, case.eps), case
-        )
+        variants = ln_variants(x64, gamma64, beta64, case.eps, widths=(4, 8))
+        checked_case(name, got, x, ln(x64, gamma64, beta64, case.eps), variants, case)
 
 
 def checked_case(name: str, got: Any, x: torch.Tensor, right: torch.Tensor, variants: list, case: Case) -> None:
@@ -637,9 +653,9 @@ class RowsAt:
 # sits near -100, where the one-pass variance on the shifted row is off by 1e-4 relative and two passes by 4e-7.
 EX3_CASES = [
     RowsAt((64, 384), (0.0,)),
-    RowsAt((100,), (0.0,)),
     RowsAt((64, 384), (1e4,), explains=(("x - mean", MEAN_FAR), ("the variance", ONE_PASS))),
     RowsAt((4, 16, 100), (1e4,)),
+    RowsAt((100,), (0.0,)),
     RowsAt((4, 16, 384), (0.0, 1e4), explains=(("x - mean", ONE_SHIFT), ("the variance", ONE_SHIFT))),
     RowsAt((2, 3, 4, 500), (1e4, 0.0)),
     RowsAt((64, 384), (1e4,), "transposed"),
@@ -1146,6 +1162,170 @@ def check_ex7(module: ModuleType) -> None:
     check_function(module.RMSNormFunction, ("gamma",), rms_forward, rms_grads, "rms_norm")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# 8. One cached decoding step of a small attention layer, against the full pass; then with BatchNorm.
+
+
+class AttentionLayer(torch.nn.Module):
+    """The checker's own copy of exercise 8's Attention: its norm, qkv and proj, which decode_step reads."""
+
+    def __init__(self, dim: int, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.norm, self.qkv, self.proj = norm, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """x [B, T, C] decoded one token at a time through a layer whose norm is `norm`."""
+
+    shape: tuple[int, int, int]
+    norm: str
+
+    def __str__(self) -> str:
+        return f"x {list(self.shape)} float64, {self.norm}"
+
+    def layer(self) -> AttentionLayer:
+        C = self.shape[-1]
+        make = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm, "BatchNorm in training mode": BatchNorm}[self.norm]
+        torch.manual_seed(20)  # the Linear layers' weights; the norm's below
+        layer = AttentionLayer(C, make(C)).double()
+        g = torch.Generator().manual_seed(21)
+        with torch.no_grad():
+            layer.norm.weight.copy_(1 + 0.5 * torch.randn(C, generator=g, dtype=torch.float64))
+            if layer.norm.bias is not None and not isinstance(layer.norm, RMSNorm):
+                layer.norm.bias.copy_(torch.randn(C, generator=g, dtype=torch.float64))
+        return layer
+
+    def x(self) -> torch.Tensor:
+        return torch.randn(self.shape, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+
+
+# Widths 12 and 20 about the statement's 16; BatchNorm last: there the step is right when it normalises the new
+# tokens alone, layer.norm(x_t), and the full pass is no longer what it gives.
+EX8_CASES = [
+    Decoded((2, 6, 16), "LayerNorm"),
+    Decoded((1, 5, 12), "LayerNorm"),
+    Decoded((3, 4, 20), "RMSNorm"),
+    Decoded((3, 4, 12), "BatchNorm in training mode"),
+]
+NO_SELF = "the new token does not attend to itself: append its key and value to the cache before attending"
+NOT_APPENDED = "the cache returned holds {got} positions after token {t}; it holds {want}: append the new key and value"
+PREPENDED = "the new key and value are put first in the cache; append them at the end, torch.cat([k, k_t], dim=1)"
+SWAPPED_CACHE = "the cache is returned as (v, k); it is (k, v)"
+CACHE_CHANGED = "decode_step changed the cache it was given ({what}): return a new one, torch.cat makes new tensors"
+
+
+def attend(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, **how: Any) -> Any:
+    """One step's output in float64, and its wrong variants: the new token's (q from h) against keys and values
+    [B, S, C]; how: scale (the divisor), h (the normalised x_t), residual (what is added back)."""
+    h = how.get("h", layer.norm(x_t))
+    q = layer.qkv(h).chunk(3, dim=-1)[0]
+    scale = how.get("scale", math.sqrt(x_t.shape[-1]))
+    scores = (q[:, None] @ keys.transpose(-2, -1)) / scale
+    a = (scores.softmax(-1) @ values)[:, 0]
+    return how.get("residual", x_t) + layer.proj(a)
+
+
+def step_variants(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> list:
+    """The usual wrong outputs of one step whose right keys and values (the new token's last) are given."""
+    C, T = x_t.shape[-1], keys.shape[1]
+    h = layer.norm(x_t)
+    variants = [(NO_SELF, attend(layer, x_t, keys[:, :-1], values[:, :-1]))] if T > 1 else []
+    variants += [
+        (
+            "the scores are not divided by sqrt(C): q . k / sqrt(C), as in the full pass",
+            attend(layer, x_t, keys, values, scale=1.0),
+        ),
+        (
+            "the scores are divided by sqrt(T), the number of cached tokens; the full pass divides by sqrt(C)",
+            attend(layer, x_t, keys, values, scale=math.sqrt(T)),
+        ),
+        ("the residual is left out: y_t = x_t + proj(a_t)", attend(layer, x_t, keys, values, residual=0.0)),
+        ("the residual adds h = norm(x_t); it adds x_t, the input", attend(layer, x_t, keys, values, residual=h)),
+        (
+            "x_t is not normalised: q, k and v come from h = layer.norm(x_t)",
+            own_norm_step(layer, x_t, keys, values, lambda x: x),
+        ),
+        (
+            "you normalised with a LayerNorm of your own; use layer.norm, the layer's norm, whatever it is",
+            own_norm_step(layer, x_t, keys, values, lambda x: F.layer_norm(x, (C,))),
+        ),
+        (
+            "the new token attends to the first token only (a causal mask's first row); it sees every cached token",
+            attend(layer, x_t, keys[:, :1], values[:, :1]),
+        ),
+    ]
+    return variants
+
+
+def own_norm_step(
+    layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, norm: Callable
+) -> Any:
+    """A step whose new key and value, like its query, come from norm(x_t) in place of layer.norm(x_t)."""
+    h = norm(x_t)
+    _, k, v = layer.qkv(h).chunk(3, dim=-1)
+    keys, values = torch.cat([keys[:, :-1], k[:, None]], 1), torch.cat([values[:, :-1], v[:, None]], 1)
+    return attend(layer, x_t, keys, values, h=h)
+
+
+@graded("ex8_kv_cache")
+def check_ex8(module: ModuleType) -> None:
+    """The statement's examples; then decode_step on each case, token by token from an empty cache: each output
+    [B, C] to 1e-10 of the full causal pass's row (with BatchNorm in training mode, of the step that normalises
+    the new tokens alone, which the full pass is not), the cache returned (k, v), each [B, t + 1, C], holding the
+    full pass's keys and values, and the cache given left as it was."""
+    for case in EX8_CASES:
+        layer, x = case.layer(), case.x()
+        with torch.no_grad():
+            if case.norm == "BatchNorm in training mode":  # what the cache can give: each step's tokens alone
+                h = torch.stack([layer.norm(x[:, t]) for t in range(x.shape[1])], dim=1)
+            else:
+                h = layer.norm(x)
+            _, all_keys, all_values = layer.qkv(h).chunk(3, dim=-1)
+            cache = None
+            for t in range(x.shape[1]):
+                what = f"decode_step on {case}, token {t}"
+                given = None if cache is None else tuple(c.clone() for c in cache)
+                out = call(what, module.decode_step, {"layer": layer, "x_t": x[:, t], "cache": cache})
+                if given is not None and not all(torch.equal(a, b) for a, b in zip(cache, given, strict=True)):
+                    raise Mistake(CACHE_CHANGED.format(what=what))
+                y_t, cache = decoded(what, out)
+                keys, values = all_keys[:, : t + 1], all_values[:, : t + 1]
+                check_tensor(f"y_t from {what}", y_t, x[:, t])
+                right = attend(layer, x[:, t], keys, values, h=h[:, t])
+                compare(f"y_t from {what}", y_t, right, step_variants(layer, x[:, t], keys, values), 1e-10)
+                check_cache(what, cache, keys, values, t)
+
+
+def decoded(what: str, out: Any) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
+    """(y_t, (k, v)) from what decode_step returned, its structure checked."""
+    if not (isinstance(out, tuple | list) and len(out) == 2):
+        raise Mistake(f"{what}: decode_step returns (y_t, (k, v)); got {type(out).__name__} {out!r:.40}")
+    y_t, cache = out
+    if not (isinstance(cache, tuple | list) and len(cache) == 2 and all(isinstance(c, torch.Tensor) for c in cache)):
+        raise Mistake(f"{what}: the cache it returns is (k, v), two tensors [B, T + 1, C]; got {type(cache).__name__}")
+    return y_t, tuple(cache)
+
+
+def check_cache(
+    what: str, cache: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor, values: torch.Tensor, t: int
+) -> None:
+    """The returned cache against the full pass's keys and values of tokens 0..t."""
+    k, v = cache
+    if k.dim() == 3 and k.shape[1] != t + 1:
+        raise Mistake(f"{what}: {NOT_APPENDED.format(got=k.shape[1], t=t, want=t + 1)}")
+    for name, got, right in (("k", k, keys), ("v", v, values)):
+        check_tensor(f"the cache's {name} from {what}", got, right)
+    if max_error(k, keys) <= 1e-10 and max_error(v, values) <= 1e-10:
+        return
+    if max_error(k, values) <= 1e-10 and max_error(v, keys) <= 1e-10:
+        raise Mistake(f"{what}: {SWAPPED_CACHE}")
+    if t and max_error(k, keys.roll(1, 1)) <= 1e-10:
+        raise Mistake(f"{what}: {PREPENDED}")
+    compare(f"the cache's k from {what}", k, keys, [], 1e-10)
+    compare(f"the cache's v from {what}", v, values, [], 1e-10)
+
+
 CHECKS: dict[int, Callable[[ModuleType], str]] = {
     1: check_ex1,
     2: check_ex2,
@@ -1154,6 +1334,7 @@ CHECKS: dict[int, Callable[[ModuleType], str]] = {
     5: check_ex5,
     6: check_ex6,
     7: check_ex7,
+    8: check_ex8,
 }
 CASES: dict[int, list] = {
     1: EX1_CASES,
@@ -1163,6 +1344,7 @@ CASES: dict[int, list] = {
     5: EX5_CASES,
     6: NORMS,
     7: GRAD_CASES,
+    8: EX8_CASES,
 }
 
 
