@@ -1,4 +1,4 @@
-"""Exercise 8 (docs/03-batch-independence.md, "Decoding with a KV cache"): one cached decoding step, and the norm
+"""Exercise 8 (docs/03-batch-independence.md, "The KV cache"): one cached decoding step, and the norm
 that breaks it.
 
 Problem
