@@ -41,6 +41,7 @@ FILES = {
     5: "ex5_triton_forward",
     6: "ex6_per_token",
     7: "ex7_rms_norm",
+    8: "ex8_kv_cache",
 }
 # Seconds for one exercise's process, torch's import included: the slowest solution's takes 2 s on a 2-core CPU,
 # and up to 9 s with both cores busy with other work

@@ -11,12 +11,17 @@ and in how many rows. `python -m exercises N --explain` prints what each check t
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import doctest
+import io
 import math
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -38,7 +43,10 @@ ALL_DIMS = "you reduced over every dim; LayerNorm reduces over the last dim only
 SWAPPED = "gamma and beta are swapped: y = xhat * gamma + beta"
 NO_AFFINE = "your output ignores gamma and beta: y = xhat * gamma + beta"
 IN_PLACE = "changed its input {name} in place ({name} -= ..., {name}.sub_(...)): compute into new tensors"
-BROADCAST = "did you keep the reduced dim? x.mean(-1, keepdim=True) is [..., 1], which broadcasts against x [..., C]"
+BROADCAST = (
+    "did you keep the reduced dim? x.mean(-1, keepdim=True) is [..., 1], which broadcasts against x [..., C]; or does "
+    "your code assume a width (a fixed C, a power of two)?"
+)
 VIEW = "view needs memory laid out in order, and this input is not (a transpose or a slice): use reshape"
 ONE_PASS = (
     "the one-pass E[x^2] - E[x]^2 cancels far from 0 (squares near 1e8, where float32 steps by 8): take two passes"
@@ -50,9 +58,59 @@ STAY_FLOAT32 = "it computes in torch.float64 (a .double() or dtype=torch.float64
 LEFT_TORCH = "it leaves torch (.numpy(), .tolist(), .item()): numpy and Python compute in float64: stay in torch"
 PADDING = "the padding columns add to your variance: x - mean is -mean there; square tl.where(mask, x - mean, 0.0)"
 BLOCK_WIDTH = "you divided by the block's width (padding included); the row has C features: divide by C"
-ONE_PASS_NEAR_100 = "right near 0, wrong at 100: the one-pass E[x^2] - E[x]^2 cancels; take two passes (x - mean)"
+ONE_PASS_NEAR_100 = (
+    "right near 0, wrong at 100: your variance subtracts two large numbers, which cancels in float32 (the one-pass "
+    "E[x^2] - E[x]^2, or the padding's share taken off after squaring); square tl.where(mask, x - mean, 0.0)"
+)
+ONE_PASS_FAR = (
+    "right near 0, wrong on rows far from 0: the one-pass E[x^2] - E[x]^2 cancels there in float32 (squares near "
+    "1e6, where float32 steps by 0.06); take two passes, the mean of (x - mean)^2 (exercise 3 shows why)"
+)
+ONE_PASS_SHIFTED = (
+    "the one-pass E[s^2] - E[s]^2 on the shifted row s = x - x[..., :1]: a row whose first element is an outlier "
+    "sits far from 0 even shifted, and the squares cancel again; take the second pass, the mean of (s - mean)^2"
+)
+FIRST_TOKEN = (
+    "x[:, :1] is each row's first element only for a 2-D x; for x [B, T, C] it is the first token's whole row: "
+    "shift by x[..., :1]"
+)
+SHIFTED_NOT_CENTRED = "x - mean is the shifted row x - x[..., :1] itself: subtract the shifted row's mean too"
+INVERTED_WHERE = (
+    "tl.where(mask, a, b) takes a where mask is True: tl.where(mask, 0.0, x - mean) zeroes the features and keeps "
+    "the padding; write tl.where(mask, x - mean, 0.0)"
+)
+FLOOR_DIVISION = (
+    "Triton refuses an integer operation on a float block (// is integer division, as % and >> are integer "
+    "operations): divide with /"
+)
+PROMOTED = (
+    "x times float32 gamma is float32 (torch promotes), and the signature promises x's dtype: compute as you like, "
+    "return the result .to(x.dtype)"
+)
+FIXED_WIDTH = (
+    "your statistics divide by {width}, the statement's width, whatever x's: divide by x.shape[-1] (take the mean)"
+)
+EPS_FIXED = "eps is taken as 1e-5 whatever eps it is given: use {eps}"
+AFFINE_FIRST = "gamma and beta are applied before normalising, so normalising undoes them: y = xhat * gamma + beta"
+LEADING_DIMS = (
+    "you reduced over every dim but the last (each feature's statistics over the batch, as BatchNorm); LayerNorm "
+    "reduces over the last dim only"
+)
+WRONG_RANK = (
+    "a dim that x of this rank does not have: for x [..., C] of any rank, reduce over dim -1 (or reshape(-1, C))"
+)
+BACKWARD_NO_EPS = (
+    "the backward recomputes rstd without eps, 1 / sqrt(var), where the forward used 1 / sqrt(var + eps): save "
+    "rstd (or xhat) in forward and reuse it"
+)
+DGAMMA_FROM_Y = "dgamma sums dy * y, the output; it sums dy * xhat, the normalized x (y = xhat * gamma + beta)"
+BUILT_IN = (
+    "{what} calls torch's own {norm} ({functions}): this exercise writes it from scratch; compute the statistics "
+    "yourself"
+)
 STD_NOT_RSTD = "row_statistics returns the std, sqrt(var + eps); the kernel multiplies by rstd = 1 / sqrt(var + eps)"
 TRITON_EXERCISES = (5,)
+EXAMPLE = "<the statement's example>"  # the file name of an example's code, run by failing_example
 
 
 class Mistake(Exception):
@@ -90,7 +148,11 @@ def library_dirs() -> tuple[str, ...]:
 def in_one_line(error: BaseException) -> str:
     """The error's type and message in one line, and the learner's line that raised it."""
     error = unwrapped(error)
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(library_dirs())]
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not f.filename.startswith(library_dirs()) and f.filename != EXAMPLE
+    ]
     where = f" (in {frames[-1].name}, line {frames[-1].lineno})" if frames else ""
     words = " ".join(str(error).split())
     return f"{type(error).__name__}{where}: {words[:300]}"
@@ -103,6 +165,10 @@ def explained(error: BaseException) -> str:
         return f"shapes that do not broadcast, {in_one_line(error)}: {BROADCAST}"
     if "view size is not compatible" in words:
         return f"{VIEW}; {in_one_line(error)}"
+    if "unexpected type fp32" in words:  # Triton's words for an integer operation on a float block
+        return f"{FLOOR_DIVISION}; {in_one_line(error)}"
+    if "Dimension out of range" in words or "too many indices for tensor" in words:
+        return f"{WRONG_RANK}; {in_one_line(error)}"
     return in_one_line(error)
 
 
@@ -156,22 +222,85 @@ class Watched(TorchFunctionMode):
         return bool(self.functions & {torch.autograd.grad, torch.Tensor.backward})
 
 
-def graded(check: Callable[[ModuleType], None]) -> Callable[[ModuleType], str]:
-    """A check that raises Mistake, made into one that returns PASS, the mistake, or "not started"."""
+def statement_examples(statement: str) -> list[doctest.Example]:
+    """The doctest examples of an exercise's statement: the docstring of exercises/STATEMENT.py, the file beside
+    this one, as the learner reads it."""
+    source = Path(__file__).with_name(f"{statement}.py").read_text(encoding="utf-8")
+    return doctest.DocTestParser().get_examples(ast.get_docstring(ast.parse(source)) or "")
 
-    def grade(module: ModuleType) -> str:
+
+def failing_example(module: ModuleType, statement: str) -> str | None:
+    """The statement's examples run in order against the learner's module, as doctest runs them: the first that
+    fails, in words (what it printed or raised, and what the statement shows), or None when all hold. An example
+    that reaches a NotImplementedError ends the run with None: the work is unfinished, and the check says where."""
+    names = {"torch": torch, **vars(module)}
+    checker = doctest.OutputChecker()
+    for example in statement_examples(statement):
+        printed = io.StringIO()
         try:
-            check(module)
-        except Mistake as mistake:
-            return str(mistake)
-        except NotImplementedError:
-            return NOT_STARTED
-        except Exception as error:  # a name the exercise asks for is missing, or what came back breaks the check
-            return in_one_line(error)
-        return PASS
+            with contextlib.redirect_stdout(printed):
+                exec(compile(example.source, EXAMPLE, "single"), names)
+        except KeyboardInterrupt:
+            raise
+        except SystemExit as stop:
+            got = f"called sys.exit({stop.code!r}) (return the result instead)"
+        except BaseException as error:  # the learner's code may raise anything
+            if isinstance(unwrapped(error), NotImplementedError):
+                return None
+            got = f"raised {explained(error)}"
+        else:
+            if checker.check_output(example.want, printed.getvalue(), 0):
+                continue
+            got = f"printed {in_words(printed.getvalue())}"
+        shows = f"; the statement shows {in_words(example.want)}" if example.want or got.startswith("printed") else ""
+        return f"the statement's example >>> {in_words(example.source)} {got}{shows}"
+    return None
 
-    grade.__doc__ = check.__doc__
-    return grade
+
+def in_words(text: str) -> str:
+    """Printed text on one line: its lines joined by ' | ', nothing printed said so."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    return " | ".join(lines)[:300] if lines else "nothing"
+
+
+def graded(statement: str) -> Callable[[Callable[[ModuleType], None]], Callable[[ModuleType], str]]:
+    """A check that raises Mistake, made into one that returns PASS, the mistake, or "not started". The examples of
+    exercises/STATEMENT.py run first: the first that fails leads the result, followed by the mistake the check
+    names, if it finds one."""
+
+    def decorate(check: Callable[[ModuleType], None]) -> Callable[[ModuleType], str]:
+        def grade(module: ModuleType) -> str:
+            example = failing_example(module, statement)
+            try:
+                check(module)
+            except Mistake as mistake:
+                found = str(mistake)
+            except NotImplementedError:
+                found = NOT_STARTED
+            except Exception as error:  # a name the exercise asks for is missing, or what came back breaks the check
+                found = in_one_line(error)
+            else:
+                found = PASS
+            if example is None:
+                return found
+            return example if found in (PASS, NOT_STARTED) else f"{example}; {found}"
+
+        grade.__doc__ = check.__doc__
+        return grade
+
+    return decorate
+
+
+def from_scratch(watched: Watched, what: str, norm: str = "layer_norm") -> None:
+    """Refuse a from-scratch exercise whose code called torch's own norm."""
+    builtins = {
+        "layer_norm": {F.layer_norm: "F.layer_norm", torch.layer_norm: "torch.layer_norm"},
+        "rms_norm": {F.rms_norm: "F.rms_norm", torch.rms_norm: "torch.rms_norm"},
+    }[norm]
+    builtins[torch.native_layer_norm] = "torch.native_layer_norm"
+    called = sorted(name for function, name in builtins.items() if function in watched.functions)
+    if called:
+        raise Mistake(BUILT_IN.format(what=what, norm=norm, functions=", ".join(called)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -274,17 +403,27 @@ def ln(
     correction: int = 0,
     eps_outside: bool = False,
     root: bool = True,
+    width: int | None = None,
 ) -> torch.Tensor:
-    """LayerNorm and its wrong variants, in x's dtype: statistics over dims, variance over n - correction."""
-    mean = x.mean(dims, keepdim=True)
-    n = math.prod(x.shape[d] for d in dims)
+    """LayerNorm and its wrong variants, in x's dtype: statistics over dims, variance over n - correction (n a fixed
+    width if given, the mean's divisor too)."""
+    n = width or math.prod(x.shape[d] for d in dims)
+    mean = x.sum(dims, keepdim=True) / n
     var = (x - mean).square().sum(dims, keepdim=True) / (n - correction)
     std = var.sqrt() + eps if eps_outside else (var + eps).sqrt() if root else var + eps
     return (x - mean) / std * gamma + beta
 
 
-def ln_variants(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> list[tuple[str, torch.Tensor]]:
-    """The usual wrong LayerNorms of x (float64), each with what it gets wrong."""
+def ln_variants(
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    eps_name: str = "the eps argument",
+    widths: tuple[int, ...] = (),
+) -> list[tuple[str, torch.Tensor]]:
+    """The usual wrong LayerNorms of x (float64), each with what it gets wrong; eps_name says where eps comes from,
+    widths are those of the statement's examples, which a learner may have written in."""
     variants = [
         (SAMPLE_VARIANCE, ln(x, gamma, beta, eps, correction=1)),
         (EPS_OUTSIDE, ln(x, gamma, beta, eps, eps_outside=True)),
@@ -293,7 +432,13 @@ def ln_variants(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: f
         (NO_SQRT, ln(x, gamma, beta, eps, root=False)),
         (SWAPPED, ln(x, beta, gamma, eps)),
         (NO_AFFINE, ln(x, 1.0, 0.0, eps)),
+        (AFFINE_FIRST, ln(x * gamma + beta, 1.0, 0.0, eps)),
     ]
+    if eps != 1e-5:
+        variants += [(EPS_FIXED.format(eps=eps_name), ln(x, gamma, beta, 1e-5))]
+    variants += [(FIXED_WIDTH.format(width=w), ln(x, gamma, beta, eps, width=w)) for w in widths if w != x.shape[-1]]
+    if x.dim() > 2:  # every leading dim: BatchNorm's statistics over a batch of sequences
+        variants += [(LEADING_DIMS, ln(x, gamma, beta, eps, dims=tuple(range(x.dim() - 1))))]
     if x.dim() > 1:  # for a 1-D x the last dim is every dim: nothing else to reduce over
         variants += [(reduced_over(d), ln(x, gamma, beta, eps, dims=(d,))) for d in range(x.dim() - 1)]
         variants += [(ALL_DIMS, ln(x, gamma, beta, eps, dims=tuple(range(x.dim()))))]
@@ -302,39 +447,58 @@ def ln_variants(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: f
 
 @dataclass(frozen=True)
 class Case:
-    """One input the checker tries: x of this shape, dtype and layout, with eps."""
+    """One input the checker tries: x of this shape, dtype and layout, with eps; gamma and beta of x's dtype unless
+    `weights` names another (a mixed-precision model's float32 weights beside a bfloat16 x)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float64
     layout: str = "contiguous"
     eps: float = 1e-5
     offset: float = 0.0  # added to every row: rows far from 0
+    weights: torch.dtype | None = None
 
     def __str__(self) -> str:
         layout = "" if self.layout == "contiguous" else f", {self.layout} (not contiguous)"
         offset = f", rows at offset {self.offset:g}" if self.offset else ""
+        weights = f", gamma and beta {str(self.weights).removeprefix('torch.')}" if self.weights else ""
         eps = f"{self.eps:g}".replace("e-0", "e-")
-        return f"x {list(self.shape)} {str(self.dtype).removeprefix('torch.')}{layout}{offset}, eps {eps}"
+        return f"x {list(self.shape)} {str(self.dtype).removeprefix('torch.')}{layout}{offset}{weights}, eps {eps}"
 
     def x(self, seed: int) -> torch.Tensor:
         return laid_out((rows(self.shape, torch.float64, seed) + self.offset).to(self.dtype), self.layout)
 
+    def params(self, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return params(self.shape[-1], self.weights or self.dtype, seed)
 
-def tolerance(dtype: torch.dtype) -> float:
-    return 1e-5 if dtype == torch.float32 else 1e-8
+    def tolerance(self) -> float:
+        """float32 rounds x - mean of rows at offset 1e3 to about 5e-4 (two passes; the one-pass variance is off
+        by 1 or NaN there), bfloat16 keeps 8 bits: about 1e-2 on outputs near 3."""
+        if self.dtype == torch.bfloat16:
+            return 5e-2
+        if self.offset:
+            return 5e-3
+        return 1e-5 if self.dtype == torch.float32 else 1e-8
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. The lecture's LayerNorm1d, made to match nn.LayerNorm; a row's output never depends on the other rows.
 
-EX1_CASES = [Case((12, 16), torch.float32, eps=1e-2), Case((12, 16), torch.float32, "transposed", eps=1e-2)]
+# Widths 12 and 20 about the statement's 16; rows at offset 1e3 last, where only the one-pass variance fails.
+EX1_CASES = [
+    Case((12, 16), torch.float32, eps=1e-2),
+    Case((12, 16), torch.float32, "transposed", eps=1e-2),
+    Case((7, 12), torch.float32, eps=1e-2),
+    Case((5, 20), torch.float32, eps=1e-2),
+    Case((6, 20), torch.float32, eps=1e-2, offset=1e3),
+]
 
 
-@graded
+@graded("ex1_layer_norm_1d")
 def check_ex1(module: ModuleType) -> None:
-    """LayerNorm1d(16): eps 1e-5, gamma ones and beta zeros by default; then, a fresh one per case with random
-    gamma and beta, F.layer_norm's output in float64 to 1e-5; row 0 bit for bit the same when the other rows
-    change."""
+    """The statement's examples; LayerNorm1d(16): eps 1e-5, gamma ones and beta zeros by default; then, a fresh one
+    per case with random gamma and beta, F.layer_norm's output in float64 to 1e-5 (5e-3 for rows at 1e3), without
+    torch's own layer_norm; then one layer called on a second, different batch: every row right again, and each
+    row bit for bit the same when the other rows change."""
     layer = call("LayerNorm1d(16)", module.LayerNorm1d, {"dim": 16})
     if not hasattr(layer, "eps"):
         raise Mistake("LayerNorm1d(16) has no attribute eps: keep the lecture's self.eps")
@@ -349,46 +513,105 @@ def check_ex1(module: ModuleType) -> None:
             raise Mistake(f"LayerNorm1d(16).{name} must start as {start}")
         if got.dtype != want.dtype:  # a float32 x would come out float64
             raise Mistake(f"LayerNorm1d(16).{name} is {got.dtype}; start it as {start}, float32 as x is")
-    unfinished = "not finished: __init__ runs; __call__ still raises NotImplementedError"
     for case in EX1_CASES:
-        layer = call(f"LayerNorm1d(16, eps={case.eps:g})", module.LayerNorm1d, {"dim": 16, "eps": case.eps})
-        layer.gamma, layer.beta = params(16, torch.float32, seed=1)
-        x = case.x(seed=2)
-        got = call(f"LayerNorm1d on {case}", layer, {"x": x}, unfinished)
-        want = F.layer_norm(x.double(), (16,), layer.gamma.double(), layer.beta.double(), case.eps)
-        variants = ln_variants(x.double(), layer.gamma.double(), layer.beta.double(), case.eps)
-        checked(f"LayerNorm1d's output on {case}", got, x, want, variants, tol=1e-5)
-    others = x.clone()
-    others[1:] = rows((11, 16), torch.float32, seed=3) * 10
-    row0 = call("LayerNorm1d on other rows", layer, {"x": others})[0]
-    if not torch.equal(row0, got[0]):
-        raise Mistake(f"row 0's output changed by {max_error(row0, got[0]):.1e} when only the other rows changed")
+        layer, x = ex1_layer(module, case.shape[-1], case.eps), case.x(seed=2)
+        name = f"LayerNorm1d({case.shape[-1]}, eps={case.eps:g}) on {case}"
+        with Watched() as watched:
+            got = call(name, layer, {"x": x}, EX1_UNFINISHED)
+        from_scratch(watched, "LayerNorm1d")
+        checked_case(name, got, x, *ex1_right(layer, x, case.eps), case)
+    no_state_between_calls(module)
+
+
+EX1_UNFINISHED = "not finished: __init__ runs; __call__ still raises NotImplementedError"
+
+
+def ex1_layer(module: ModuleType, dim: int, eps: float) -> Any:
+    """A fresh LayerNorm1d(dim, eps) with random gamma and beta."""
+    layer = call(f"LayerNorm1d({dim}, eps={eps:g})", module.LayerNorm1d, {"dim": dim, "eps": eps})
+    if getattr(layer, "eps", None) != eps:
+        raise Mistake(f"LayerNorm1d({dim}, eps={eps:g}).eps is {getattr(layer, 'eps', None)}: keep the eps it is given")
+    layer.gamma, layer.beta = params(dim, torch.float32, seed=1)
+    return layer
+
+
+def ex1_right(layer: Any, x: torch.Tensor, eps: float) -> tuple[torch.Tensor, list]:
+    gamma, beta = layer.gamma.double(), layer.beta.double()
+    return ln(x.double(), gamma, beta, eps), ln_variants(x.double(), gamma, beta, eps, "self.eps", widths=(16,))
+
+
+def no_state_between_calls(module: ModuleType) -> None:
+    """One layer called on two different batches of the same shape: the second right in every row; then the second
+    with every other row changed: the rows kept, bit for bit the same."""
+    layer = ex1_layer(module, 12, 1e-2)
+    first, second = rows((10, 12), torch.float32, seed=3), rows((10, 12), torch.float32, seed=4) * 10 + 5
+    call("LayerNorm1d on a first batch", layer, {"x": first})
+    got = call("LayerNorm1d on a second, different batch", layer, {"x": second})
+    right = ex1_right(layer, second, 1e-2)[0]
+    check_tensor("LayerNorm1d's output on a second batch", got, second)
+    off = (got.double() - right).abs().amax(-1).nan_to_num(float("inf")) > 1e-5
+    if off.any():
+        raise Mistake(
+            f"called again on a second, different batch, {int(off.sum())} of {len(off)} rows are off (by up to "
+            f"{max_error(got, right):.1e}): __call__ keeps something from an earlier call; each call's statistics "
+            "come from its own x alone"
+        )
+    others = second.clone()
+    others[1::2] = rows((5, 12), torch.float32, seed=5) * 3
+    again = call("LayerNorm1d on the same batch, every other row changed", layer, {"x": others})
+    for i in range(0, len(second), 2):
+        if not torch.equal(again[i], got[i]):
+            raise Mistake(
+                f"row {i}'s output changed by {max_error(again[i], got[i]):.1e} when only the other rows changed: "
+                "a row's output depends on that row alone"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # 2. layer_norm(x, gamma, beta, eps) over any leading dims.
 
+# Ranks 1 to 4; widths 6 and 12 about the statement's 4 and 8; rows at offset 1e3, where only the one-pass variance
+# fails; a bfloat16 x with float32 gamma and beta, whose output is bfloat16, as the signature says.
 EX2_CASES = [
     Case((4, 3, 8), eps=1e-2),
     Case((8,)),
-    Case((2, 3, 2, 8)),
+    Case((6,), eps=1e-2),
+    Case((5, 12), eps=1e-2),
+    Case((2, 3, 2, 6)),
     Case((4, 3, 8), layout="transposed"),
     Case((4, 3, 8), layout="sliced"),
     Case((4, 3, 8), torch.float32, eps=1e-2),
+    Case((3, 2, 12), torch.float32, eps=1e-2, offset=1e3),
+    Case((4, 6), torch.bfloat16, eps=1e-2, weights=torch.float32),
 ]
 
 
-@graded
+@graded("ex2_layer_norm")
 def check_ex2(module: ModuleType) -> None:
-    """layer_norm on each case against the float64 formula (to 1e-8 in float64, 1e-5 in float32): the output's
-    shape, dtype and device those of x, and x unchanged."""
+    """The statement's examples; then layer_norm on each case against the float64 formula (to 1e-8 in float64,
+    1e-5 in float32, 5e-3 for rows at 1e3, 5e-2 in bfloat16), without torch's own layer_norm: the output's shape,
+    dtype and device those of x, and x unchanged."""
     for i, case in enumerate(EX2_CASES):
         x = case.x(seed=i)
-        gamma, beta = params(case.shape[-1], case.dtype, seed=10 + i)
-        got = call(f"layer_norm on {case}", module.layer_norm, {"x": x, "gamma": gamma, "beta": beta, "eps": case.eps})
+        gamma, beta = case.params(seed=10 + i)
+        name = f"layer_norm on {case}"
+        with Watched() as watched:
+            got = call(name, module.layer_norm, {"x": x, "gamma": gamma, "beta": beta, "eps": case.eps})
+        from_scratch(watched, "layer_norm")
         x64, gamma64, beta64 = x.double(), gamma.double(), beta.double()
-        right, variants = ln(x64, gamma64, beta64, case.eps), ln_variants(x64, gamma64, beta64, case.eps)
-        checked(f"layer_norm on {case}", got, x, right, variants, tolerance(case.dtype))
+        variants = ln_variants(x64, gamma64, beta64, case.eps, widths=(4, 8))
+        checked_case(name, got, x, ln(x64, gamma64, beta64, case.eps), variants, case)
+
+
+def checked_case(name: str, got: Any, x: torch.Tensor, right: torch.Tensor, variants: list, case: Case) -> None:
+    """got checked as a tensor like x, then in value against right to the case's tolerance; on rows far from 0
+    (right on the cases before), a wrong value is the one-pass variance's."""
+    if case.weights and isinstance(got, torch.Tensor) and got.dtype == case.weights != x.dtype:
+        raise Mistake(f"{name} is {got.dtype}; expected {x.dtype}: {PROMOTED}")
+    check_tensor(name, got, x)
+    if case.offset and max_error(got, right) > case.tolerance():
+        raise Mistake(f"{ONE_PASS_FAR} ({name} is off by {max_error(got, right):.1e}, allowed {case.tolerance():.0e})")
+    compare(name, got, right, variants, case.tolerance())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -397,39 +620,76 @@ def check_ex2(module: ModuleType) -> None:
 
 @dataclass(frozen=True)
 class RowsAt:
-    """Rows of unit spread in float32, each at one of `offsets` (in turn), and what a mistake that only these rows
-    show usually is."""
+    """Rows of unit spread in float32, each at one of `offsets` (in turn), their first element `outlier` above the
+    rest; x - mean held to `centred` and the variance to `relative` of float64's, relative; and what a mistake that
+    only these rows show usually is."""
 
     shape: tuple[int, ...]
     offsets: tuple[float, ...]
     layout: str = "contiguous"
     explains: tuple[tuple[str, str], ...] = ()  # (output, why it is wrong here, when right on the cases before)
+    outlier: float = 0.0
+    centred: float = 1e-5
+    relative: float = 1e-4
 
     def __str__(self) -> str:
         at = " and ".join(f"{o:g}" if abs(o) < 1e3 else f"{o:.0e}".replace("e+0", "e") for o in self.offsets)
         mixed = " in one batch" if len(self.offsets) > 1 else ""
         layout = "" if self.layout == "contiguous" else f", {self.layout} (not contiguous)"
-        return f"x {list(self.shape)} float32, rows at offset {at}{mixed}{layout}"
+        outlier = f", each row's first element {self.outlier:g} above the rest" if self.outlier else ""
+        return f"x {list(self.shape)} float32, rows at offset {at}{mixed}{layout}{outlier}"
 
     def x(self) -> torch.Tensor:
         g = torch.Generator().manual_seed(9)
         n = math.prod(self.shape[:-1])
         offset = torch.tensor(self.offsets, dtype=torch.float64).repeat(n)[:n].reshape(*self.shape[:-1], 1)
-        return laid_out((torch.randn(self.shape, generator=g, dtype=torch.float64) + offset).float(), self.layout)
+        x = torch.randn(self.shape, generator=g, dtype=torch.float64) + offset
+        x[..., 0] += self.outlier
+        return laid_out(x.float(), self.layout)
 
 
+# Ranks 1 to 4; widths 100 and 500 about the statement's 4 and 384. Rows at 1e4 of unit spread: float32's mean is off
+# by about 1e-3 there, the one-pass variance by far more. A first element 100 above the rest: shifted by it, the row
+# sits near -100, where the one-pass variance on the shifted row is off by 1e-4 relative and two passes by 4e-7.
 EX3_CASES = [
     RowsAt((64, 384), (0.0,)),
     RowsAt((64, 384), (1e4,), explains=(("x - mean", MEAN_FAR), ("the variance", ONE_PASS))),
+    RowsAt((4, 16, 100), (1e4,)),
+    RowsAt((100,), (0.0,)),
     RowsAt((4, 16, 384), (0.0, 1e4), explains=(("x - mean", ONE_SHIFT), ("the variance", ONE_SHIFT))),
+    RowsAt((2, 3, 4, 500), (1e4, 0.0)),
     RowsAt((64, 384), (1e4,), "transposed"),
+    RowsAt(
+        (16, 384), (1e4,), outlier=100.0, centred=1e-4, relative=1e-5, explains=(("the variance", ONE_PASS_SHIFTED),)
+    ),
 ]
 
 
-@graded
+def variance_error(got: torch.Tensor, right: torch.Tensor) -> float:
+    """The largest error of a variance relative to the right one (NaN counted as infinite)."""
+    return ((got.detach().double() - right) / right).abs().nan_to_num(float("inf")).max().item()
+
+
+def ex3_variants(x64: torch.Tensor) -> dict[str, list[tuple[str, torch.Tensor]]]:
+    """The usual wrong x - mean and variances of x (float64), each with what it gets wrong."""
+    variants: dict[str, list[tuple[str, torch.Tensor]]] = {
+        "x - mean": [(SHIFTED_NOT_CENTRED, x64 - x64[..., :1])],
+        "the variance": [(SAMPLE_VARIANCE, x64.var(-1))],
+    }
+    shifts = [(FIRST_ROW, x64[:1])] if x64.dim() > 1 else []
+    shifts += [(FIRST_TOKEN, x64[:, :1])] if x64.dim() > 2 else []
+    for why, shift in shifts:
+        shifted = x64 - shift
+        variants["x - mean"].append((why, shifted - shifted.mean(-1, keepdim=True)))
+        variants["the variance"].append((why, shifted.var(-1, correction=0)))
+    return variants
+
+
+@graded("ex3_variance")
 def check_ex3(module: ModuleType) -> None:
-    """centre_and_variance on each case: two float32 tensors, x - mean to 1e-5 and the population variance to
-    1e-4 of float64's (the variance is about 1), no float64 anywhere inside, and x unchanged."""
+    """The statement's examples; then centre_and_variance on each case: two float32 tensors, x - mean to 1e-5 and
+    the population variance to 1e-4 of float64's, relative (1e-4 and 1e-5 on rows whose first element is an
+    outlier), no float64 anywhere inside, and x unchanged."""
     for case in EX3_CASES:
         x = case.x()
         with Watched() as watched:
@@ -443,28 +703,31 @@ def check_ex3(module: ModuleType) -> None:
             raise Mistake(f"centre_and_variance must return two tensors, (x - mean, the variance); got {got}")
         x64 = x.double()
         want = {"x - mean": x64 - x64.mean(-1, keepdim=True), "the variance": x64.var(-1, correction=0)}
-        if [tuple(t.shape) for t in out if isinstance(t, torch.Tensor)] == [x.shape[:-1], x.shape]:
+        if x.dim() > 1 and [tuple(t.shape) for t in out if isinstance(t, torch.Tensor)] == [x.shape[:-1], x.shape]:
             raise Mistake("centre_and_variance returned (the variance, x - mean); the order is (x - mean, variance)")
         wrong = []
-        for (name, right), got, tol in zip(want.items(), out, (1e-5, 1e-4), strict=True):
+        for (name, right), got in zip(want.items(), out, strict=True):
             check_tensor(f"{name} on {case}", got, right.float())
-            if max_error(got, right) > tol:
-                wrong.append((name, got, right, tol))
+            error = max_error(got, right) if name == "x - mean" else variance_error(got, right)
+            if error > (case.centred if name == "x - mean" else case.relative):
+                wrong.append((name, got, right, error))
         if not wrong:
             continue
-        if not case.explains:
-            shifted = x64 - x64[:1]  # the first row subtracted from each, for the shift by each row's first element
-            variants = {
-                "x - mean": [(FIRST_ROW, shifted - shifted.mean(-1, keepdim=True))],
-                "the variance": [(SAMPLE_VARIANCE, x64.var(-1)), (FIRST_ROW, shifted.var(-1, correction=0))],
-            }
-            name, got, right, tol = wrong[0]
-            compare(f"{name} on {case}", got, right, variants[name], tol)  # raises: got is off
-        why: dict[str, list[str]] = {}  # each explanation once, with every output it explains
-        for name, got, right, tol in wrong:
-            why.setdefault(dict(case.explains)[name], []).append(
-                f"{name} is off by {max_error(got, right):.1e}, allowed {tol:.0e}"
+        variants = ex3_variants(x64)
+        for name, got, right, _ in wrong:  # a mistake of method, which the numbers name on any case
+            for why, variant in variants[name]:
+                if max_error(got, variant) <= 1e-3 * max(1.0, variant.abs().max().item()):
+                    raise Mistake(f"{why} ({name} on {case} matches that; it is off by {max_error(got, right):.1e})")
+        unexplained = [w for w in wrong if w[0] not in dict(case.explains)]
+        if unexplained:
+            name, got, right, _ = unexplained[0]
+            raise Mistake(
+                where_off(f"{name} on {case}", got, right, case.centred if name == "x - mean" else case.relative)
             )
+        why: dict[str, list[str]] = {}  # each explanation once, with every output it explains
+        for name, _, _, error in wrong:
+            allowed = f"allowed {case.centred:.0e}" if name == "x - mean" else f"relative, allowed {case.relative:.0e}"
+            why.setdefault(dict(case.explains)[name], []).append(f"{name} is off by {error:.1e}, {allowed}")
         raise Mistake("; and ".join(f"{w} ({', '.join(off)}, on {case})" for w, off in why.items()))
 
 
@@ -495,15 +758,24 @@ class GradCase:
         return str(self.x) if self.dy == "contiguous" else f"{self.x}, dy {self.dy} (not contiguous)"
 
 
+# Ranks 1 to 4, widths 6 and 12 about the statement's 8: a sum over dims (0, 1) is right for 3-D x only.
 GRAD_CASES = [
     GradCase(Case((3, 4, 8), eps=1e-2)),
     GradCase(Case((3, 4, 8), layout="transposed", eps=1e-2), dy="transposed"),
+    GradCase(Case((5, 12), eps=1e-2)),
+    GradCase(Case((6,), eps=1e-2)),
+    GradCase(Case((2, 3, 2, 6), eps=1e-2)),
 ]
 
 
 def parameter_grad_shape(name: str, got: Any, C: int) -> None:
     """A parameter's gradient not summed over the rows, or summed with its dims kept, named: autograd.grad sums
     or reshapes it silently, a backward must."""
+    if isinstance(got, torch.Tensor) and got.dim() == 0:
+        raise Mistake(
+            f"{name} has shape []; expected [{C}]: it is summed over the features too; sum over every dim but the "
+            "last, whatever x's rank (.reshape(-1, C).sum(0))"
+        )
     if not isinstance(got, torch.Tensor) or got.shape == (C,) or got.dim() < 2 or got.shape[-1] != C:
         return
     if got.numel() == C:
@@ -521,16 +793,20 @@ def check_function(
     weights: tuple[str, ...],
     forward_right: Callable,
     grads_right: Callable,
+    norm: str,
 ) -> None:
     """function.forward and .backward called directly on each GradCase: forward_right(x, weights, eps) gives
-    (right, variants) for y; grads_right(x, weights, eps, dy) gives (name, right, variants) per gradient. Then
-    function.apply through autograd, with torch.autograd.gradcheck on float64."""
+    (right, variants) for y; grads_right(x, weights, eps, dy) gives (name, right, variants) per gradient; the
+    forward may not call torch's own `norm`. Then function.apply through autograd, with torch.autograd.gradcheck
+    on float64, on each case."""
     names = ("x", *weights, "eps")
     for i, case in enumerate(GRAD_CASES):
         x = case.x.x(seed=4 + i)
         ws = dict(zip(weights, params(x.shape[-1], x.dtype, seed=5 + i), strict=False))
         ctx = Ctx(len(names))
-        y = call(f"forward on {case}", function.forward, {"ctx": ctx, "x": x, **ws, "eps": case.x.eps})
+        with Watched() as watched:
+            y = call(f"forward on {case}", function.forward, {"ctx": ctx, "x": x, **ws, "eps": case.x.eps})
+        from_scratch(watched, "forward", norm)
         checked(f"the forward's output on {case}", y, x, *forward_right(x, *ws.values(), case.x.eps), tol=1e-8)
         dy = laid_out(torch.randn(x.shape, generator=torch.Generator().manual_seed(7), dtype=x.dtype), case.dy)
         unfinished = "not finished: the forward runs; backward still raises NotImplementedError"
@@ -551,13 +827,15 @@ def check_function(
             if name != "dx":
                 parameter_grad_shape(name, got, x.shape[-1])
             checked(f"{name} on {case}", got, right, right, variants, tol=1e-8)
-    inputs = tuple(t.detach().clone().requires_grad_() for t in (x, *ws.values()))
+        inputs = tuple(t.detach().clone().requires_grad_() for t in (x, *ws.values()))
 
-    def gradcheck() -> bool:
-        return torch.autograd.gradcheck(lambda *t: function.apply(*t, 1e-2), inputs, raise_exception=False)
+        def gradcheck(inputs: tuple = inputs, eps: float = case.x.eps) -> bool:
+            return torch.autograd.gradcheck(
+                lambda *tensors: function.apply(*tensors, eps), inputs, raise_exception=False
+            )
 
-    if not call("apply, through autograd", gradcheck, {}):
-        raise Mistake("torch.autograd.gradcheck fails: the backward does not match finite differences")
+        if not call(f"apply on {case}, through autograd", gradcheck, {}):
+            raise Mistake(f"torch.autograd.gradcheck fails on {case}: the backward does not match finite differences")
 
 
 def ln_grads(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float, dy: torch.Tensor) -> list:
@@ -565,13 +843,14 @@ def ln_grads(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: floa
     N = x[..., 0].numel()
     rstd = (x.var(-1, correction=0, keepdim=True) + eps).rsqrt()
     xhat = (x - x.mean(-1, keepdim=True)) * rstd
-    dbeta = dy.sum(tuple(range(x.dim() - 1)))
-    dgamma = (dy * xhat).sum(tuple(range(x.dim() - 1)))
+    dbeta = dy.reshape(-1, x.shape[-1]).sum(0)  # over every row (a 1-D x: one)
+    dgamma = (dy * xhat).reshape(-1, x.shape[-1]).sum(0)
     g = dy * gamma
     mean_g = g.mean(-1, keepdim=True)
     along = xhat * (g * xhat).mean(-1, keepdim=True)
     dx_no_gamma = rstd * (dy - dy.mean(-1, keepdim=True) - xhat * (dy * xhat).mean(-1, keepdim=True))
-    rows_sum = tuple(range(x.dim() - 1))
+    rstd_no_eps = x.var(-1, correction=0, keepdim=True).rsqrt()  # the backward's own rstd, eps forgotten
+    xhat_no_eps = (x - x.mean(-1, keepdim=True)) * rstd_no_eps
     return [
         ("dbeta", dbeta, [(off_by_n("dbeta", N), dbeta / N)]),
         (
@@ -580,8 +859,16 @@ def ln_grads(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: floa
             [
                 (off_by_n("dgamma", N), dgamma / N),
                 ("dgamma sums dy alone, which is dbeta; dgamma sums dy * xhat", dbeta),
-                ("dgamma sums dy * (x - mean); dgamma sums dy * xhat", (dy * xhat / rstd).sum(rows_sum)),
-                ("dgamma sums dy * x, the raw input; dgamma sums dy * xhat, the normalized x", (dy * x).sum(rows_sum)),
+                (
+                    "dgamma sums dy * (x - mean); dgamma sums dy * xhat",
+                    (dy * xhat / rstd).reshape(-1, x.shape[-1]).sum(0),
+                ),
+                (
+                    "dgamma sums dy * x, the raw input; dgamma sums dy * xhat, the normalized x",
+                    (dy * x).reshape(-1, x.shape[-1]).sum(0),
+                ),
+                (DGAMMA_FROM_Y, (dy * (xhat * gamma + beta)).reshape(-1, x.shape[-1]).sum(0)),
+                (BACKWARD_NO_EPS, (dy * xhat_no_eps).reshape(-1, x.shape[-1]).sum(0)),
             ],
         ),
         (
@@ -594,18 +881,23 @@ def ln_grads(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: floa
                 ("dx adds the xhat * mean(g * xhat) term; the std's share is subtracted", rstd * (g - mean_g + along)),
                 ("dx leaves out the factor rstd = 1 / sqrt(var + eps)", g - mean_g - along),
                 ("dx leaves out gamma: the gradient reaching xhat is g = dy * gamma", dx_no_gamma),
+                (
+                    BACKWARD_NO_EPS,
+                    rstd_no_eps * (g - mean_g - xhat_no_eps * (g * xhat_no_eps).mean(-1, keepdim=True)),
+                ),
             ],
         ),
     ]
 
 
-@graded
+@graded("ex4_backward")
 def check_ex4(module: ModuleType) -> None:
-    """LayerNormFunction's forward and backward called directly on each case (as autograd calls them, with a ctx):
-    y, then dx, dgamma, dbeta to 1e-8 of float64, each of its input's shape and dtype, dy unchanged, no autograd
-    inside backward; then through LayerNormFunction.apply, torch.autograd.gradcheck."""
+    """The statement's examples; then LayerNormFunction's forward and backward called directly on each case (as
+    autograd calls them, with a ctx): y (without torch's own layer_norm), then dx, dgamma, dbeta to 1e-8 of
+    float64, each of its input's shape and dtype, dy unchanged, no autograd inside backward; then, on each case,
+    torch.autograd.gradcheck through LayerNormFunction.apply."""
     forward = lambda x, gamma, beta, eps: (ln(x, gamma, beta, eps), ln_variants(x, gamma, beta, eps))  # noqa: E731
-    check_function(module.LayerNormFunction, ("gamma", "beta"), forward, ln_grads)
+    check_function(module.LayerNormFunction, ("gamma", "beta"), forward, ln_grads, "layer_norm")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -624,28 +916,35 @@ def triton_unavailable() -> str | None:
     return None
 
 
-# Blocks of 16 columns, 6 of them padding. At offset 100 two passes hold to 1.2e-5, the one-pass E[x^2] - E[x]^2
-# is off by 1.9e-3: the second case is held to 1e-4.
-EX5_CASES = [Case((6, 10), torch.float32, eps=1e-2), Case((6, 10), torch.float32, eps=1e-2, offset=100.0)]
+# Widths 3 and 10 about the statement's 5, each padded to a power of two. At offset 100 two passes hold to 1.2e-5,
+# the one-pass E[x^2] - E[x]^2 is off by 1.9e-3: the last case is held to 1e-4.
+EX5_CASES = [
+    Case((6, 10), torch.float32, eps=1e-2),
+    Case((4, 3), torch.float32, eps=1e-2),
+    Case((6, 10), torch.float32, eps=1e-2, offset=100.0),
+]
 
 
-@graded
+@graded("ex5_triton_forward")
 def check_ex5(module: ModuleType) -> None:
-    """layer_norm_triton on each case, C not a power of two (so the block has padding columns), to 1e-5 of
-    float64 (1e-4 for rows at offset 100, which float32 rounds more coarsely)."""
+    """The statement's examples; then layer_norm_triton on each case, C not a power of two (so the block has
+    padding columns), to 1e-5 of float64 (1e-4 for rows at offset 100, which float32 rounds more coarsely)."""
     for case in EX5_CASES:
         x = case.x(seed=11)
         gamma, beta = params(case.shape[-1], torch.float32, seed=12)
         inputs = {"x": x, "gamma": gamma, "beta": beta, "eps": case.eps}
         got = call(f"layer_norm_triton on {case}", module.layer_norm_triton, inputs)
+        check_tensor(f"layer_norm_triton's output on {case}", got, x)
         x64, w, b, eps = x.double(), gamma.double(), beta.double(), case.eps
         C, width = x.shape[-1], 1 << (x.shape[-1] - 1).bit_length()
         xc = x64 - x64.mean(-1, keepdim=True)
         padded_var = (xc.square().sum(-1, keepdim=True) + (width - C) * x64.mean(-1, keepdim=True).square()) / C
         wide_xc = x64 - x64.sum(-1, keepdim=True) / width
         wide_var = wide_xc.square().sum(-1, keepdim=True) / width
+        inverted_var = (width - C) * x64.mean(-1, keepdim=True).square() / C  # only the padding's (0 - mean)^2
         variants = [
             (PADDING, xc / (padded_var + eps).sqrt() * w + b),
+            (INVERTED_WHERE, xc / (inverted_var + eps).sqrt() * w + b),
             (BLOCK_WIDTH, wide_xc / (wide_var + eps).sqrt() * w + b),
             (STD_NOT_RSTD, xc * (xc.square().mean(-1, keepdim=True) + eps).sqrt() * w + b),
             (SAMPLE_VARIANCE, ln(x64, w, b, eps, correction=1)),
@@ -741,25 +1040,32 @@ def judged_norm(judged: Judged, dim: int) -> torch.nn.Module:
     return norm
 
 
-@graded
+@graded("ex6_per_token")
 def check_ex6(module: ModuleType) -> None:
-    """is_per_token(norm, 16) on each norm below, each judged right (True or False, a bool), the norm's mode
-    (training or eval) and weights left as they were. Some are made to fool a weak test."""
-    for judged in NORMS:
-        norm = judged_norm(judged, 16)
+    """The statement's examples; then is_per_token(norm, 16) on each norm below, and on LayerNorm and BatchNorm in
+    training mode again at dim 12, each judged right (True or False, a bool), the norm's mode (training or eval)
+    and weights left as they were. Some are made to fool a weak test."""
+    for judged, dim in [*((j, 16) for j in NORMS), (NORMS[0], 12), (NORMS[4], 12)]:
+        norm = judged_norm(judged, dim)
         mode, weights = norm.training, [p.detach().clone() for p in norm.parameters()]
-        said = call(f"is_per_token on {judged.what}", module.is_per_token, {"norm": norm, "dim": 16})
+        what = judged.what if dim == 16 else f"{judged.what} of dim {dim}"
+        try:
+            said = call(f"is_per_token on {what}", module.is_per_token, {"norm": norm, "dim": dim})
+        except Mistake as mistake:
+            if dim == 16:
+                raise
+            raise Mistake(f"{mistake}: it runs at dim 16 and not at {dim}: make x of dim features, not 16") from None
         if norm.training != mode:
             raise Mistake(
-                f"is_per_token switched {judged.what} to {'training' if norm.training else 'eval'} mode: judge the "
+                f"is_per_token switched {what} to {'training' if norm.training else 'eval'} mode: judge the "
                 "norm as it is given (norm.eval() makes BatchNorm use its running averages)"
             )
         if not all(torch.equal(p, w) for p, w in zip(norm.parameters(), weights, strict=True)):
-            raise Mistake(f"is_per_token changed the weights of {judged.what}: judge the norm as it is given")
+            raise Mistake(f"is_per_token changed the weights of {what}: judge the norm as it is given")
         if not isinstance(said, bool):
             raise Mistake(f"is_per_token must return True or False, got {type(said).__name__} {said!r:.40}")
         if said != judged.per_token:
-            raise Mistake(f"is_per_token said {said} for {judged.what}; it is {judged.per_token}: {judged.why}")
+            raise Mistake(f"is_per_token said {said} for {what}; it is {judged.per_token}: {judged.why}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -807,8 +1113,7 @@ def rms_grads(x: torch.Tensor, gamma: torch.Tensor, eps: float, dy: torch.Tensor
     N = x[..., 0].numel()
     rrms = (x.square().mean(-1, keepdim=True) + eps).rsqrt()
     xn = x * rrms
-    rows_sum = tuple(range(x.dim() - 1))
-    dgamma = (dy * xn).sum(rows_sum)
+    dgamma = (dy * xn).reshape(-1, x.shape[-1]).sum(0)
     g = dy * gamma
     along = xn * (g * xn).mean(-1, keepdim=True)
     return [
@@ -817,8 +1122,15 @@ def rms_grads(x: torch.Tensor, gamma: torch.Tensor, eps: float, dy: torch.Tensor
             dgamma,
             [
                 (off_by_n("dgamma", N), dgamma / N),
-                ("dgamma sums dy alone; it sums dy * x * rrms", dy.sum(rows_sum)),
-                ("dgamma sums dy * x; it sums dy * x * rrms, the normalized x", (dy * x).sum(rows_sum)),
+                ("dgamma sums dy alone; it sums dy * x * rrms", dy.reshape(-1, x.shape[-1]).sum(0)),
+                (
+                    "dgamma sums dy * x; it sums dy * x * rrms, the normalized x",
+                    (dy * x).reshape(-1, x.shape[-1]).sum(0),
+                ),
+                (
+                    "dgamma sums dy * y, the output; it sums dy * xn, the normalized x (y = xn * gamma)",
+                    (dy * xn * gamma).reshape(-1, x.shape[-1]).sum(0),
+                ),
             ],
         ),
         (
@@ -841,12 +1153,177 @@ def rms_grads(x: torch.Tensor, gamma: torch.Tensor, eps: float, dy: torch.Tensor
     ]
 
 
-@graded
+@graded("ex7_rms_norm")
 def check_ex7(module: ModuleType) -> None:
-    """RMSNormFunction's forward and backward called directly on each case (as autograd calls them, with a ctx):
-    y, then dx and dgamma to 1e-8 of float64, each of its input's shape and dtype, dy unchanged, no autograd
-    inside backward; then through RMSNormFunction.apply, torch.autograd.gradcheck."""
-    check_function(module.RMSNormFunction, ("gamma",), rms_forward, rms_grads)
+    """The statement's examples; then RMSNormFunction's forward and backward called directly on each case (as
+    autograd calls them, with a ctx): y (without torch's own rms_norm), then dx and dgamma to 1e-8 of float64,
+    each of its input's shape and dtype, dy unchanged, no autograd inside backward; then, on each case,
+    torch.autograd.gradcheck through RMSNormFunction.apply."""
+    check_function(module.RMSNormFunction, ("gamma",), rms_forward, rms_grads, "rms_norm")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 8. One cached decoding step of a small attention layer, against the full pass; then with BatchNorm.
+
+
+class AttentionLayer(torch.nn.Module):
+    """The checker's own copy of exercise 8's Attention: its norm, qkv and proj, which decode_step reads."""
+
+    def __init__(self, dim: int, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.norm, self.qkv, self.proj = norm, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """x [B, T, C] decoded one token at a time through a layer whose norm is `norm`."""
+
+    shape: tuple[int, int, int]
+    norm: str
+
+    def __str__(self) -> str:
+        return f"x {list(self.shape)} float64, {self.norm}"
+
+    def layer(self) -> AttentionLayer:
+        C = self.shape[-1]
+        make = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm, "BatchNorm in training mode": BatchNorm}[self.norm]
+        torch.manual_seed(20)  # the Linear layers' weights; the norm's below
+        layer = AttentionLayer(C, make(C)).double()
+        g = torch.Generator().manual_seed(21)
+        with torch.no_grad():
+            layer.norm.weight.copy_(1 + 0.5 * torch.randn(C, generator=g, dtype=torch.float64))
+            if layer.norm.bias is not None and not isinstance(layer.norm, RMSNorm):
+                layer.norm.bias.copy_(torch.randn(C, generator=g, dtype=torch.float64))
+        return layer
+
+    def x(self) -> torch.Tensor:
+        return torch.randn(self.shape, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
+
+
+# Widths 12 and 20 about the statement's 16; BatchNorm last: there the step is right when it normalises the new
+# tokens alone, layer.norm(x_t), and the full pass is no longer what it gives.
+EX8_CASES = [
+    Decoded((2, 6, 16), "LayerNorm"),
+    Decoded((1, 5, 12), "LayerNorm"),
+    Decoded((3, 4, 20), "RMSNorm"),
+    Decoded((3, 4, 12), "BatchNorm in training mode"),
+]
+NO_SELF = "the new token does not attend to itself: append its key and value to the cache before attending"
+NOT_APPENDED = "the cache returned holds {got} positions after token {t}; it holds {want}: append the new key and value"
+PREPENDED = "the new key and value are put first in the cache; append them at the end, torch.cat([k, k_t], dim=1)"
+SWAPPED_CACHE = "the cache is returned as (v, k); it is (k, v)"
+CACHE_CHANGED = "decode_step changed the cache it was given ({what}): return a new one, torch.cat makes new tensors"
+
+
+def attend(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, **how: Any) -> Any:
+    """One step's output in float64, and its wrong variants: the new token's (q from h) against keys and values
+    [B, S, C]; how: scale (the divisor), h (the normalised x_t), residual (what is added back)."""
+    h = how.get("h", layer.norm(x_t))
+    q = layer.qkv(h).chunk(3, dim=-1)[0]
+    scale = how.get("scale", math.sqrt(x_t.shape[-1]))
+    scores = (q[:, None] @ keys.transpose(-2, -1)) / scale
+    a = (scores.softmax(-1) @ values)[:, 0]
+    return how.get("residual", x_t) + layer.proj(a)
+
+
+def step_variants(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> list:
+    """The usual wrong outputs of one step whose right keys and values (the new token's last) are given."""
+    C, T = x_t.shape[-1], keys.shape[1]
+    h = layer.norm(x_t)
+    variants = [(NO_SELF, attend(layer, x_t, keys[:, :-1], values[:, :-1]))] if T > 1 else []
+    variants += [
+        (
+            "the scores are not divided by sqrt(C): q . k / sqrt(C), as in the full pass",
+            attend(layer, x_t, keys, values, scale=1.0),
+        ),
+        (
+            "the scores are divided by sqrt(T), the number of cached tokens; the full pass divides by sqrt(C)",
+            attend(layer, x_t, keys, values, scale=math.sqrt(T)),
+        ),
+        ("the residual is left out: y_t = x_t + proj(a_t)", attend(layer, x_t, keys, values, residual=0.0)),
+        ("the residual adds h = norm(x_t); it adds x_t, the input", attend(layer, x_t, keys, values, residual=h)),
+        (
+            "x_t is not normalised: q, k and v come from h = layer.norm(x_t)",
+            own_norm_step(layer, x_t, keys, values, lambda x: x),
+        ),
+        (
+            "you normalised with a LayerNorm of your own; use layer.norm, the layer's norm, whatever it is",
+            own_norm_step(layer, x_t, keys, values, lambda x: F.layer_norm(x, (C,))),
+        ),
+        (
+            "the new token attends to the first token only (a causal mask's first row); it sees every cached token",
+            attend(layer, x_t, keys[:, :1], values[:, :1]),
+        ),
+    ]
+    return variants
+
+
+def own_norm_step(
+    layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, norm: Callable
+) -> Any:
+    """A step whose new key and value, like its query, come from norm(x_t) in place of layer.norm(x_t)."""
+    h = norm(x_t)
+    _, k, v = layer.qkv(h).chunk(3, dim=-1)
+    keys, values = torch.cat([keys[:, :-1], k[:, None]], 1), torch.cat([values[:, :-1], v[:, None]], 1)
+    return attend(layer, x_t, keys, values, h=h)
+
+
+@graded("ex8_kv_cache")
+def check_ex8(module: ModuleType) -> None:
+    """The statement's examples; then decode_step on each case, token by token from an empty cache: each output
+    [B, C] to 1e-10 of the full causal pass's row (with BatchNorm in training mode, of the step that normalises
+    the new tokens alone, which the full pass is not), the cache returned (k, v), each [B, t + 1, C], holding the
+    full pass's keys and values, and the cache given left as it was."""
+    for case in EX8_CASES:
+        layer, x = case.layer(), case.x()
+        with torch.no_grad():
+            if case.norm == "BatchNorm in training mode":  # what the cache can give: each step's tokens alone
+                h = torch.stack([layer.norm(x[:, t]) for t in range(x.shape[1])], dim=1)
+            else:
+                h = layer.norm(x)
+            _, all_keys, all_values = layer.qkv(h).chunk(3, dim=-1)
+            cache = None
+            for t in range(x.shape[1]):
+                what = f"decode_step on {case}, token {t}"
+                given = None if cache is None else tuple(c.clone() for c in cache)
+                out = call(what, module.decode_step, {"layer": layer, "x_t": x[:, t], "cache": cache})
+                if given is not None and not all(torch.equal(a, b) for a, b in zip(cache, given, strict=True)):
+                    raise Mistake(CACHE_CHANGED.format(what=what))
+                y_t, cache = decoded(what, out)
+                keys, values = all_keys[:, : t + 1], all_values[:, : t + 1]
+                check_tensor(f"y_t from {what}", y_t, x[:, t])
+                right = attend(layer, x[:, t], keys, values, h=h[:, t])
+                compare(f"y_t from {what}", y_t, right, step_variants(layer, x[:, t], keys, values), 1e-10)
+                check_cache(what, cache, keys, values, t)
+
+
+def decoded(what: str, out: Any) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
+    """(y_t, (k, v)) from what decode_step returned, its structure checked."""
+    if not (isinstance(out, tuple | list) and len(out) == 2):
+        raise Mistake(f"{what}: decode_step returns (y_t, (k, v)); got {type(out).__name__} {out!r:.40}")
+    y_t, cache = out
+    if not (isinstance(cache, tuple | list) and len(cache) == 2 and all(isinstance(c, torch.Tensor) for c in cache)):
+        raise Mistake(f"{what}: the cache it returns is (k, v), two tensors [B, T + 1, C]; got {type(cache).__name__}")
+    return y_t, tuple(cache)
+
+
+def check_cache(
+    what: str, cache: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor, values: torch.Tensor, t: int
+) -> None:
+    """The returned cache against the full pass's keys and values of tokens 0..t."""
+    k, v = cache
+    if k.dim() == 3 and k.shape[1] != t + 1:
+        raise Mistake(f"{what}: {NOT_APPENDED.format(got=k.shape[1], t=t, want=t + 1)}")
+    for name, got, right in (("k", k, keys), ("v", v, values)):
+        check_tensor(f"the cache's {name} from {what}", got, right)
+    if max_error(k, keys) <= 1e-10 and max_error(v, values) <= 1e-10:
+        return
+    if max_error(k, values) <= 1e-10 and max_error(v, keys) <= 1e-10:
+        raise Mistake(f"{what}: {SWAPPED_CACHE}")
+    if t and max_error(k, keys.roll(1, 1)) <= 1e-10:
+        raise Mistake(f"{what}: {PREPENDED}")
+    compare(f"the cache's k from {what}", k, keys, [], 1e-10)
+    compare(f"the cache's v from {what}", v, values, [], 1e-10)
 
 
 CHECKS: dict[int, Callable[[ModuleType], str]] = {
@@ -857,6 +1334,7 @@ CHECKS: dict[int, Callable[[ModuleType], str]] = {
     5: check_ex5,
     6: check_ex6,
     7: check_ex7,
+    8: check_ex8,
 }
 CASES: dict[int, list] = {
     1: EX1_CASES,
@@ -866,6 +1344,7 @@ CASES: dict[int, list] = {
     5: EX5_CASES,
     6: NORMS,
     7: GRAD_CASES,
+    8: EX8_CASES,
 }
 
 

@@ -57,7 +57,7 @@ def row_statistics(x, mask, C, eps):
 
 @triton.jit
 def layer_norm_fwd_kernel(X, Y, W, B, C, eps, BLOCK_SIZE: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # 64-bit: row * C cannot wrap past 2**31 elements
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < C
     x = tl.load(X + row * C + cols, mask=mask, other=0.0).to(tl.float32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import doctest
 import importlib
+import math
 import re
 import runpy
 import shutil
@@ -20,6 +21,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from exercises import check
 from exercises.__main__ import FILES, grade, main
@@ -30,7 +32,7 @@ needs_interpreter = pytest.mark.skipif(TRITON_WHY is not None, reason=f"the Trit
 EXERCISES = [pytest.param(n, marks=needs_interpreter) if n in check.TRITON_EXERCISES else n for n in sorted(FILES)]
 
 
-GIVEN = ("layer_norm_fwd_kernel", "layer_norm_triton")  # exercise 5's kernel and launcher: read, not written
+GIVEN = ("layer_norm_fwd_kernel", "layer_norm_triton", "__init__", "forward", "gap_to_full_pass")  # read, not written
 
 
 def functions(path: Path) -> dict[str, ast.FunctionDef]:
@@ -100,7 +102,9 @@ def test_main_exits_1_when_one_does_not_pass(monkeypatch: pytest.MonkeyPatch, ca
 def test_explain_lists_every_case_the_checker_tries(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["3", "--explain"], "exercises.solutions") == 0
     out = capsys.readouterr().out
-    assert out.startswith("exercise 3 (ex3_variance.py): what it checks: centre_and_variance on each case")
+    assert out.startswith(
+        "exercise 3 (ex3_variance.py): what it checks: The statement's examples; then centre_and_variance"
+    )
     assert [line.removeprefix("  - ") for line in out.splitlines() if line.startswith("  - ")] == [
         str(case) for case in check.EX3_CASES
     ]
@@ -113,7 +117,7 @@ def test_explain_lists_every_case_the_checker_tries(capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize(
     "args",
-    ["8", "--explian", "2 --time-limit 0", "--time-limit -1", "--time-limit nan", "--time-limit", "1 --time-limit"],
+    ["9", "--explian", "2 --time-limit 0", "--time-limit -1", "--time-limit nan", "--time-limit", "1 --time-limit"],
 )
 def test_python_m_exercises_refuses_what_is_no_exercise_or_time_limit(monkeypatch, capsys, args: str) -> None:
     monkeypatch.setattr(sys, "argv", ["exercises", *args.split()])
@@ -121,7 +125,7 @@ def test_python_m_exercises_refuses_what_is_no_exercise_or_time_limit(monkeypatc
         runpy.run_path(str(ROOT / "exercises" / "__main__.py"), run_name="__main__")
     assert stopped.value.code == 2
     usage = (
-        "usage: python -m exercises [N] [--explain] [--time-limit S], N one of 1, 2, 3, 4, 5, 6, 7, "
+        "usage: python -m exercises [N] [--explain] [--time-limit S], N one of 1, 2, 3, 4, 5, 6, 7, 8, "
         f"S a number of seconds above 0 (default 60); got {args}\n"
     )
     assert capsys.readouterr() == ("", usage)
@@ -154,7 +158,13 @@ def test_a_file_that_does_not_import_gets_one_line(tmp_path: Path, monkeypatch: 
 def test_an_exception_gets_one_line_that_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = "def layer_norm(x, gamma, beta, eps):\n    return x.mean(dim=5)\n"
     result = grade(2, planted(tmp_path, monkeypatch, "planted_raises", text))
-    assert result.startswith("layer_norm on x [4, 3, 8] float64, eps 0.01: IndexError (in layer_norm, line 2): Dim")
+    assert result.startswith(
+        "the statement's example >>> y = layer_norm(x, torch.ones(4), torch.zeros(4), 1e-5) raised"
+    )
+    assert "; layer_norm on x [4, 3, 8] float64, eps 0.01: a dim that x of this rank does not have" in result
+    assert result.endswith(
+        "IndexError (in layer_norm, line 2): Dimension out of range (expected to be in range of [-3, 2], but got 5)"
+    )
     assert "\n" not in result and "Traceback" not in result, result
 
 
@@ -164,8 +174,9 @@ def test_an_exit_in_the_learners_code_is_a_mistake_not_a_pass(
     text = "import sys\n\ndef layer_norm(x, gamma, beta, eps):\n    sys.exit(0)\n"
     assert main(["2"], planted(tmp_path, monkeypatch, "planted_exit", text), in_process=True) == 1
     assert capsys.readouterr().out == (
-        "exercise 2 (ex2_layer_norm.py): layer_norm on x [4, 3, 8] float64, eps 0.01: your code called sys.exit(0); "
-        "return the result instead\n"
+        "exercise 2 (ex2_layer_norm.py): the statement's example >>> y = layer_norm(x, torch.ones(4), torch.zeros(4), "
+        "1e-5) called sys.exit(0) (return the result instead); layer_norm on x [4, 3, 8] float64, eps 0.01: your code "
+        "called sys.exit(0); return the result instead\n"
     )
     (tmp_path / "planted_exit_at_import").mkdir()
     (tmp_path / "planted_exit_at_import" / "ex2_layer_norm.py").write_text("raise SystemExit(0)\n")
@@ -382,7 +393,7 @@ class EpsForgotten(Textbook):
 EX1_WRONG = [
     (Textbook, check.SAMPLE_VARIANCE),
     (OverTheBatch, "you reduced over dim 0: the batch; LayerNorm reduces over the last dim only"),
-    (KeepsARunningMean, "row 0's output changed by"),
+    (KeepsARunningMean, "called again on a second, different batch, 10 of 10 rows are off"),
     (SmallerEps, "LayerNorm1d(16).eps is 1e-06; the default is 1e-5"),
     (RandomGamma, "LayerNorm1d(16).gamma must start as torch.ones(16)"),
     (Float64Defaults, "LayerNorm1d(16).gamma is torch.float64; start it as torch.ones(16), float32 as x is"),
@@ -446,12 +457,16 @@ def ln_no_return(x, gamma, beta, eps):
     y = centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps) * gamma + beta  # noqa: F841
 
 
+def ln_right(x, gamma, beta, eps):
+    return centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps) * gamma + beta
+
+
 def ln_rows_flattened(x, gamma, beta, eps):
-    return torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps).reshape(-1, x.shape[-1])
+    return ln_right(x, gamma, beta, eps).reshape(-1, x.shape[-1])
 
 
 def ln_as_a_list(x, gamma, beta, eps):
-    return torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps).tolist()
+    return ln_right(x, gamma, beta, eps).tolist()
 
 
 def ln_with_view(x, gamma, beta, eps):  # rows flattened with view, which needs x laid out in order
@@ -922,12 +937,7 @@ def shift_then_torch_var(x):
     return s - s.mean(-1, keepdim=True), s.var(-1, correction=0)
 
 
-def shift_then_one_pass(x):  # with each row shifted, the one-pass formula no longer cancels
-    s = x - x[..., :1]
-    return s - s.mean(-1, keepdim=True), s.square().mean(-1) - s.mean(-1).square()
-
-
-@pytest.mark.parametrize("right", [shift_then_torch_var, shift_then_one_pass])
+@pytest.mark.parametrize("right", [shift_then_torch_var])
 def test_ex3_passes_other_right_answers(right) -> None:
     assert check.check_ex3(SimpleNamespace(centre_and_variance=right)) == check.PASS
 
@@ -956,3 +966,595 @@ def test_ex6_passes_a_bit_for_bit_comparison() -> None:
 def test_ex7_refuses_and_names(forward: dict, backward, message: str) -> None:
     planted = function(lambda x, gamma, eps: rms_forward(x, gamma, eps, **forward), backward)
     refused(check.check_ex7(SimpleNamespace(RMSNormFunction=planted)), message)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# More wrong solutions (#64), each with the part of the grader's line that names it: mistakes that passed a grader
+# of one shape, one batch and rows near 0, and the common ones it told in general words. Then right solutions
+# written other ways than the reference, which must pass.
+
+
+class EpsHardCoded(Textbook):
+    def __call__(self, x):
+        xhat = (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + 1e-5)
+        return self.gamma * xhat + self.beta
+
+
+class EpsNotKept(Textbook):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__(dim, 1e-5)
+
+
+class AffineFirst(Textbook):
+    def __call__(self, x):
+        x = self.gamma * x + self.beta
+        return (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
+
+
+class OnePass1d(Textbook):
+    def __call__(self, x):
+        mean = x.mean(1, keepdim=True)
+        var = (x * x).mean(1, keepdim=True) - mean * mean
+        return self.gamma * (x - mean) / torch.sqrt(var + self.eps) + self.beta
+
+
+class KeepsFirstStatistics(Textbook):  # the statement's own example of state between calls
+    def __call__(self, x):
+        if not hasattr(self, "mean"):
+            self.mean, self.var = x.mean(1, keepdim=True), x.var(1, keepdim=True, correction=0)
+        return self.gamma * (x - self.mean) / torch.sqrt(self.var + self.eps) + self.beta
+
+
+class DividesBy16(Textbook):
+    def __call__(self, x):
+        mean = x.sum(1, keepdim=True) / 16
+        var = (x - mean).square().sum(1, keepdim=True) / 16
+        return self.gamma * (x - mean) / torch.sqrt(var + self.eps) + self.beta
+
+
+class CallsFLayerNorm(Textbook):
+    def __call__(self, x):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], self.gamma, self.beta, self.eps)
+
+
+class BuildsNNLayerNorm(Textbook):
+    def __call__(self, x):
+        layer = torch.nn.LayerNorm(x.shape[-1], eps=self.eps)
+        with torch.no_grad():
+            layer.weight.copy_(self.gamma)
+            layer.bias.copy_(self.beta)
+            return layer(x)
+
+
+class EveryElement(Textbook):
+    def __call__(self, x):
+        return self.gamma * (x - x.mean()) / torch.sqrt(x.var(correction=0) + self.eps) + self.beta
+
+
+class StdPlusEps1d(Textbook):
+    def __call__(self, x):
+        return (
+            self.gamma * (x - x.mean(1, keepdim=True)) / (x.std(1, keepdim=True, correction=0) + self.eps) + self.beta
+        )
+
+
+class NoAffine1d(Textbook):
+    def __call__(self, x):
+        return (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
+
+
+EX1_NEW = [
+    (EpsHardCoded, check.EPS_FIXED.format(eps="self.eps")),
+    (EpsNotKept, "LayerNorm1d(16, eps=0.01).eps is 1e-05: keep the eps it is given"),
+    (AffineFirst, check.AFFINE_FIRST),
+    (OnePass1d, check.ONE_PASS_FAR),
+    (KeepsFirstStatistics, "called again on a second, different batch, 10 of 10 rows are off"),
+    (DividesBy16, check.FIXED_WIDTH.format(width=16)),
+    (CallsFLayerNorm, "LayerNorm1d calls torch's own layer_norm (F.layer_norm)"),
+    (BuildsNNLayerNorm, "LayerNorm1d calls torch's own layer_norm (F.layer_norm)"),
+    (EveryElement, check.ALL_DIMS),
+    (StdPlusEps1d, check.EPS_OUTSIDE),
+    (NoAffine1d, check.NO_AFFINE),
+]
+
+
+def ln_one_pass(x, gamma, beta, eps):
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(x.square().mean(-1, keepdim=True) - mean.square() + eps) * gamma + beta
+
+
+def ln_divides_by_8(x, gamma, beta, eps):
+    mean = x.sum(-1, keepdim=True) / 8
+    return (x - mean) / torch.sqrt((x - mean).square().sum(-1, keepdim=True) / 8 + eps) * gamma + beta
+
+
+def ln_pairwise_halving(x, gamma, beta, eps):  # a tree sum that assumes C a power of two
+    def total(t):
+        while t.shape[-1] > 1:
+            t = t[..., ::2] + t[..., 1::2]
+        return t
+
+    mean = total(x) / x.shape[-1]
+    return (x - mean) / torch.sqrt(total((x - mean).square()) / x.shape[-1] + eps) * gamma + beta
+
+
+def ln_calls_f(x, gamma, beta, eps):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps)
+
+
+def ln_leading_dims(x, gamma, beta, eps):  # per feature over every row: BatchNorm's statistics
+    dims = tuple(range(x.dim() - 1)) or (0,)
+    return centred(x, dims) / torch.sqrt(x.var(dims, keepdim=True, correction=0) + eps) * gamma + beta
+
+
+def ln_eps_fixed(x, gamma, beta, eps):
+    return ln_right(x, gamma, beta, 1e-5)
+
+
+def ln_affine_first(x, gamma, beta, eps):
+    x = x * gamma + beta
+    return centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps)
+
+
+def ln_promoted(x, gamma, beta, eps):  # the reference solution before the mixed-precision case
+    xc = x - x.mean(-1, keepdim=True)
+    return xc / torch.sqrt(xc.square().mean(-1, keepdim=True) + eps) * gamma + beta
+
+
+def ln_in_float32(x, gamma, beta, eps):  # "float32 is what GPUs use"
+    return ln_right(x.float(), gamma.float(), beta.float(), eps)
+
+
+def ln_dim_2(x, gamma, beta, eps):  # right for a 3-D x only
+    return centred(x, 2) / torch.sqrt(x.var(2, keepdim=True, correction=0) + eps) * gamma + beta
+
+
+def ln_nn_module(x, gamma, beta, eps):
+    layer = torch.nn.LayerNorm(x.shape[-1], eps=eps, dtype=x.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(gamma)
+        layer.bias.copy_(beta)
+        return layer(x)
+
+
+def ln_var_without_keepdim(x, gamma, beta, eps):  # keepdim on the mean, not on the variance
+    return centred(x) / torch.sqrt(x.var(-1, correction=0) + eps) * gamma + beta
+
+
+EX2_NEW = [
+    (ln_var_without_keepdim, check.BROADCAST),
+    (ln_one_pass, check.ONE_PASS_FAR),
+    (ln_divides_by_8, check.FIXED_WIDTH.format(width=8)),
+    (ln_pairwise_halving, "layer_norm on x [6] float64, eps 0.01 is off by"),  # told where, not why
+    (ln_calls_f, "layer_norm calls torch's own layer_norm (F.layer_norm)"),
+    (ln_leading_dims, check.LEADING_DIMS),
+    (ln_eps_fixed, check.EPS_FIXED.format(eps="the eps argument")),
+    (ln_affine_first, check.AFFINE_FIRST),
+    (ln_promoted, ("gamma and beta float32, eps 0.01 is torch.float32; expected torch.bfloat16", check.PROMOTED)),
+    (ln_in_float32, f"{SHAPE_0} is torch.float32; expected torch.float64"),
+    (ln_dim_2, ("layer_norm on x [8] float64, eps 1e-5: a dim that x of this rank does not have", "IndexError")),
+    (ln_nn_module, "layer_norm calls torch's own layer_norm (F.layer_norm)"),
+]
+
+
+def shift_then_one_pass(x):  # with each row shifted the one-pass formula holds, unless the first element is an outlier
+    s = x - x[..., :1]
+    return s - s.mean(-1, keepdim=True), s.square().mean(-1) - s.mean(-1).square()
+
+
+def shift_by_the_first_token(x):  # x[:, :1]: each row's first element for a 2-D x only
+    s = x - x[:, :1]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def shifted_row_as_centred(x):
+    s = x - x[..., :1]
+    return s, (s - s.mean(-1, keepdim=True)).square().mean(-1)
+
+
+def shift_then_one_pass_var_mean(x):  # torch's mean beside the one-pass variance
+    s = x - x[..., :1]
+    mean = s.mean(-1, keepdim=True)
+    return s - mean, (s * s).mean(-1) - (mean * mean).squeeze(-1)
+
+
+def shift_by_the_last_row(x):  # x[-1:]: a row, not each row's element
+    s = x - x[-1:]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def sample_variance_shifted(x):
+    s = x - x[..., :1]
+    return s - s.mean(-1, keepdim=True), s.var(-1)
+
+
+EX3_NEW = [
+    (shift_then_one_pass, (check.ONE_PASS_SHIFTED, "relative, allowed 1e-05")),
+    (shift_then_one_pass_var_mean, check.ONE_PASS_SHIFTED),
+    (shift_by_the_first_token, (check.FIRST_TOKEN, "x [4, 16, 100] float32, rows at offset 1e4")),
+    (shifted_row_as_centred, check.SHIFTED_NOT_CENTRED),
+    (shift_by_the_last_row, "x - mean on x [64, 384] float32, rows at offset 0 is off by"),  # told where, not why
+    (sample_variance_shifted, check.SAMPLE_VARIANCE),
+]
+
+
+def backward_without_eps(xhat, rstd, gamma, dy):  # rstd recomputed from what was saved, eps forgotten
+    xc = xhat / rstd
+    rstd0 = xc.square().mean(-1, keepdim=True).rsqrt()
+    return ln_dx(xc * rstd0, rstd0, gamma, dy), rows_sum(dy * xc * rstd0), rows_sum(dy), None
+
+
+def forward_saving_x(x, gamma, beta, eps):  # saves x, for the backward to recompute the statistics
+    y, _ = ln_forward(x, gamma, beta, eps)
+    return y, (x, gamma)
+
+
+def backward_from_x_without_eps(x, gamma, dy):
+    rstd = x.var(-1, keepdim=True, correction=0).rsqrt()
+    xhat = centred(x) * rstd
+    return ln_dx(xhat, rstd, gamma, dy), rows_sum(dy * xhat), rows_sum(dy), None
+
+
+def ln_forward_saving_beta(x, gamma, beta, eps):
+    y, (xhat, rstd, gamma) = ln_forward(x, gamma, beta, eps)
+    return y, (xhat, rstd, gamma, beta)
+
+
+def dgamma_from_saved_y(xhat, rstd, gamma, beta, dy):
+    return ln_dx(xhat, rstd, gamma, dy), rows_sum(dy * (xhat * gamma + beta)), rows_sum(dy), None
+
+
+def sums_over_dims_0_1(xhat, rstd, gamma, dy):  # right for a 3-D x only
+    return ln_dx(xhat, rstd, gamma, dy), (dy * xhat).sum((0, 1)), dy.sum((0, 1)), None
+
+
+def forward_with_f(x, gamma, beta, eps):
+    y, saved = ln_forward(x, gamma, beta, eps)
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps), saved
+
+
+def forward_eps_fixed(x, gamma, beta, eps):
+    return ln_forward(x, gamma, beta, 1e-5)
+
+
+def summed_over_dim_0_keepdim(xhat, rstd, gamma, dy):  # right for a 2-D x only, and with a kept dim
+    return ln_dx(xhat, rstd, gamma, dy), (dy * xhat).sum(0, keepdim=True), dy.sum(0, keepdim=True), None
+
+
+def dx_mean_over_everything(xhat, rstd, gamma, dy):  # the means over every row at once
+    g = dy * gamma
+    return rstd * (g - g.mean() - xhat * (g * xhat).mean()), rows_sum(dy * xhat), rows_sum(dy), None
+
+
+EX4_NEW = [
+    (forward_saving_x, backward_from_x_without_eps, check.BACKWARD_NO_EPS),
+    (ln_forward, lambda xh, r, g, dy: backward_without_eps(xh, r, g, dy), check.BACKWARD_NO_EPS),
+    (ln_forward_saving_beta, dgamma_from_saved_y, check.DGAMMA_FROM_Y),
+    (
+        ln_forward,
+        sums_over_dims_0_1,
+        "dbeta has shape []; expected [12]: it is summed over the features too",
+    ),
+    (forward_with_f, ln_backward, "forward calls torch's own layer_norm (F.layer_norm)"),
+    (forward_eps_fixed, ln_backward, check.EPS_FIXED.format(eps="the eps argument")),
+    (ln_forward, summed_over_dim_0_keepdim, "dbeta has shape [1, 4, 8]; expected [8]: sum it over every row"),
+    (ln_forward, dx_mean_over_everything, "dx on x [3, 4, 8] float64, eps 0.01 is off by"),
+]
+
+
+EX5_NEW = [
+    ("mean = tl.sum(x, axis=0) / C", "mean = tl.sum(x, axis=0) // C", check.FLOOR_DIVISION),
+    ("tl.where(mask, x - mean, 0.0)", "tl.where(mask, 0.0, x - mean)", check.INVERTED_WHERE),
+    (
+        "var = tl.sum(xc * xc, axis=0) / C",
+        "var = (tl.sum((x - mean) * (x - mean), axis=0) - (x.shape[0] - C) * mean * mean) / C",
+        check.ONE_PASS_NEAR_100,
+    ),
+    ("var = tl.sum(xc * xc, axis=0) / C", "var = tl.sum(xc * xc, axis=0) / 10", "on x [4, 3] float32, eps 0.01 is off"),
+]
+
+
+def sixteen_features(norm, dim):  # the statement's dim written in
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        return torch.equal(norm(x), torch.cat([norm(x[i : i + 1]) for i in range(8)]))
+
+
+def forces_training(norm, dim):  # "BatchNorm is only a problem in training": judged in training mode
+    norm.train()
+    return bit_for_bit(norm, dim)
+
+
+def numpy_answer(norm, dim):  # numpy's bool, not Python's
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        return (norm(x) - torch.cat([norm(x[i : i + 1]) for i in range(8)])).abs().max().numpy() < 1e-6
+
+
+EX6_NEW = [
+    (numpy_answer, "is_per_token must return True or False, got bool"),
+    (sixteen_features, "it runs at dim 16 and not at 12: make x of dim features, not 16"),
+    (forces_training, "is_per_token switched BatchNorm in eval mode to training mode"),
+]
+
+
+def rms_backward_dgamma_from_y(xn, rrms, gamma, dy):
+    return rms_dx(xn, rrms, gamma, dy), rows_sum(dy * xn * gamma), None
+
+
+def rms_with_f(x, gamma, eps):
+    y, saved = rms_forward(x, gamma, eps)
+    return torch.nn.functional.rms_norm(x, x.shape[-1:], gamma, eps), saved
+
+
+def rms_sums_over_dims_0_1(xn, rrms, gamma, dy):
+    return rms_dx(xn, rrms, gamma, dy), (dy * xn).sum((0, 1)), None
+
+
+def rms_dgamma_dim_0_keepdim(xn, rrms, gamma, dy):
+    return rms_dx(xn, rrms, gamma, dy), (dy * xn).sum(0, keepdim=True), None
+
+
+EX7_NEW = [
+    (rms_forward, rms_dgamma_dim_0_keepdim, "dgamma has shape [1, 4, 8]; expected [8]: sum it over every row"),
+    (rms_forward, rms_backward_dgamma_from_y, "dgamma sums dy * y, the output; it sums dy * xn"),
+    (rms_with_f, rms_grads(), "forward calls torch's own rms_norm (F.rms_norm)"),
+    (rms_forward, rms_sums_over_dims_0_1, "dgamma has shape []; expected [12]: it is summed over the features too"),
+]
+
+
+def kv_step(layer, x_t, cache, norm=None, scale=None, residual=True, residual_h=False, self_attend=True, order="end"):
+    """One decoding step, right by default; each argument makes one of the usual mistakes."""
+    h = (norm or layer.norm)(x_t)
+    q, k, v = layer.qkv(h).chunk(3, dim=-1)
+    k, v = k[:, None], v[:, None]
+    if cache is not None:
+        old_k, old_v = cache
+        k, v = (
+            (torch.cat([old_k, k], 1), torch.cat([old_v, v], 1))
+            if order == "end"
+            else (
+                torch.cat([k, old_k], 1),
+                torch.cat([v, old_v], 1),
+            )
+        )
+    keys, values = (k, v) if self_attend or cache is None else cache
+    scores = q[:, None] @ keys.transpose(-2, -1) / (scale(keys) if scale else math.sqrt(x_t.shape[-1]))
+    a = (scores.softmax(-1) @ values)[:, 0]
+    y = (h if residual_h else x_t) + layer.proj(a) if residual else layer.proj(a)
+    return y, (k, v)
+
+
+def kv_softmax_over_the_batch(layer, x_t, cache):
+    q, k, v = layer.qkv(layer.norm(x_t)).chunk(3, dim=-1)
+    keys = k[:, None] if cache is None else torch.cat([cache[0], k[:, None]], 1)
+    values = v[:, None] if cache is None else torch.cat([cache[1], v[:, None]], 1)
+    weights = (q[:, None] @ keys.transpose(-2, -1) / math.sqrt(x_t.shape[-1])).softmax(0)
+    return x_t + layer.proj((weights @ values)[:, 0]), (keys, values)
+
+
+def kv_not_appended(layer, x_t, cache):
+    y, _ = kv_step(layer, x_t, cache)
+    return y, cache if cache is not None else kv_step(layer, x_t, None)[1]
+
+
+def kv_swapped(layer, x_t, cache):
+    y, (k, v) = kv_step(layer, x_t, None if cache is None else cache[::-1])
+    return y, (v, k)
+
+
+def kv_keeps_y_t_dim(layer, x_t, cache):
+    y, kv = kv_step(layer, x_t, cache)
+    return y[:, None], kv
+
+
+def kv_in_place(layer, x_t, cache):
+    y, (k, v) = kv_step(layer, x_t, cache)
+    if cache is not None:
+        cache[0].mul_(1.0).add_(1.0)
+    return y, (k, v)
+
+
+EX8_WRONG = [
+    (kv_softmax_over_the_batch, "y_t from decode_step on x [2, 6, 16] float64, LayerNorm, token 0 is off by"),
+    (lambda layer, x_t, cache: kv_step(layer, x_t, cache, self_attend=False), check.NO_SELF),
+    (kv_not_appended, "the cache returned holds 1 positions after token 1; it holds 2"),
+    (lambda layer, x_t, cache: kv_step(layer, x_t, cache, order="start"), check.PREPENDED),
+    (kv_swapped, check.SWAPPED_CACHE),
+    (lambda layer, x_t, cache: kv_step(layer, x_t, cache, scale=lambda k: 1.0), "the scores are not divided by"),
+    (
+        lambda layer, x_t, cache: kv_step(layer, x_t, cache, scale=lambda k: math.sqrt(k.shape[1])),
+        "the scores are divided by sqrt(T)",
+    ),
+    (lambda layer, x_t, cache: kv_step(layer, x_t, cache, residual=False), "the residual is left out"),
+    (lambda layer, x_t, cache: kv_step(layer, x_t, cache, residual_h=True), "the residual adds h = norm(x_t)"),
+    (lambda layer, x_t, cache: kv_step(layer, x_t, cache, norm=lambda x: x), "x_t is not normalised"),
+    (
+        lambda layer, x_t, cache: kv_step(layer, x_t, cache, norm=lambda x: F.layer_norm(x, x.shape[-1:])),
+        "you normalised with a LayerNorm of your own; use layer.norm",
+    ),
+    (kv_keeps_y_t_dim, "has shape [2, 1, 16]; expected [2, 16]"),
+    (kv_in_place, "decode_step changed the cache it was given"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX1_NEW, ids=[w.__name__ for w, _ in EX1_NEW])
+def test_ex1_refuses_and_names_more(wrong, message) -> None:
+    refused(check.check_ex1(SimpleNamespace(LayerNorm1d=wrong)), message)
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX2_NEW, ids=[w.__name__ for w, _ in EX2_NEW])
+def test_ex2_refuses_and_names_more(wrong, message) -> None:
+    refused(check.check_ex2(SimpleNamespace(layer_norm=wrong)), message)
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX3_NEW, ids=[w.__name__ for w, _ in EX3_NEW])
+def test_ex3_refuses_and_names_more(wrong, message) -> None:
+    refused(check.check_ex3(SimpleNamespace(centre_and_variance=wrong)), message)
+
+
+@pytest.mark.parametrize(("forward", "backward", "message"), EX4_NEW, ids=[str(i) for i in range(len(EX4_NEW))])
+def test_ex4_refuses_and_names_more(forward, backward, message) -> None:
+    refused(check.check_ex4(SimpleNamespace(LayerNormFunction=function(forward, backward))), message)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(("right", "wrong", "message"), EX5_NEW, ids=[m[:30] for _, _, m in EX5_NEW])
+def test_ex5_refuses_and_names_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right, wrong, message) -> None:
+    refused(check.check_ex5(triton_solution_with(tmp_path, monkeypatch, right, wrong)), message)
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX6_NEW, ids=[w.__name__ for w, _ in EX6_NEW])
+def test_ex6_refuses_and_names_more(wrong, message) -> None:
+    refused(check.check_ex6(SimpleNamespace(is_per_token=wrong)), message)
+
+
+@pytest.mark.parametrize(("forward", "backward", "message"), EX7_NEW, ids=[str(i) for i in range(len(EX7_NEW))])
+def test_ex7_refuses_and_names_more(forward, backward, message) -> None:
+    refused(check.check_ex7(SimpleNamespace(RMSNormFunction=function(forward, backward))), message)
+
+
+@pytest.mark.parametrize(("wrong", "message"), EX8_WRONG, ids=[m[:30] for _, m in EX8_WRONG])
+def test_ex8_refuses_and_names(wrong, message) -> None:
+    refused(check.check_ex8(with_decode_step(wrong)), message)
+
+
+def with_decode_step(step) -> ModuleType:
+    """Exercise 8's statement as shipped, its decode_step the given one: the given gap_to_full_pass calls it."""
+    module = ModuleType("planted_kv_cache")
+    exec((ROOT / "exercises" / "ex8_kv_cache.py").read_text(), module.__dict__)
+    module.decode_step = step
+    return module
+
+
+class WithVarMean(Textbook):  # torch.var_mean, rsqrt
+    def __call__(self, x):
+        var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.gamma + self.beta
+
+
+class ByHand(Textbook):  # sums and divisions written out, C read from x
+    def __call__(self, x):
+        C = x.shape[1]
+        mean = x.sum(1, keepdim=True) / C
+        xc = x - mean
+        return self.gamma * xc / ((xc * xc).sum(1, keepdim=True) / C + self.eps) ** 0.5 + self.beta
+
+
+def ln_einsum(x, gamma, beta, eps):  # the sums as einsums over the last dim
+    C = x.shape[-1]
+    mean = torch.einsum("...c->...", x)[..., None] / C
+    xc = x - mean
+    var = torch.einsum("...c,...c->...", xc, xc)[..., None] / C
+    return (xc / torch.sqrt(var + eps) * gamma.to(x.dtype) + beta.to(x.dtype)).to(x.dtype)
+
+
+def ln_flattened_rows(x, gamma, beta, eps):  # every leading dim into one, in float32 for low precision
+    rows = x.reshape(-1, x.shape[-1]).to(torch.promote_types(x.dtype, torch.float32))
+    var, mean = torch.var_mean(rows, -1, correction=0, keepdim=True)
+    y = (rows - mean) * torch.rsqrt(var + eps) * gamma + beta
+    return y.reshape(x.shape).to(x.dtype)
+
+
+def centre_twice(x):  # x - mean, then its own mean taken off again: the first mean's error is exact to remove
+    xc = x - x.mean(-1, keepdim=True)
+    xc = xc - xc.mean(-1, keepdim=True)
+    return xc, xc.square().mean(-1)
+
+
+def shift_by_the_last_element(x):
+    s = x - x[..., -1:]
+    xc = s - s.mean(-1, keepdim=True)
+    return xc, (xc * xc).sum(-1) / x.shape[-1]
+
+
+class SavesXhatOnCtx(torch.autograd.Function):  # attributes on ctx, the sums with sum(dims)
+    @staticmethod
+    def forward(ctx, x, gamma, beta, eps):
+        var, mean = torch.var_mean(x, -1, correction=0, keepdim=True)
+        ctx.rstd = torch.rsqrt(var + eps)
+        ctx.xhat = (x - mean) * ctx.rstd
+        ctx.gamma = gamma
+        return ctx.xhat * gamma + beta
+
+    @staticmethod
+    def backward(ctx, dy):
+        xhat, rstd, C = ctx.xhat, ctx.rstd, dy.shape[-1]
+        rows = tuple(range(dy.dim() - 1))
+        dbeta = dy.sum(rows) if rows else dy.clone()
+        dgamma = (dy * xhat).sum(rows) if rows else dy * xhat
+        g = dy * ctx.gamma
+        dx = rstd / C * (C * g - g.sum(-1, keepdim=True) - xhat * (g * xhat).sum(-1, keepdim=True))
+        return dx, dgamma, dbeta, None
+
+
+def per_token_everywhere(norm, dim):  # two tokens are enough to tell, compared with allclose's defaults
+    x = torch.randn(2, dim)
+    with torch.no_grad():
+        together, alone = norm(x), torch.cat([norm(x[:1]), norm(x[1:])])
+    return bool(torch.allclose(together, alone))
+
+
+def per_token_by_max_gap(norm, dim):
+    x = torch.randn(5, dim) * 3
+    with torch.no_grad():
+        gap = max((norm(x)[i] - norm(x[i : i + 1])[0]).abs().max().item() for i in range(5))
+    return gap < 1e-6
+
+
+class RMSWithSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gamma, eps):
+        rrms = 1 / torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps)
+        ctx.save_for_backward(x, rrms, gamma)
+        return x * rrms * gamma
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, rrms, gamma = ctx.saved_tensors
+        C = x.shape[-1]
+        g = dy * gamma
+        dx = rrms * g - x * rrms**3 * (g * x).sum(-1, keepdim=True) / C
+        return dx, (dy * x * rrms).reshape(-1, C).sum(0), None
+
+
+def kv_step_einsum(layer, x_t, cache):  # scores with einsum, the cache grown with stack-like cat of new views
+    q, k, v = layer.qkv(layer.norm(x_t)).chunk(3, dim=-1)
+    keys = k.unsqueeze(1) if cache is None else torch.cat((cache[0], k.unsqueeze(1)), dim=1)
+    values = v.unsqueeze(1) if cache is None else torch.cat((cache[1], v.unsqueeze(1)), dim=1)
+    weights = torch.softmax(torch.einsum("bc,btc->bt", q, keys) / x_t.shape[-1] ** 0.5, dim=-1)
+    return x_t + layer.proj(torch.einsum("bt,btc->bc", weights, values)), (keys, values)
+
+
+def kv_step_masked(layer, x_t, cache):  # with a causal mask's last row (all True), by F.scaled_dot_product_attention
+    h = layer.norm(x_t)
+    q, k, v = layer.qkv(h).chunk(3, dim=-1)
+    keys = k[:, None] if cache is None else torch.cat([cache[0], k[:, None]], 1)
+    values = v[:, None] if cache is None else torch.cat([cache[1], v[:, None]], 1)
+    a = F.scaled_dot_product_attention(q[:, None], keys, values)[:, 0]
+    return x_t + layer.proj(a), (keys, values)
+
+
+RIGHT = [
+    (1, SimpleNamespace(LayerNorm1d=WithVarMean)),
+    (1, SimpleNamespace(LayerNorm1d=ByHand)),
+    (2, SimpleNamespace(layer_norm=ln_einsum)),
+    (2, SimpleNamespace(layer_norm=ln_flattened_rows)),
+    (3, SimpleNamespace(centre_and_variance=centre_twice)),
+    (3, SimpleNamespace(centre_and_variance=shift_by_the_last_element)),
+    (4, SimpleNamespace(LayerNormFunction=SavesXhatOnCtx)),
+    (6, SimpleNamespace(is_per_token=per_token_everywhere)),
+    (6, SimpleNamespace(is_per_token=per_token_by_max_gap)),
+    (7, SimpleNamespace(RMSNormFunction=RMSWithSums)),
+    (8, "kv_step_einsum"),
+    (8, "kv_step_masked"),
+]
+
+
+@pytest.mark.parametrize(("n", "module"), RIGHT, ids=[f"{n}-{i}" for i, (n, _) in enumerate(RIGHT)])
+def test_right_solutions_written_other_ways_pass(n: int, module) -> None:
+    if n == 8:
+        module = with_decode_step(globals()[module])
+    assert check.CHECKS[n](module) == check.PASS

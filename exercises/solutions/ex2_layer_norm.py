@@ -11,4 +11,6 @@ def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: fl
     xc = x - mean  # a new tensor: the caller's x is untouched
     var = xc.square().mean(-1, keepdim=True)  # the population variance: the mean, so divided by C
     xhat = xc / torch.sqrt(var + eps)  # eps inside the root: finite for a constant row
-    return xhat * gamma + beta  # gamma and beta [C] broadcast over every leading dim
+    # gamma and beta [C] broadcast over every leading dim. Float32 gamma and beta beside a bfloat16 x (a model
+    # trained in mixed precision) promote the product to float32: .to(x.dtype) returns x's dtype, as promised.
+    return (xhat * gamma + beta).to(x.dtype)
