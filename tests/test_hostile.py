@@ -112,31 +112,16 @@ def test_torchruns_variables_are_checked_as_a_set(tmp_path, tiny_data, capsys, m
     assert not (tmp_path / "out").exists()
 
 
-def test_wandb_logging_without_a_key_is_refused_before_anything_is_written(tmp_path, tiny_data, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", type(sys)("wandb"))  # importable; its init is never reached
+def test_wandb_failing_to_start_is_one_line(tmp_path, tiny_data, capsys, monkeypatch):
+    """wandb's own init without a key, where it cannot ask for one (a key refused, no network: the same path):
+    one line, and no metrics.jsonl or checkpoint written."""
     for name in ("WANDB_API_KEY", "WANDB_MODE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
-    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: wandb could not ask for a key
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: wandb cannot ask for a key
     proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", "--wandb_log=True"))
-    assert_one_line_error(proc, 2, "error: wandb_log=True but no wandb API key is set", "WANDB_MODE=offline")
-    assert not (tmp_path / "out").exists()
-
-
-def test_wandb_failing_to_start_is_one_line(tmp_path, tiny_data, capsys, monkeypatch):
-    """A key the server refuses, or no network: whatever wandb.init raises, one line and no checkpoint."""
-    wandb = type(sys)("wandb")
-
-    def init(**settings):
-        raise ConnectionError("Timed out while retrying: dial tcp: no such host\nConsider increasing the timeout")
-
-    wandb.init = init
-    monkeypatch.setitem(sys.modules, "wandb", wandb)
-    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", "--wandb_log=True"))
-    message = "error: wandb could not start a run (ConnectionError: Timed out while retrying: dial tcp: no such host)"
-    assert_one_line_error(proc, 1, message, "WANDB_MODE=offline")
-    assert not (tmp_path / "out" / "ckpt.pt").exists()
+    assert_one_line_error(proc, 1, "error: wandb could not start a run (", "WANDB_MODE=offline")
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 @pytest.mark.parametrize(
