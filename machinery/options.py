@@ -7,8 +7,6 @@ import argparse
 import difflib
 import json
 import math
-import os
-import sys
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
