@@ -177,7 +177,7 @@ def test_a_random_model_of_a_config_s_size(capsys: pytest.CaptureFixture[str], t
     assert result["model"]["n_embd"] == written["n_embd"]
     assert result["batch_invariant_rows"][0]["alone_vs_batch"]["max_abs_diff"] == 0.0
     (tmp_path / "bad.json").write_text("[1]")
-    with pytest.raises(Failure, match="--config: config file .*bad.json must hold a JSON object"):
+    with pytest.raises(Failure, match="^config file .*bad.json must hold a JSON object"):
         batch_independence.main(["--config", str(tmp_path / "bad.json")])
     (tmp_path / "odd.json").write_text('{"n_head": 5}')
     with pytest.raises(Failure, match=r"--config: n_embd \(64\) must be divisible by n_head \(5\)"):
