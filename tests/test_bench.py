@@ -238,6 +238,7 @@ def test_resume_interrupted_is_an_interrupt_not_a_failed_run(monkeypatch):
         resume.main(["--device", "cpu"])
 
 
+@pytest.mark.slow  # two train.py processes, 35 s in all; that a resume is exact: tests/test_train.py
 def test_resume_compares_every_loss_the_straight_run_logged(bench_files, tmp_path):
     """bench/resume's plumbing: both runs evaluate at the cut and log each iteration, the resumed run's losses
     reach the comparison, --rtol the verdict. (That a resume is exact: tests/test_train.py.)"""

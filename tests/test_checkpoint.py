@@ -197,27 +197,6 @@ def test_weights_that_do_not_fit_are_reported():
 # ---- what is read back: the checksum, the weights, the resume state ----
 
 
-def flip_bit(path, tensor: torch.Tensor, bit: int = 30) -> None:
-    """Flip one bit of `tensor`'s first element where torch.save stored it in `path` (bit 30: a float32's exponent)."""
-    data = bytearray(path.read_bytes())
-    at = data.find(tensor.contiguous().view(torch.uint8).numpy().tobytes())
-    assert at != -1 and data.count(tensor.contiguous().view(torch.uint8).numpy().tobytes()) == 1
-    data[at + bit // 8] ^= 1 << (bit % 8)
-    path.write_bytes(bytes(data))
-
-
-@pytest.mark.parametrize("where", ["model", "rng"], ids=["a-weight's-exponent", "the-rng-state"])
-def test_one_flipped_bit_anywhere_is_refused_naming_the_file(tmp_path, where):
-    ckpt = {**_checkpoint(), "rng": {"torch": torch.get_rng_state()}}
-    path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, ckpt)
-    flip_bit(path, ckpt["model"]["transformer.h.0.mlp.c_fc.weight"] if where == "model" else ckpt["rng"]["torch"])
-    with pytest.raises(CheckpointError) as e:
-        load_checkpoint(path)
-    message = str(e.value)
-    assert message.startswith(f"{path} is damaged") and "checksum" in message and "\n" not in message
-
-
 def test_a_checkpoint_loads_with_its_checksum_verified_and_dropped_and_one_without_loads_unchecked(tmp_path):
     ckpt = _checkpoint()
     save_checkpoint(tmp_path / "new.pt", ckpt)
@@ -240,18 +219,6 @@ def test_the_checksum_sees_each_kind_of_value():
     ]
     assert all(checkpoint.checksum(c) != before for c in changed)
     assert checkpoint.checksum({**ckpt, "checksum": "anything"}) == before
-
-
-def test_weights_that_are_not_finite_are_refused_at_load_naming_the_tensors(tmp_path):
-    ckpt = _checkpoint()
-    ckpt["model"]["transformer.h.1.attn.c_proj.weight"][0, 0] = float("nan")
-    ckpt["model"]["transformer.ln_f.weight"][1] = float("inf")
-    save_checkpoint(tmp_path / "ckpt.pt", ckpt)  # its checksum is right: the NaN was saved, not damaged
-    with pytest.raises(CheckpointError) as e:
-        load_checkpoint(tmp_path / "ckpt.pt")
-    message = str(e.value)
-    assert "not finite (NaN or inf) in 2 tensors" in message and "\n" not in message
-    assert "transformer.h.1.attn.c_proj.weight" in message and "transformer.ln_f.weight" in message
 
 
 @pytest.mark.parametrize(

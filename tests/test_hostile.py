@@ -274,15 +274,6 @@ def test_a_world_size_without_the_rest_of_torchrun_is_one_line(tmp_path, tiny_da
 
 
 @pytest.mark.slow
-def test_a_new_run_into_a_folder_with_another_runs_interrupted_state_is_refused(run_copy, tiny_data):
-    (run_copy / "ckpt.pt").rename(run_copy / "ckpt_interrupted.pt")
-    before = tree(run_copy)
-    proc = python("train.py", *tiny_args(tiny_data, run_copy))
-    assert_one_line_error(proc, 1, "holds another run's files (ckpt_interrupted.pt, metrics.jsonl)", "--overwrite=True")
-    assert tree(run_copy) == before
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "named"),
     [
