@@ -74,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
     p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out_dir", help="folder holding ckpt.pt (this project's or nanoGPT's); without it, a random model")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
-    p.add_argument("--init_from", help="GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder (model.gpt2_checkpoint)")
+    p.add_argument("--init_from", help="GPT-2's weights instead: a hub id (gpt2, distilgpt2, ...) or a folder")
     p.add_argument("--config", help="a random model of this JSON config's size (default: 2 layers, 64 wide)")
     p.add_argument("--norms", nargs="+", default=list(NORMS), help=f"norms to run (default: {' '.join(NORMS)})")
     p.add_argument("--require", nargs="+", help="rows that must pass, else exit 1 (default: LayerNorms, rmsnorm)")

@@ -24,8 +24,10 @@ tests/test_nanogpt.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -83,6 +85,34 @@ class GPTConfig:
 def new_norm(config: GPTConfig, feeds_linear: bool = False) -> nn.Module:
     """One norm layer over n_embd features, as config says; feeds_linear as in make_norm (pre-norm's every norm)."""
     return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha, feeds_linear=feeds_linear)
+
+
+INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_")  # what torch's layers and GPT call to draw
+
+
+@contextlib.contextmanager
+def nothing_drawn() -> Iterator[None]:
+    """Within it, modules are built on the meta device (shapes, no memory) and nn.init's functions leave tensors as
+    they are: nothing to draw, as the weights come from a file (and normal_ on meta tensors imports torch's
+    compiler, 150 MB)."""
+    saved = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
+    for name in INIT_FUNCTIONS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when it is the whole of its storage, else a copy that is: a model that took a view (GPT-2's
+    positions cut to block_size) would keep, and save, all of the storage it views."""
+    whole = tensor.is_contiguous() and tensor.storage_offset() == 0
+    if whole and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 class KVCache:
@@ -214,7 +244,8 @@ class GPT(nn.Module):
                     f"but not with {norm!r}, which computes a different function"
                 )
             config = replace(config, norm=norm)
-        model = cls(config)
+        with nothing_drawn():  # the model's shape, without weights: no memory, no random init drawn
+            model = cls(config)
         state = checkpoint["model"]
         missing = sorted(model.state_dict().keys() - state.keys())
         unexpected = sorted(state.keys() - model.state_dict().keys())
@@ -223,10 +254,11 @@ class GPT(nn.Module):
                 f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
                 f"unexpected {unexpected[:5]})"
             )
-        try:
-            model.load_state_dict(state)
+        try:  # the model takes the checkpoint's tensors themselves (assign): the weights are in memory once
+            model.load_state_dict({k: own_storage(v) for k, v in state.items()}, assign=True)
         except RuntimeError as e:  # a shape that differs: torch's last line names the tensor
             raise ValueError(f"the checkpoint's weights do not fit its model: {str(e).splitlines()[-1]}") from None
+        model.transformer.wte.weight = model.lm_head.weight  # assign replaced both Parameters: tie them again
         return model.eval()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -376,6 +408,7 @@ class GPT(nn.Module):
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face hub, 124M to 1.5B
 # Hugging Face GPT-2 config entries (absent: its default, given here) and the one value this GPT computes
 GPT2_FIXED = {
+    "model_type": "gpt2",  # GPT-2's architecture (distilgpt2's too)
     "layer_norm_epsilon": 1e-5,  # every norm's eps here
     "n_inner": None,  # the MLP's width: None is 4 * n_embd
     "scale_attn_weights": True,
@@ -388,36 +421,121 @@ GPT2_SHAPE = ("vocab_size", "n_layer", "n_head", "n_embd")
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def gpt2_checkpoint(source: str) -> dict[str, Any]:
-    """GPT-2's weights as a checkpoint that GPT.from_checkpoint builds (its norm swap and refusals included; norm
-    builtin, as GPT-2 was trained): `source` is one of GPT2_SIZES, downloaded once into the Hugging Face cache, or a
-    folder holding a Hugging Face GPT-2's config.json and model.safetensors (what save_pretrained writes). Read with
-    safetensors and huggingface_hub, never transformers. Hugging Face's GPT-2 is this GPT under other names: no
-    "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to wte, and Conv1D layers that
-    keep a Linear's weight transposed, [in, out]. A ValueError says what to install or give, or which entry of
-    config.json this GPT does not compute."""
+HUB_GPT2 = "openai-community"  # the hub's owner of GPT2_SIZES: "gpt2" there is "openai-community/gpt2"
+# What save_pretrained writes, one of: all weights in one file; shards named by an index (its "weight_map"); or,
+# before transformers 4.35 (or with safe_serialization=False), one pickled state dict
+SAFETENSORS, INDEX, PICKLED = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+
+
+def is_hub_id(source: str) -> bool:
+    """Whether `source` names a repository on the Hugging Face hub: owner/name, or one of the short ids of GPT-2's
+    architecture."""
+    return source in (*GPT2_SIZES, "distilgpt2") or re.fullmatch(r"[\w.-]+/[\w.-]+", source) is not None
+
+
+def gpt2_folder(source: str) -> Path:
+    """The folder of a GPT-2 `source`: a folder, or a hub id (one of GPT2_SIZES, openai-community/gpt2*, or any
+    repository of GPT-2's architecture such as distilgpt2) downloaded once into the Hugging Face cache: config.json
+    and the safetensors weights, else pytorch_model.bin."""
     folder = Path(source)
+    if folder.is_dir():
+        return folder
+    if folder.exists():
+        raise ValueError(f"{source} is a file: give the folder holding config.json and the weights")
+    if not is_hub_id(source):
+        raise ValueError(
+            f"{source} is neither a folder nor a hub id ({', '.join(GPT2_SIZES)}, distilgpt2 or owner/name such as "
+            f"{HUB_GPT2}/gpt2)"
+        )
+    repo = f"{HUB_GPT2}/{source}" if source in GPT2_SIZES else source
     try:
-        from safetensors.torch import load_file
+        from huggingface_hub import snapshot_download
 
-        if not folder.is_dir() and source in GPT2_SIZES:
-            from huggingface_hub import snapshot_download
-
-            files = ["config.json", "model.safetensors"]
-            folder = Path(snapshot_download(f"openai-community/{source}", allow_patterns=files))
+        folder = Path(snapshot_download(repo, allow_patterns=["config.json", "*.safetensors", INDEX]))
+        if not (folder / SAFETENSORS).is_file() and not (folder / INDEX).is_file():  # an older repository
+            folder = Path(snapshot_download(repo, allow_patterns=["config.json", PICKLED]))
     except ImportError as e:
         raise ValueError(f"reading GPT-2's weights needs {e.name}: pip install safetensors huggingface_hub") from None
-    except Exception as e:  # offline, or the hub unreachable: what huggingface_hub raises varies
+    except Exception as e:  # offline, the hub unreachable, no such repository: what huggingface_hub raises varies
         raise ValueError(
-            f"cannot download {source} from the Hugging Face hub ({type(e).__name__}); on a machine with internet run "
-            f"`hf download openai-community/{source} config.json model.safetensors --local-dir {source}`, copy that "
-            f"folder here and give its path"
+            f"{source} is not a folder here, and downloading {repo} from the Hugging Face hub failed "
+            f"({type(e).__name__}); on a machine with internet run `hf download {repo} config.json model.safetensors "
+            f"--local-dir {Path(repo).name}`, copy that folder here and give its path"
         ) from None
-    config_path, weights_path = folder / "config.json", folder / "model.safetensors"
-    if not (config_path.is_file() and weights_path.is_file()):
+    return folder
+
+
+def gpt2_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the weights save_pretrained wrote in `folder`, one tensor read at a time: the
+    caller keeps what it needs, so that the weights are in memory once. pytorch_model.bin is read with
+    weights_only=True: tensors only, no pickled code run."""
+    if (folder / SAFETENSORS).is_file():
+        files = [folder / SAFETENSORS]
+    elif (folder / INDEX).is_file():
+        try:
+            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            files = [folder / name for name in dict.fromkeys(weight_map.values())]  # each shard once, in order
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{folder / INDEX} is not an index of shards: no 'weight_map' of names to files") from None
+        if missing := [f.name for f in files if not f.is_file()]:
+            raise ValueError(f"{folder / INDEX} names shards that are not in {folder}: {', '.join(missing[:5])}")
+    elif (folder / PICKLED).is_file():
+        try:
+            state = torch.load(folder / PICKLED, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickled objects other than tensors, or not a torch.save file
+            raise ValueError(f"{folder / PICKLED} cannot be read as tensors only: {str(e).splitlines()[0]}") from None
+        while state:
+            yield state.popitem()
+        return
+    else:
+        found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
         raise ValueError(
-            f"{source} is not one of {', '.join(GPT2_SIZES)} nor a folder holding config.json and model.safetensors"
+            f"{folder} holds {found}: a GPT-2 folder needs config.json and {SAFETENSORS}, or {INDEX} with its "
+            f"shards, or {PICKLED} (what save_pretrained writes)"
         )
+    for file in files:
+        yield from read_safetensors(file)
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of a safetensors file, each read from the file into memory of its own. The format:
+    8 bytes giving the header's length n (little-endian), n bytes of JSON naming each tensor's dtype, shape and
+    [begin, end) bytes in the data that follows. (safetensors' own reader maps the whole file into memory: a
+    Conv1D weight transposed from there would keep the file's pages resident beside its copy.)"""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        try:
+            header = json.loads(f.read(n))
+            header.pop("__metadata__", None)
+            entries = sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])  # in the file's order
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+            raise ValueError(f"{path} is not a safetensors file: its header is not JSON naming tensors") from None
+        for name, entry in entries:
+            if entry.get("dtype") not in SAFETENSORS_DTYPES:
+                raise ValueError(f"{path}: {name} is {entry.get('dtype')}, not one of {', '.join(SAFETENSORS_DTYPES)}")
+            begin, end = entry["data_offsets"]
+            data = torch.empty(end - begin, dtype=torch.uint8)
+            f.seek(8 + n + begin)
+            if f.readinto(data.numpy()) != end - begin:
+                raise ValueError(f"{path} ends inside {name}: the file is cut short")
+            yield name, data.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
+
+
+def gpt2_checkpoint(source: str) -> dict[str, Any]:
+    """GPT-2's weights as a checkpoint that GPT.from_checkpoint builds (its norm swap and refusals included; norm
+    builtin, as GPT-2 was trained): `source` is a folder that save_pretrained wrote, or a hub id (gpt2_folder).
+    Read with safetensors and huggingface_hub, never transformers. Hugging Face's GPT-2 is this GPT under other
+    names: no "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to wte, and Conv1D
+    layers that keep a Linear's weight transposed, [in, out]. A ValueError says what to install or give, or which
+    entry of config.json this GPT does not compute."""
+    folder = gpt2_folder(source)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
+        raise ValueError(f"{source} holds {found}: a GPT-2 folder needs config.json beside its weights")
     hf = json.loads(config_path.read_text(encoding="utf-8"))
     activation = hf.get("activation_function", "gelu_new")
     wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
@@ -431,10 +549,11 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
         raise ValueError(f"{config_path} has no {e.args[0]!r}: it is not a GPT-2's config") from None
     config = GPTConfig(**sizes, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation])
     state = {}
-    for key, tensor in load_file(weights_path).items():
+    for key, tensor in gpt2_tensors(folder):
         name = key.removeprefix("transformer.")
         if not name.endswith((".attn.bias", ".attn.masked_bias")) and name != "lm_head.weight":  # masks; tied head
-            state[f"transformer.{name}"] = tensor.t() if name.endswith(CONV1D) else tensor
+            tensor = tensor.to(torch.float32)  # (no copy when it is float32 already)
+            state[f"transformer.{name}"] = tensor.t().contiguous() if name.endswith(CONV1D) else tensor
     if "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
     return {"model_args": asdict(config), "model": state}

@@ -44,7 +44,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(description="Sample text from a checkpoint written by train.py or nanoGPT's.")
     p.add_argument("--out_dir", default="out", help="folder holding ckpt.pt (default: out)")
     p.add_argument("--ckpt", help="path of a checkpoint file (this project's or nanoGPT's); overrides --out_dir")
-    p.add_argument("--init_from", help="GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder (model.gpt2_checkpoint)")
+    p.add_argument("--init_from", help="GPT-2's weights instead: a hub id (gpt2, distilgpt2, ...) or a folder")
     p.add_argument("--meta", help="a nanoGPT checkpoint's meta.pkl (default: beside it, else its data/<dataset>/)")
     p.add_argument("--start", default="\n", help="prompt, or FILE:path to read it from a UTF-8 file (default: newline)")
     p.add_argument("--num_samples", type=int, default=1, help="how many samples to draw (default 1)")

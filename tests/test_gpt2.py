@@ -6,6 +6,7 @@ one line. transformers is needed only here (requirements-dev.txt); no weights ar
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 from pathlib import Path
@@ -19,7 +20,7 @@ import sample
 import train
 from bench import decoding
 from data.common import DataError
-from helpers import ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
+from helpers import PAYLOADS, ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
 from layernorm import LAYERNORMS, NORMS
 from machinery.checkpoint import load_checkpoint
 from machinery.options import ConfigError
@@ -38,6 +39,8 @@ SHAPES = {
     "vocab101-block32": dict(vocab_size=101, n_positions=32, n_embd=48, n_head=4),  # gelu_new, GPT-2's
     "block64-erf": dict(vocab_size=128, n_positions=64, n_embd=32, n_head=2, activation_function="gelu"),
     "hub-layout": dict(vocab_size=75, n_positions=48, n_embd=32, n_head=4, activation_function="gelu_pytorch_tanh"),
+    "sharded": dict(vocab_size=90, n_positions=24, n_embd=32, n_head=2),
+    "pytorch_model.bin": dict(vocab_size=70, n_positions=40, n_embd=24, n_head=3, activation_function="gelu"),
 }
 
 
@@ -56,11 +59,16 @@ def hf_gpt2(seed: int = 0, **shape: object) -> transformers.GPT2LMHeadModel:
     return model
 
 
-def save(model: transformers.GPT2LMHeadModel, folder: Path, hub_layout: bool = False) -> Path:
-    """save_pretrained's folder; with hub_layout, its weights renamed as OpenAI's files on the hub name them (no
+def save(model: transformers.GPT2LMHeadModel, folder: Path, layout: str = "model.safetensors") -> Path:
+    """save_pretrained's folder. Layouts: "sharded", shards of at most 20 KB named by model.safetensors.index.json
+    (as save_pretrained splits a model past its max_shard_size); "pytorch_model.bin", the state dict torch.save
+    wrote (transformers before 4.35); "hub-layout", the weights renamed as OpenAI's files on the hub name them (no
     "transformer." prefix) beside the causal masks they keep as "h.N.attn.bias"."""
-    model.save_pretrained(folder)
-    if hub_layout:
+    model.save_pretrained(folder, max_shard_size="20KB" if layout == "sharded" else "5GB")
+    if layout == "pytorch_model.bin":
+        (folder / "model.safetensors").unlink()
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    if layout == "hub-layout":
         weights = folder / "model.safetensors"
         state = {k.removeprefix("transformer."): v for k, v in safetensors_torch.load_file(weights).items()}
         n = model.config.n_positions
@@ -73,7 +81,7 @@ def save(model: transformers.GPT2LMHeadModel, folder: Path, hub_layout: bool = F
 def gpt2(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(the saved folder, the GPT2LMHeadModel saved there), for each of SHAPES."""
     model = hf_gpt2(**SHAPES[request.param])
-    return save(model, tmp_path_factory.mktemp(request.param), hub_layout=request.param == "hub-layout"), model
+    return save(model, tmp_path_factory.mktemp(request.param), layout=request.param), model
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +103,103 @@ def test_logits_are_gpt2lmheadmodels_with_every_layernorm(gpt2, norm: str) -> No
     idx = prompts(hf.config.vocab_size, 3, hf.config.n_positions)  # every position
     with torch.no_grad():
         assert rel_err(model(idx)[0], hf(idx).logits.double()) <= TOL
+
+
+def test_loading_takes_the_files_tensors_and_draws_no_init(gpt2_64) -> None:
+    """One copy of the weights: the model's parameters are the checkpoint's tensors (no random init drawn, none
+    copied in), the head still tied to the token embedding."""
+    checkpoint = gpt2_checkpoint(str(gpt2_64[0]))
+    rng = torch.get_rng_state()
+    model = GPT.from_checkpoint(checkpoint)
+    assert torch.equal(torch.get_rng_state(), rng)  # nothing drawn
+    params = dict(model.named_parameters(remove_duplicate=False))
+    assert all(params[k].data_ptr() == v.data_ptr() for k, v in checkpoint["model"].items())
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_a_view_is_copied_not_kept_with_its_whole_storage(gpt2_64) -> None:
+    """GPT-2's positions cut to a shorter block (train.py's fine-tune) are a view: the model keeps a tensor of its
+    own, so that saving it does not save all 64 positions."""
+    checkpoint = gpt2_checkpoint(str(gpt2_64[0]))
+    full = checkpoint["model"]["transformer.wpe.weight"]
+    checkpoint["model"]["transformer.wpe.weight"] = full[:16]
+    model = GPT.from_checkpoint(checkpoint, block_size=16)
+    wpe = model.transformer.wpe.weight
+    assert torch.equal(wpe, full[:16]) and wpe.untyped_storage().nbytes() == wpe.numel() * 4
+
+
+def test_a_pickled_file_is_read_as_tensors_only(gpt2_64, tmp_path: Path) -> None:
+    """pytorch_model.bin holding an object whose unpickling runs code: refused in one line, the code not run."""
+    folder = Path(shutil.copytree(gpt2_64[0], tmp_path / "gpt2"))
+    state = safetensors_torch.load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({**state, "note": PAYLOADS["Path.touch"](tmp_path / "ran")}, folder / "pytorch_model.bin")
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint(str(folder))
+    assert "pytorch_model.bin cannot be read as tensors only" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "repo", "layout"),
+    [
+        ("gpt2", "openai-community/gpt2", "model.safetensors"),
+        ("openai-community/gpt2-medium", "openai-community/gpt2-medium", "sharded"),
+        ("distilgpt2", "distilgpt2", "pytorch_model.bin"),
+    ],
+)
+def test_hub_ids_download_what_the_loader_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str, repo: str, layout: str
+) -> None:
+    """A hub id is downloaded as huggingface_hub's snapshot_download gives it (here, a fake hub serving a small
+    GPT-2 in `layout`): config.json and the safetensors files, else pytorch_model.bin; the logits are the model's."""
+    hf = hf_gpt2(**SHAPES["vocab101-block32"])
+    hub = save(hf, tmp_path / "hub", layout=layout)
+    asked = []
+
+    def snapshot_download(repo_id: str, allow_patterns: list[str]) -> str:
+        asked.append(repo_id)
+        local = tmp_path / f"cache{len(asked)}"
+        local.mkdir()
+        for file in hub.iterdir():
+            if any(fnmatch.fnmatch(file.name, pattern) for pattern in allow_patterns):
+                shutil.copy(file, local)
+        return str(local)
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", snapshot_download)
+    model = GPT.from_checkpoint(gpt2_checkpoint(source))
+    assert asked == [repo] * (2 if layout == "pytorch_model.bin" else 1)
+    idx = prompts(hf.config.vocab_size, 2, 32)
+    with torch.no_grad():
+        assert rel_err(model(idx)[0], hf(idx).logits.double()) <= TOL
+
+
+def test_offline_a_hub_id_says_how_to_bring_the_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(repo_id: str, allow_patterns: list[str]) -> str:
+        raise OSError("no network")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", offline)
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint("gpt2-medium")
+    assert str(e.value) == (
+        "gpt2-medium is not a folder here, and downloading openai-community/gpt2-medium from the Hugging Face hub "
+        "failed (OSError); on a machine with internet run `hf download openai-community/gpt2-medium config.json "
+        "model.safetensors --local-dir gpt2-medium`, copy that folder here and give its path"
+    )
+
+
+def test_a_name_that_is_neither_folder_nor_hub_id_is_not_looked_up(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint("gtp2")
+    assert str(e.value).startswith("gtp2 is neither a folder nor a hub id (gpt2, gpt2-medium,")
+
+
+def test_an_empty_folder_says_what_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "gpt2-medium").mkdir()
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint(str(tmp_path / "gpt2-medium"))
+    needs = "a GPT-2 folder needs config.json beside its weights"
+    assert str(e.value) == f"{tmp_path / 'gpt2-medium'} holds nothing: {needs}"
 
 
 @pytest.mark.parametrize("use_kv_cache", [True, False], ids=["kv-cache", "no-cache"])
@@ -133,9 +238,10 @@ def test_batch_independence_passes_on_gpt2s_weights(gpt2_64, capsys: pytest.Capt
     [
         ({"activation_function": "relu"}, "activation_function='relu' (only gelu_new, gelu_pytorch_tanh, gelu)"),
         ({"n_inner": 64}, "n_inner=64 (only None)"),
-        (None, "nor a folder holding config.json and model.safetensors"),  # no model.safetensors
+        ({"model_type": "llama"}, "model_type='llama' (only 'gpt2')"),
+        (None, "holds config.json, generation_config.json: a GPT-2 folder needs config.json and model.safetensors"),
     ],
-    ids=["relu", "n_inner", "no-weights"],
+    ids=["relu", "n_inner", "llama", "no-weights"],
 )
 def test_what_this_gpt_does_not_compute_is_one_line_naming_it(gpt2_64, tmp_path: Path, change, named: str) -> None:
     folder = Path(shutil.copytree(gpt2_64[0], tmp_path / "gpt2"))
