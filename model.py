@@ -20,6 +20,11 @@ every kept token, so cached keys go stale. Without the cache every step sees the
 sliding window); with it, a full cache is prefilled afresh from the last block_size // 2 tokens, since sliding by
 one would recompute the whole window every step. Each is exact on the context it keeps (tests/test_kv_cache.py,
 tests/test_nanogpt.py).
+
+Prompts of different lengths decode in one batch left padded, with an attention mask as transformers takes it
+(pad_left makes both): each row's positions count from its own first token and no token sees the padding, so each
+row decodes as it would alone (without the cache past block_size too; with it, a padded batch refills its window
+when its longest row fills it).
 """
 
 from __future__ import annotations
@@ -106,6 +111,45 @@ def nothing_drawn() -> Iterator[None]:
             setattr(nn.init, name, function)
 
 
+def padding_mask(pad: torch.Tensor, past: int, T: int) -> torch.Tensor:
+    """Which keys each of T queries sees after `past` cached ones, [B, 1, T, past + T], for rows whose first pad[b]
+    tokens are padding: causal, and none of the padding; a padding query sees itself alone (a row of no keys
+    would be NaN)."""
+    keys = torch.arange(past + T, device=pad.device)
+    queries = keys[past:, None]  # [T, 1]
+    seen = (keys <= queries) & (keys >= pad[:, None, None])  # [B, T, past + T]
+    return (seen | (keys == queries))[:, None]
+
+
+def left_padding(attention_mask: torch.Tensor, idx: torch.Tensor) -> torch.Tensor | None:
+    """Each row's count of padding tokens [B] from an attention mask as transformers takes it (1: a token, 0:
+    padding), or None where there is none; a ValueError unless every row is left padded: 0s, then 1s."""
+    if attention_mask.shape != idx.shape:
+        raise ValueError(f"attention_mask must have idx's shape {list(idx.shape)}, got {list(attention_mask.shape)}")
+    pad = (attention_mask == 0).sum(1)
+    left = torch.equal(attention_mask.bool(), torch.arange(idx.size(1), device=idx.device) >= pad[:, None])
+    if not left or bool((pad == idx.size(1)).any()):
+        raise ValueError("attention_mask must be left padding: each row 0s, then 1s (at least one), nothing else")
+    return padding_from(pad, 0)
+
+
+def padding_from(pad: torch.Tensor | None, first: int) -> torch.Tensor | None:
+    """The padding [B] left in a window of the context that starts at token `first`; None where none is left."""
+    if pad is None:
+        return None
+    pad = (pad - first).clamp(min=0)
+    return pad if bool(pad.any()) else None
+
+
+def pad_left(prompts: list[list[int]], pad_token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one batch: their token ids [B, T], each left padded with pad_token to the
+    longest, and the attention mask [B, T] (1: a token, 0: padding) that GPT.generate and GPT.stream take."""
+    T = max(len(p) for p in prompts)
+    idx = torch.tensor([[pad_token] * (T - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    return idx, mask
+
+
 def own_storage(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor itself when it is the whole of its storage, else a copy that is: a model that took a view (GPT-2's
     positions cut to block_size) would keep, and save, all of the storage it views."""
@@ -125,6 +169,7 @@ class KVCache:
         self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.length = 0  # positions filled
         self.start = 0  # index, in the decoded sequence, of the token cached at position 0
+        self.pad: torch.Tensor | None = None  # [B]: how many of each row's first cached tokens are left padding
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
@@ -144,16 +189,18 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """mask: None (causal), or which keys each query may see, [B, 1, T, keys] (padding_mask)."""
         B, T, C = x.size()
         # [B, T, 3C] -> three views of shape [B, n_head, T, head_size] (one reshape, no copies)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
-        mask = None
-        is_causal = True
+        is_causal = mask is None
         if kv_cache is not None:
             past = kv_cache.length
             k, v = kv_cache.append(layer, k, v)
-            if past > 0:
+            if past > 0 and mask is None:
                 # Query i sits at position past + i and may see keys 0..past + i. A single new token sees every
                 # key, so it needs no mask at all.
                 is_causal = False
@@ -188,11 +235,13 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.post = config.norm_position == "post"
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.post:  # normalize the residual stream after each add
-            x = self.ln_1(x + self.attn(x, kv_cache, layer))
+            x = self.ln_1(x + self.attn(x, kv_cache, layer, mask))
             return self.ln_2(x + self.mlp(x))
-        x = x + self.attn(self.ln_1(x), kv_cache, layer)  # normalize only what each sublayer reads
+        x = x + self.attn(self.ln_1(x), kv_cache, layer, mask)  # normalize only what each sublayer reads
         return x + self.mlp(self.ln_2(x))
 
 
@@ -277,8 +326,12 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
-        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it."""
+    def hidden_states(
+        self, idx: torch.Tensor, kv_cache: KVCache | None = None, pad: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it. pad [B]
+        (or the cache's): how many of each row's first tokens are left padding, which no token sees; each row's
+        positions count from its first real token, so a row computes as it would alone."""
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
@@ -287,10 +340,15 @@ class GPT(nn.Module):
                 f"crop the context to the last {self.config.block_size} tokens"
             )
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        pad = kv_cache.pad if kv_cache is not None else pad
+        mask = None
+        if pad is not None:
+            pos = (pos - pad[:, None]).clamp(min=0)  # [B, T]; padding at 0 (it is seen by nothing)
+            mask = padding_mask(pad, start, T)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         x = self.transformer.drop(x if self.embed_scale is None else x * self.embed_scale)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, kv_cache, layer)
+            x = block(x, kv_cache, layer, mask)
         if kv_cache is not None:
             kv_cache.length += T
         return self.transformer.ln_f(x)
@@ -329,13 +387,15 @@ class GPT(nn.Module):
         use_kv_cache: bool = True,
         generator: torch.Generator | None = None,
         return_logits: bool = False,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Continue each row of idx [B, T] by max_new_tokens tokens, decoded as `stream` decodes. Returns the tokens
         [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled from,
         [B, max_new_tokens, vocab_size]."""
         tokens = [idx]
         all_logits = []
-        for next_tokens, logits in self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator):
+        steps = self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, attention_mask)
+        for next_tokens, logits in steps:
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
                 all_logits.append(logits)
@@ -352,10 +412,13 @@ class GPT(nn.Module):
         top_k: int | None = None,
         use_kv_cache: bool = True,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Decode max_new_tokens tokens after idx [B, T] one step at a time (temperature 0: greedily; past
         block_size: see the module docstring): yields each step's next tokens [B, 1] and the logits [B, V] they
-        were picked from, as soon as they are known. The arguments are checked here, before any step runs."""
+        were picked from, as soon as they are known. Prompts of different lengths come left padded, with
+        transformers' attention_mask [B, T] (1: a token, 0: padding; pad_left makes both): each row then decodes as
+        it would alone, its positions and its keys its own. The arguments are checked here, before any step runs."""
         if not temperature >= 0:  # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
         if max_new_tokens < 0:
@@ -364,29 +427,34 @@ class GPT(nn.Module):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx must be token ids of shape [B, T] with T >= 1, got shape {list(idx.shape)}")
+        pad = None if attention_mask is None else left_padding(attention_mask, idx)
         cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype) if use_kv_cache else None
 
         @torch.inference_mode()  # a generator, so the checks above run at the call, not at the first step
         def steps(context: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(max_new_tokens):
-                logits = self._next_token_logits(context, cache)
+                logits = self._next_token_logits(context, cache, pad)
                 next_tokens = self._pick(logits, temperature, top_k, generator)
                 context = torch.cat((context, next_tokens), dim=1)
                 yield next_tokens, logits
 
         return steps(idx)
 
-    def _next_token_logits(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """Logits [B, V] for the token after idx [B, T]: from a window of the context (module docstring)."""
+    def _next_token_logits(self, idx: torch.Tensor, cache: KVCache | None, pad: torch.Tensor | None) -> torch.Tensor:
+        """Logits [B, V] for the token after idx [B, T], whose rows start with pad [B] padding tokens (or None): from
+        a window of the context (module docstring)."""
         block = self.config.block_size
         if cache is None:  # recompute the last block_size tokens
-            return self.lm_head(self.hidden_states(idx[:, -block:])[:, -1, :])
+            window = padding_from(pad, max(0, idx.size(1) - block))
+            return self.lm_head(self.hidden_states(idx[:, -block:], pad=window)[:, -1, :])
         if idx.size(1) - cache.start > block:
             # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
             # the start (as much of the prompt as fits), half a block when a full cache overflows.
             keep = block if cache.length == 0 else max(1, block // 2)
             cache.length = 0  # forget it all; cache again from token `start`
             cache.start = idx.size(1) - keep
+        if cache.length == 0:
+            cache.pad = padding_from(pad, cache.start)
         new_tokens = idx[:, cache.start + cache.length :]
         return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
 

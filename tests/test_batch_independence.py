@@ -182,10 +182,10 @@ def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatc
     checks still run, the row fails with the error's first line, and the run exits 1."""
     hidden_states = GPT.hidden_states
 
-    def fails_alone_at_step_2(self, idx, kv_cache=None):
+    def fails_alone_at_step_2(self, idx, kv_cache=None, pad=None):
         if kv_cache is not None and idx.size(0) == 1 and kv_cache.length > 6:  # prompt 6, then step 1 fed 1 token
             raise RuntimeError("boom\nsecond line")
-        return hidden_states(self, idx, kv_cache)
+        return hidden_states(self, idx, kv_cache, pad)
 
     monkeypatch.setattr(GPT, "hidden_states", fails_alone_at_step_2)
     status, result = run_json(capsys, "--norms", "custom", *SMALL)

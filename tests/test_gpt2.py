@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from layernorm import LAYERNORMS, NORMS
 from machinery.checkpoint import load_checkpoint
 from machinery.options import ConfigError
 from machinery.tokenizer import TiktokenTokenizer
-from model import GPT, gpt2_checkpoint
+from model import GPT, gpt2_checkpoint, pad_left
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -222,6 +223,34 @@ def test_greedy_decoding_is_hf_generates(gpt2_64, use_kv_cache: bool) -> None:
     assert torch.equal(tokens, ref.sequences)
     assert len(set(tokens[:, 8:].flatten().tolist())) > 5  # a continuation, not one token over and over
     assert rel_err(logits, torch.stack(ref.logits, dim=1).double()) <= TOL
+
+
+@pytest.mark.parametrize("use_kv_cache", [True, False], ids=["kv-cache", "no-cache"])
+def test_a_left_padded_batch_decodes_each_row_as_alone_and_as_hf_generates(gpt2_64, use_kv_cache: bool) -> None:
+    """4 prompts of 1 to 15 tokens in one left-padded batch with its attention mask: each row's 40 greedy tokens
+    are the row's alone, and GPT2LMHeadModel.generate's for the same padded batch and mask; the logits of each
+    step within TOL of its."""
+    folder, hf = gpt2_64
+    model = GPT.from_checkpoint(gpt2_checkpoint(str(folder)), norm="custom")
+    lengths = [1, 15, 6, 11]
+    rows = [prompts(hf.config.vocab_size, 1, n)[0].tolist() for n in lengths]
+    idx, mask = pad_left(rows, pad_token=7)
+    ref = hf.generate(
+        idx,
+        attention_mask=mask,
+        max_new_tokens=40,
+        do_sample=False,
+        pad_token_id=7,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    decode = partial(model.generate, max_new_tokens=40, temperature=0, use_kv_cache=use_kv_cache, return_logits=True)
+    tokens, logits = decode(idx, attention_mask=mask)
+    assert torch.equal(tokens, ref.sequences)
+    assert rel_err(logits, torch.stack(ref.logits, dim=1).double()) <= TOL
+    for row, n in zip(range(4), lengths, strict=True):
+        alone = decode(torch.tensor([rows[row]]))[0]
+        assert torch.equal(alone[0, n:], tokens[row, 15:])
 
 
 def test_batch_independence_passes_on_gpt2s_weights(gpt2_64, capsys: pytest.CaptureFixture[str]) -> None:
