@@ -388,13 +388,15 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         return_logits: bool = False,
         attention_mask: torch.Tensor | None = None,
+        stop_token: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Continue each row of idx [B, T] by max_new_tokens tokens, decoded as `stream` decodes. Returns the tokens
-        [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled from,
-        [B, max_new_tokens, vocab_size]."""
+        """Continue each row of idx [B, T] by up to max_new_tokens tokens, decoded as `stream` decodes. Returns the
+        tokens [B, T + steps], and with return_logits=True also the logits each step sampled from,
+        [B, steps, vocab_size]: steps is max_new_tokens unless every row reached stop_token before."""
         tokens = [idx]
         all_logits = []
-        steps = self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, attention_mask)
+        mask = attention_mask
+        steps = self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, mask, stop_token)
         for next_tokens, logits in steps:
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
@@ -413,12 +415,15 @@ class GPT(nn.Module):
         use_kv_cache: bool = True,
         generator: torch.Generator | None = None,
         attention_mask: torch.Tensor | None = None,
+        stop_token: int | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Decode max_new_tokens tokens after idx [B, T] one step at a time (temperature 0: greedily; past
         block_size: see the module docstring): yields each step's next tokens [B, 1] and the logits [B, V] they
         were picked from, as soon as they are known. Prompts of different lengths come left padded, with
         transformers' attention_mask [B, T] (1: a token, 0: padding; pad_left makes both): each row then decodes as
-        it would alone, its positions and its keys its own. The arguments are checked here, before any step runs."""
+        it would alone, its positions and its keys its own. A row that picks stop_token (the tokenizer's end of
+        text, say) has ended: its later tokens are stop_token again, and the stream ends when every row has. The
+        arguments are checked here, before any step runs."""
         if not temperature >= 0:  # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
         if max_new_tokens < 0:
@@ -432,11 +437,17 @@ class GPT(nn.Module):
 
         @torch.inference_mode()  # a generator, so the checks above run at the call, not at the first step
         def steps(context: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            ended = torch.zeros(context.size(0), 1, dtype=torch.bool, device=context.device)
             for _ in range(max_new_tokens):
                 logits = self._next_token_logits(context, cache, pad)
                 next_tokens = self._pick(logits, temperature, top_k, generator)
+                if stop_token is not None:
+                    next_tokens = next_tokens.masked_fill(ended, stop_token)
+                    ended |= next_tokens == stop_token
                 context = torch.cat((context, next_tokens), dim=1)
                 yield next_tokens, logits
+                if stop_token is not None and bool(ended.all()):
+                    return
 
         return steps(idx)
 

@@ -22,7 +22,7 @@ import train
 from bench import decoding
 from data.common import DataError
 from helpers import PAYLOADS, ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
-from layernorm import LAYERNORMS, NORMS
+from layernorm import LAYERNORMS, NO_NORM, NORMS
 from machinery.checkpoint import load_checkpoint
 from machinery.options import ConfigError
 from machinery.tokenizer import TiktokenTokenizer
@@ -253,6 +253,26 @@ def test_a_left_padded_batch_decodes_each_row_as_alone_and_as_hf_generates(gpt2_
         assert torch.equal(alone[0, n:], tokens[row, 15:])
 
 
+def test_decoding_stops_where_hf_generate_stops_at_its_eos(gpt2_64) -> None:
+    """stop_token as transformers' eos_token_id: a row that picks it has ended (its later tokens are the stop token
+    again, as generate pads with pad_token_id) and decoding ends when every row has."""
+    folder, hf = gpt2_64
+    model = GPT.from_checkpoint(gpt2_checkpoint(str(folder)))
+    idx = prompts(hf.config.vocab_size, 2, 8)
+    free = model.generate(idx, 40, temperature=0)
+    stop = int(free[0, 8 + 5])  # row 0 picks it at step 5; row 1 later, or never
+    ours = model.generate(idx, 40, temperature=0, stop_token=stop)
+    ref = hf.generate(
+        idx,
+        attention_mask=torch.ones_like(idx),
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=stop,
+        pad_token_id=stop,
+    )
+    assert torch.equal(ours, ref) and ours.size(1) < 8 + 40 and (ours[0, 8 + 5 :] == stop).all()
+
+
 def test_batch_independence_passes_on_gpt2s_weights(gpt2_64, capsys: pytest.CaptureFixture[str]) -> None:
     folder, _ = gpt2_64
     argv = ["--json", "--init_from", str(folder), "--norms", "custom", "builtin", "--prompt_len", "6"]
@@ -284,7 +304,7 @@ def test_what_this_gpt_does_not_compute_is_one_line_naming_it(gpt2_64, tmp_path:
     assert named in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("norm", [n for n in NORMS if n not in LAYERNORMS])
+@pytest.mark.parametrize("norm", [n for n in (*NORMS, NO_NORM) if n not in LAYERNORMS])
 def test_a_norm_of_another_function_is_refused(gpt2_64, norm: str) -> None:
     with pytest.raises(SystemExit) as e:
         sample.main(["--init_from", str(gpt2_64[0]), "--norm", norm, "--device", "cpu", "--max_new_tokens", "1"])
@@ -309,6 +329,25 @@ def test_sample_py_prints_the_text_gpt2lmheadmodel_generates(
     capsys.readouterr()
     assert sample.main([*flags, "--start", prompt, "--device", "cpu"]) == [text := bpe.decode(ids[0].tolist())]
     assert capsys.readouterr().out == f"{text}\n{sample.SEPARATOR}\n"
+
+
+def test_sample_py_decodes_a_file_of_prompts_as_hf_generates_them_left_padded(
+    tmp_path: Path, gpt2_bpe: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--prompts: one prompt a line, decoded in one left-padded batch; each sample is the prompt followed by the
+    tokens GPT2LMHeadModel.generate gives that row in the same batch with its attention mask."""
+    hf = hf_gpt2(vocab_size=50257, n_positions=32, n_embd=16, n_head=2)
+    folder = save(hf, tmp_path / "gpt2")
+    bpe = TiktokenTokenizer()
+    lines = ["ROMEO: Shall I", "O", "To be, or not to be, that is"]
+    (tmp_path / "prompts.txt").write_text("\n".join(lines) + "\n\n", encoding="utf-8")  # (an empty line: none)
+    idx, mask = pad_left([bpe.encode(line) for line in lines], pad_token=bpe.eot_token)
+    ref = hf.generate(idx, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=bpe.eot_token)
+    flags = ["--init_from", str(folder), "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu"]
+    capsys.readouterr()
+    texts = sample.main([*flags, "--prompts", str(tmp_path / "prompts.txt")])
+    assert texts == [line + bpe.decode(row[idx.size(1) :].tolist()) for line, row in zip(lines, ref, strict=True)]
+    assert capsys.readouterr().out == "".join(f"{text}\n{sample.SEPARATOR}\n" for text in texts)
 
 
 @pytest.fixture(scope="module")
