@@ -636,3 +636,42 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
     if "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
     return {"model_args": asdict(config), "model": state}
+
+
+def gpt2_export(model: GPT, folder: str | Path) -> Path:
+    """Write `model` as a Hugging Face GPT-2 folder (the inverse of gpt2_checkpoint): config.json and
+    model.safetensors, "transformer." names, the Conv1D weights transposed back to [in, out], the head left tied,
+    that GPT2LMHeadModel.from_pretrained (and gpt2_checkpoint) loads. bias=False is written as zero biases, the same
+    function. A ValueError says what transformers' GPT-2 does not compute: a norm other than LayerNorm,
+    post-norm, the embedding scale."""
+    c = model.config
+    wrong = [] if c.norm in LAYERNORMS else [f"norm={c.norm!r} (only LayerNorm: {', '.join(LAYERNORMS)})"]
+    wrong += ["norm_position='post' (only 'pre')"] if c.norm_position != "pre" else []
+    wrong += ["embed_scale=True (no scale of the embeddings)"] if c.embed_scale else []
+    if wrong:
+        raise ValueError(f"transformers' GPT-2 does not compute this model's {'; '.join(wrong)}")
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name != "lm_head.weight":  # tied to wte
+            state[name] = (tensor.t() if name.endswith(CONV1D) else tensor).detach().float().cpu().contiguous()
+    if not c.bias:  # transformers' Conv1D and LayerNorm have biases: zeros compute what none does
+        for name in [n for n in state if n.endswith(".weight") and "wte" not in n and "wpe" not in n]:
+            state[name.removesuffix("weight") + "bias"] = torch.zeros(state[name].size(-1))
+    save_file(state, folder / SAFETENSORS, metadata={"format": "pt"})
+    eot = 50256 if c.vocab_size > 50256 else None  # GPT-2's <|endoftext|>, where the vocabulary has it
+    config = {
+        "architectures": ["GPT2LMHeadModel"],
+        **GPT2_FIXED,
+        "activation_function": {"tanh": "gelu_new", "none": "gelu"}[c.gelu],
+        "n_positions": c.block_size,
+        **{k: getattr(c, k) for k in GPT2_SHAPE},
+        **{k: c.dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")},
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder

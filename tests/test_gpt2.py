@@ -17,16 +17,29 @@ import pytest
 import torch
 
 import batch_independence
+import export_gpt2
 import sample
 import train
 from bench import decoding
 from data.common import DataError
-from helpers import PAYLOADS, ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
+from helpers import (
+    PAYLOADS,
+    ROOT,
+    TEXT,
+    norm_params,
+    randomize_norms,
+    records,
+    rel_err,
+    save_model,
+    skip_unless_runs,
+    tiny_model,
+    train_losses,
+)
 from layernorm import LAYERNORMS, NO_NORM, NORMS
 from machinery.checkpoint import load_checkpoint
 from machinery.options import ConfigError
 from machinery.tokenizer import TiktokenTokenizer
-from model import GPT, gpt2_checkpoint, pad_left
+from model import GPT, gpt2_checkpoint, gpt2_export, pad_left
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -201,6 +214,59 @@ def test_an_empty_folder_says_what_it_holds(tmp_path: Path) -> None:
         gpt2_checkpoint(str(tmp_path / "gpt2-medium"))
     needs = "a GPT-2 folder needs config.json beside its weights"
     assert str(e.value) == f"{tmp_path / 'gpt2-medium'} holds nothing: {needs}"
+
+
+def test_the_export_round_trips(gpt2, tmp_path: Path) -> None:
+    """GPT-2 read, then written back by gpt2_export: GPT2LMHeadModel.from_pretrained gives the original's logits,
+    and reading the export again gives the same tensors, bit for bit."""
+    folder, hf = gpt2
+    checkpoint = gpt2_checkpoint(str(folder))
+    exported = gpt2_export(GPT.from_checkpoint(checkpoint), tmp_path / "exported")
+    again = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
+    idx = prompts(hf.config.vocab_size, 2, hf.config.n_positions)
+    with torch.no_grad():
+        assert rel_err(again(idx).logits, hf(idx).logits.double()) <= TOL
+    state = gpt2_checkpoint(str(exported))["model"]
+    assert state.keys() == checkpoint["model"].keys()
+    assert all(torch.equal(state[k], v) for k, v in checkpoint["model"].items())
+
+
+@pytest.mark.parametrize(("overrides", "gelu"), [({}, "gelu"), ({"bias": False, "gelu": "tanh"}, "gelu_new")])
+def test_export_py_writes_our_checkpoint_as_transformers_gpt2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: dict, gelu: str
+) -> None:
+    """A checkpoint of ours (the custom LayerNorm; without biases: written as zeros) through export_gpt2.py:
+    GPT2LMHeadModel.from_pretrained computes its logits."""
+    model = randomize_norms(tiny_model("custom", **overrides))
+    save_model(tmp_path / "ckpt.pt", model, {"kind": "char", "chars": list("abc")})
+    folder = export_gpt2.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "hf")])
+    assert capsys.readouterr().out == f"wrote {folder / 'config.json'} and {folder / 'model.safetensors'}\n"
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    assert hf.config.activation_function == gelu
+    idx = torch.randint(
+        model.config.vocab_size, (2, model.config.block_size), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        assert rel_err(hf(idx).logits, model(idx)[0].double()) <= TOL
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"norm": "rmsnorm"}, "norm='rmsnorm' (only LayerNorm: custom, builtin, triton)"),
+        ({"norm_position": "post"}, "norm_position='post' (only 'pre')"),
+        ({"embed_scale": True}, "embed_scale=True (no scale of the embeddings)"),
+    ],
+    ids=["rmsnorm", "post-norm", "embed-scale"],
+)
+def test_what_transformers_gpt2_does_not_compute_is_not_exported(tmp_path: Path, overrides: dict, named: str) -> None:
+    save_model(tmp_path / "ckpt.pt", tiny_model(**overrides), {"kind": "char", "chars": list("abc")})
+    with pytest.raises(SystemExit) as e:
+        export_gpt2.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "hf")])
+    assert str(e.value.code) == (
+        f"error: cannot export {tmp_path / 'ckpt.pt'}: transformers' GPT-2 does not compute this model's {named}"
+    )
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("use_kv_cache", [True, False], ids=["kv-cache", "no-cache"])
