@@ -36,7 +36,7 @@ from machinery.command import Failure, first_line, run_command
 from machinery.device import DEVICE_HELP, autocast, resolve_device
 from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
 from machinery.options import SEEDS, ArgumentParser, ConfigError, read_config_file
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, pad_left
 
 EVAL_ROW = "batchnorm-eval"
 STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
@@ -50,12 +50,15 @@ WORLDS = {
     "rows": "With PyTorch's kernels:",
     "batch_invariant_rows": "In machinery/batch_invariant.py's mode (tolerance 0):",
 }
+RAGGED_COLUMNS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant mode"}
 SUFFIX = {"rows": "", "batch_invariant_rows": " (batch-invariant)"}  # after a row's name among errors and failures
 HEADER = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
 LEGEND = (
     "(1) alone vs batch: max |logit difference| over every step, a prompt decoded alone vs in row 0 of the batch.",
     "(2) cached vs full: max |logit difference| between the batch's cached decoding and one full forward pass.",
     "(3) norm alone: the final norm layer on x [B, T, C]: max |norm(x)[i] - norm(x[i:i+1])| over rows i.",
+    "(4) ragged, below the tables: prompts of different lengths left padded into one batch with an attention mask: "
+    "max |logit difference| over every row and step, each row decoded in the batch vs alone, and their tokens.",
     "With PyTorch's kernels, the per-token rows' (1) and (2) (about 1e-6 in float32) are the matrix products' "
     "rounding: a product over 1 row, over 4, or over a cached prefix may add in another order; (3) isolates the norm.",
     "The batch-invariant mode (machinery/batch_invariant.py) makes every matrix product and attention add in one "
@@ -77,7 +80,7 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
     p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out_dir", help="folder holding ckpt.pt (this project's or nanoGPT's); without it, a random model")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
-    p.add_argument("--init_from", help="GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder (model.gpt2_checkpoint)")
+    p.add_argument("--init_from", help="GPT-2's weights instead: a hub id (gpt2, distilgpt2, ...) or a folder")
     p.add_argument("--config", help="a random model of this JSON config's size (default: 2 layers, 64 wide)")
     p.add_argument("--norms", nargs="+", default=list(NORMS), help=f"norms to run (default: {' '.join(NORMS)})")
     p.add_argument("--require", nargs="+", help="rows that must pass, else exit 1 (default: LayerNorms, rmsnorm)")
@@ -162,7 +165,9 @@ def run_row(
     # Dropout is 0, so the mode matters only to BatchNorm: training mode (the batchnorm row) uses batch statistics
     model.to(prompts.device).train(name == "batchnorm")
     # GPT.generate's greedy decoding with the KV cache: (tokens [B, P + n], logits [B, n, V]), or the error
-    greedy = lambda idx: attempt(model.generate, idx, args.new_tokens, temperature=0, return_logits=True)
+    greedy = lambda idx, **mask: attempt(
+        model.generate, idx, args.new_tokens, temperature=0, return_logits=True, **mask
+    )
     with autocast(prompts.device.type, args.dtype), batch_invariant(enabled=invariant):
         alone, alone_error = greedy(prompts[:1])  # (1) row 0 alone
         batch, batch_error = greedy(prompts)  # and in the batch
@@ -181,17 +186,54 @@ def run_row(
         cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
         if not batch_error:  # the last chosen token is never fed back
             cached_vs_full = compare(lambda: (model(batch[0][:, :-1])[0][:, prompts.size(1) - 1 :], batch[1]))
+        ragged_vs_alone = ragged(greedy, prompts)  # (4) prompts of different lengths, left padded
         ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
         norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
     checks = (alone_vs_batch, cached_vs_full, norm_alone)
     tol = 0 if invariant else args.tol  # the mode promises the same bits
-    within_tol = all(c["error"] is None and c["max_abs_diff"] <= tol * c["scale"] for c in checks)
+    within_tol = all(c["error"] is None and c["max_abs_diff"] <= tol * c["scale"] for c in (*checks, ragged_vs_alone))
     return {
         "name": name,
         "statistics": STATISTICS.get(name, "per token"),
         "required": name in args.require if args.require is not None else model.config.norm != "batchnorm",
         **dict(zip(CHECKS, checks, strict=True)),
-        "passed": within_tol and alone_vs_batch["tokens_agree"],  # within_tol: no error, so the tokens were compared
+        "ragged_vs_alone": ragged_vs_alone,
+        # within_tol: no error, so the tokens were compared
+        "passed": within_tol and alone_vs_batch["tokens_agree"] and ragged_vs_alone["tokens_agree"],
+    }
+
+
+def ragged_lengths(prompt_len: int, batch_size: int) -> list[int]:
+    """The prompt lengths of the ragged batch: from prompt_len down, as evenly spaced as they fit, at least 1."""
+    return [max(1, prompt_len * (batch_size - i) // batch_size) for i in range(batch_size)]
+
+
+def ragged(greedy: Callable[..., tuple[Any, str | None]], prompts: Tensor) -> dict[str, Any]:
+    """Check (4): row i keeps the last of its prompt's tokens (ragged_lengths), the rows left padded into one batch
+    with an attention mask (model.pad_left); each row's logits at every step, decoded in the batch, against the
+    row decoded alone."""
+    lengths = ragged_lengths(prompts.size(1), prompts.size(0))
+    rows = [prompt[-n:].tolist() for prompt, n in zip(prompts, lengths, strict=True)]
+    idx, mask = pad_left(rows)
+    batch, error = greedy(idx.to(prompts.device), attention_mask=mask.to(prompts.device))
+    diffs, scale, agree = [], 0.0, True
+    for i, row in enumerate(rows):
+        if error:
+            break
+        alone, alone_error = greedy(torch.tensor([row], device=prompts.device))
+        if alone_error:
+            error = f"row {i} alone, {alone_error}"
+            break
+        diffs.append((alone[1][0].float() - batch[1][i].float()).abs().max().item())
+        scale = max(scale, alone[1].float().abs().max().item())
+        agree = agree and torch.equal(alone[0][0, len(row) :], batch[0][i, idx.size(1) :])
+    error = error and (error if error.startswith("row") else f"in the batch, {error}")
+    return {
+        "lengths": lengths,
+        "max_abs_diff": None if error else max(diffs),
+        "scale": None if error else scale,
+        "error": error,
+        "tokens_agree": None if error else agree,
     }
 
 
@@ -215,6 +257,27 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
 
 
+def ragged_table(result: dict[str, Any]) -> list[str]:
+    """Check (4) of every row, in each world, as aligned text lines under a title naming the prompts' lengths."""
+    worlds = [w for w in WORLDS if w in result]
+    names = [r["name"] for r in result[worlds[0]]] if worlds else []
+    if not names:
+        return []
+    lengths = ", ".join(map(str, result[worlds[0]][0]["ragged_vs_alone"]["lengths"]))
+    cells = [("row", *(RAGGED_COLUMNS[w] for w in worlds))]
+    for i, name in enumerate(names):
+        cell = []
+        for w in worlds:
+            check = result[w][i]["ragged_vs_alone"]
+            d = check["max_abs_diff"]
+            diff = "error" if d is None else "bit-exact" if d == 0 else f"{d:.1e}"
+            cell.append(f"{diff}, tokens {'agree' if check['tokens_agree'] else 'differ'}")
+        cells.append((name, *cell))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    title = f"(4) ragged: prompts of {lengths} tokens left padded into one batch, each row vs alone:"
+    return [title, *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)]
+
+
 def report(result: dict[str, Any]) -> str:
     """The two tables and what they mean, read from the JSON."""
     m = result["model"]
@@ -231,10 +294,13 @@ def report(result: dict[str, Any]) -> str:
     for world, title in WORLDS.items():
         if world in result:
             lines += ["", title, *table(result[world])]
+    lines += ["", *ragged_table(result)]
     lines += ["", *(f"  {line}" for line in LEGEND)]
     for world in WORLDS:  # the errors that stopped a check, one line each
         for r in result.get(world, []):
-            lines += [f"  {r['name']}{SUFFIX[world]}: {r[c]['error']}" for c in CHECKS if r[c]["error"]]
+            lines += [
+                f"  {r['name']}{SUFFIX[world]}: {r[c]['error']}" for c in (*CHECKS, "ragged_vs_alone") if r[c]["error"]
+            ]
     if any(r["name"] == "batchnorm" for world in WORLDS for r in result.get(world, [])):
         lines += ["", WHY_BATCHNORM_FAILS, WHY_EVAL]
     failed = ", ".join(result["failed"])

@@ -20,12 +20,19 @@ every kept token, so cached keys go stale. Without the cache every step sees the
 sliding window); with it, a full cache is prefilled afresh from the last block_size // 2 tokens, since sliding by
 one would recompute the whole window every step. Each is exact on the context it keeps (tests/test_kv_cache.py,
 tests/test_nanogpt.py).
+
+Prompts of different lengths decode in one batch left padded, with an attention mask as transformers takes it
+(pad_left makes both): each row's positions count from its own first token and no token sees the padding, so each
+row decodes as it would alone (without the cache past block_size too; with it, a padded batch refills its window
+when its longest row fills it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -85,6 +92,73 @@ def new_norm(config: GPTConfig, feeds_linear: bool = False) -> nn.Module:
     return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha, feeds_linear=feeds_linear)
 
 
+INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_")  # what torch's layers and GPT call to draw
+
+
+@contextlib.contextmanager
+def nothing_drawn() -> Iterator[None]:
+    """Within it, modules are built on the meta device (shapes, no memory) and nn.init's functions leave tensors as
+    they are: nothing to draw, as the weights come from a file (and normal_ on meta tensors imports torch's
+    compiler, 150 MB)."""
+    saved = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
+    for name in INIT_FUNCTIONS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def padding_mask(pad: torch.Tensor, past: int, T: int) -> torch.Tensor:
+    """Which keys each of T queries sees after `past` cached ones, [B, 1, T, past + T], for rows whose first pad[b]
+    tokens are padding: causal, and none of the padding; a padding query sees itself alone (a row of no keys
+    would be NaN)."""
+    keys = torch.arange(past + T, device=pad.device)
+    queries = keys[past:, None]  # [T, 1]
+    seen = (keys <= queries) & (keys >= pad[:, None, None])  # [B, T, past + T]
+    return (seen | (keys == queries))[:, None]
+
+
+def left_padding(attention_mask: torch.Tensor, idx: torch.Tensor) -> torch.Tensor | None:
+    """Each row's count of padding tokens [B] from an attention mask as transformers takes it (1: a token, 0:
+    padding), or None where there is none; a ValueError unless every row is left padded: 0s, then 1s."""
+    if attention_mask.shape != idx.shape:
+        raise ValueError(f"attention_mask must have idx's shape {list(idx.shape)}, got {list(attention_mask.shape)}")
+    pad = (attention_mask == 0).sum(1)
+    left = torch.equal(attention_mask.bool(), torch.arange(idx.size(1), device=idx.device) >= pad[:, None])
+    if not left or bool((pad == idx.size(1)).any()):
+        raise ValueError("attention_mask must be left padding: each row 0s, then 1s (at least one), nothing else")
+    return padding_from(pad, 0)
+
+
+def padding_from(pad: torch.Tensor | None, first: int) -> torch.Tensor | None:
+    """The padding [B] left in a window of the context that starts at token `first`; None where none is left."""
+    if pad is None:
+        return None
+    pad = (pad - first).clamp(min=0)
+    return pad if bool(pad.any()) else None
+
+
+def pad_left(prompts: list[list[int]], pad_token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one batch: their token ids [B, T], each left padded with pad_token to the
+    longest, and the attention mask [B, T] (1: a token, 0: padding) that GPT.generate and GPT.stream take."""
+    T = max(len(p) for p in prompts)
+    idx = torch.tensor([[pad_token] * (T - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    return idx, mask
+
+
+def own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when it is the whole of its storage, else a copy that is: a model that took a view (GPT-2's
+    positions cut to block_size) would keep, and save, all of the storage it views."""
+    whole = tensor.is_contiguous() and tensor.storage_offset() == 0
+    if whole and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
 class KVCache:
     """Keys and values of every layer for the tokens decoded so far: per layer, one preallocated tensor of keys and
     one of values, each [B, n_head, block_size, head_size], written in place (no torch.cat per token)."""
@@ -95,6 +169,7 @@ class KVCache:
         self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.length = 0  # positions filled
         self.start = 0  # index, in the decoded sequence, of the token cached at position 0
+        self.pad: torch.Tensor | None = None  # [B]: how many of each row's first cached tokens are left padding
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
@@ -114,16 +189,18 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """mask: None (causal), or which keys each query may see, [B, 1, T, keys] (padding_mask)."""
         B, T, C = x.size()
         # [B, T, 3C] -> three views of shape [B, n_head, T, head_size] (one reshape, no copies)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
-        mask = None
-        is_causal = True
+        is_causal = mask is None
         if kv_cache is not None:
             past = kv_cache.length
             k, v = kv_cache.append(layer, k, v)
-            if past > 0:
+            if past > 0 and mask is None:
                 # Query i sits at position past + i and may see keys 0..past + i. A single new token sees every
                 # key, so it needs no mask at all.
                 is_causal = False
@@ -158,11 +235,13 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.post = config.norm_position == "post"
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.post:  # normalize the residual stream after each add
-            x = self.ln_1(x + self.attn(x, kv_cache, layer))
+            x = self.ln_1(x + self.attn(x, kv_cache, layer, mask))
             return self.ln_2(x + self.mlp(x))
-        x = x + self.attn(self.ln_1(x), kv_cache, layer)  # normalize only what each sublayer reads
+        x = x + self.attn(self.ln_1(x), kv_cache, layer, mask)  # normalize only what each sublayer reads
         return x + self.mlp(self.ln_2(x))
 
 
@@ -214,7 +293,8 @@ class GPT(nn.Module):
                     f"but not with {norm!r}, which computes a different function"
                 )
             config = replace(config, norm=norm)
-        model = cls(config)
+        with nothing_drawn():  # the model's shape, without weights: no memory, no random init drawn
+            model = cls(config)
         state = checkpoint["model"]
         missing = sorted(model.state_dict().keys() - state.keys())
         unexpected = sorted(state.keys() - model.state_dict().keys())
@@ -223,10 +303,11 @@ class GPT(nn.Module):
                 f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
                 f"unexpected {unexpected[:5]})"
             )
-        try:
-            model.load_state_dict(state)
+        try:  # the model takes the checkpoint's tensors themselves (assign): the weights are in memory once
+            model.load_state_dict({k: own_storage(v) for k, v in state.items()}, assign=True)
         except RuntimeError as e:  # a shape that differs: torch's last line names the tensor
             raise ValueError(f"the checkpoint's weights do not fit its model: {str(e).splitlines()[-1]}") from None
+        model.transformer.wte.weight = model.lm_head.weight  # assign replaced both Parameters: tie them again
         return model.eval()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -245,8 +326,12 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
-        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it."""
+    def hidden_states(
+        self, idx: torch.Tensor, kv_cache: KVCache | None = None, pad: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it. pad [B]
+        (or the cache's): how many of each row's first tokens are left padding, which no token sees; each row's
+        positions count from its first real token, so a row computes as it would alone."""
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
@@ -255,10 +340,15 @@ class GPT(nn.Module):
                 f"crop the context to the last {self.config.block_size} tokens"
             )
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        pad = kv_cache.pad if kv_cache is not None else pad
+        mask = None
+        if pad is not None:
+            pos = (pos - pad[:, None]).clamp(min=0)  # [B, T]; padding at 0 (it is seen by nothing)
+            mask = padding_mask(pad, start, T)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         x = self.transformer.drop(x if self.embed_scale is None else x * self.embed_scale)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, kv_cache, layer)
+            x = block(x, kv_cache, layer, mask)
         if kv_cache is not None:
             kv_cache.length += T
         return self.transformer.ln_f(x)
@@ -297,13 +387,17 @@ class GPT(nn.Module):
         use_kv_cache: bool = True,
         generator: torch.Generator | None = None,
         return_logits: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        stop_token: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Continue each row of idx [B, T] by max_new_tokens tokens, decoded as `stream` decodes. Returns the tokens
-        [B, T + max_new_tokens], and with return_logits=True also the logits each step sampled from,
-        [B, max_new_tokens, vocab_size]."""
+        """Continue each row of idx [B, T] by up to max_new_tokens tokens, decoded as `stream` decodes. Returns the
+        tokens [B, T + steps], and with return_logits=True also the logits each step sampled from,
+        [B, steps, vocab_size]: steps is max_new_tokens unless every row reached stop_token before."""
         tokens = [idx]
         all_logits = []
-        for next_tokens, logits in self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator):
+        mask = attention_mask
+        steps = self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, mask, stop_token)
+        for next_tokens, logits in steps:
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
                 all_logits.append(logits)
@@ -320,10 +414,16 @@ class GPT(nn.Module):
         top_k: int | None = None,
         use_kv_cache: bool = True,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
+        stop_token: int | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Decode max_new_tokens tokens after idx [B, T] one step at a time (temperature 0: greedily; past
         block_size: see the module docstring): yields each step's next tokens [B, 1] and the logits [B, V] they
-        were picked from, as soon as they are known. The arguments are checked here, before any step runs."""
+        were picked from, as soon as they are known. Prompts of different lengths come left padded, with
+        transformers' attention_mask [B, T] (1: a token, 0: padding; pad_left makes both): each row then decodes as
+        it would alone, its positions and its keys its own. A row that picks stop_token (the tokenizer's end of
+        text, say) has ended: its later tokens are stop_token again, and the stream ends when every row has. The
+        arguments are checked here, before any step runs."""
         if not temperature >= 0:  # also catches NaN
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
         if max_new_tokens < 0:
@@ -332,29 +432,40 @@ class GPT(nn.Module):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx must be token ids of shape [B, T] with T >= 1, got shape {list(idx.shape)}")
+        pad = None if attention_mask is None else left_padding(attention_mask, idx)
         cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype) if use_kv_cache else None
 
         @torch.inference_mode()  # a generator, so the checks above run at the call, not at the first step
         def steps(context: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            ended = torch.zeros(context.size(0), 1, dtype=torch.bool, device=context.device)
             for _ in range(max_new_tokens):
-                logits = self._next_token_logits(context, cache)
+                logits = self._next_token_logits(context, cache, pad)
                 next_tokens = self._pick(logits, temperature, top_k, generator)
+                if stop_token is not None:
+                    next_tokens = next_tokens.masked_fill(ended, stop_token)
+                    ended |= next_tokens == stop_token
                 context = torch.cat((context, next_tokens), dim=1)
                 yield next_tokens, logits
+                if stop_token is not None and bool(ended.all()):
+                    return
 
         return steps(idx)
 
-    def _next_token_logits(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """Logits [B, V] for the token after idx [B, T]: from a window of the context (module docstring)."""
+    def _next_token_logits(self, idx: torch.Tensor, cache: KVCache | None, pad: torch.Tensor | None) -> torch.Tensor:
+        """Logits [B, V] for the token after idx [B, T], whose rows start with pad [B] padding tokens (or None): from
+        a window of the context (module docstring)."""
         block = self.config.block_size
         if cache is None:  # recompute the last block_size tokens
-            return self.lm_head(self.hidden_states(idx[:, -block:])[:, -1, :])
+            window = padding_from(pad, max(0, idx.size(1) - block))
+            return self.lm_head(self.hidden_states(idx[:, -block:], pad=window)[:, -1, :])
         if idx.size(1) - cache.start > block:
             # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
             # the start (as much of the prompt as fits), half a block when a full cache overflows.
             keep = block if cache.length == 0 else max(1, block // 2)
             cache.length = 0  # forget it all; cache again from token `start`
             cache.start = idx.size(1) - keep
+        if cache.length == 0:
+            cache.pad = padding_from(pad, cache.start)
         new_tokens = idx[:, cache.start + cache.length :]
         return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
 
@@ -376,6 +487,7 @@ class GPT(nn.Module):
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face hub, 124M to 1.5B
 # Hugging Face GPT-2 config entries (absent: its default, given here) and the one value this GPT computes
 GPT2_FIXED = {
+    "model_type": "gpt2",  # GPT-2's architecture (distilgpt2's too)
     "layer_norm_epsilon": 1e-5,  # every norm's eps here
     "n_inner": None,  # the MLP's width: None is 4 * n_embd
     "scale_attn_weights": True,
@@ -388,36 +500,121 @@ GPT2_SHAPE = ("vocab_size", "n_layer", "n_head", "n_embd")
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def gpt2_checkpoint(source: str) -> dict[str, Any]:
-    """GPT-2's weights as a checkpoint that GPT.from_checkpoint builds (its norm swap and refusals included; norm
-    builtin, as GPT-2 was trained): `source` is one of GPT2_SIZES, downloaded once into the Hugging Face cache, or a
-    folder holding a Hugging Face GPT-2's config.json and model.safetensors (what save_pretrained writes). Read with
-    safetensors and huggingface_hub, never transformers. Hugging Face's GPT-2 is this GPT under other names: no
-    "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to wte, and Conv1D layers that
-    keep a Linear's weight transposed, [in, out]. A ValueError says what to install or give, or which entry of
-    config.json this GPT does not compute."""
+HUB_GPT2 = "openai-community"  # the hub's owner of GPT2_SIZES: "gpt2" there is "openai-community/gpt2"
+# What save_pretrained writes, one of: all weights in one file; shards named by an index (its "weight_map"); or,
+# before transformers 4.35 (or with safe_serialization=False), one pickled state dict
+SAFETENSORS, INDEX, PICKLED = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+
+
+def is_hub_id(source: str) -> bool:
+    """Whether `source` names a repository on the Hugging Face hub: owner/name, or one of the short ids of GPT-2's
+    architecture."""
+    return source in (*GPT2_SIZES, "distilgpt2") or re.fullmatch(r"[\w.-]+/[\w.-]+", source) is not None
+
+
+def gpt2_folder(source: str) -> Path:
+    """The folder of a GPT-2 `source`: a folder, or a hub id (one of GPT2_SIZES, openai-community/gpt2*, or any
+    repository of GPT-2's architecture such as distilgpt2) downloaded once into the Hugging Face cache: config.json
+    and the safetensors weights, else pytorch_model.bin."""
     folder = Path(source)
+    if folder.is_dir():
+        return folder
+    if folder.exists():
+        raise ValueError(f"{source} is a file: give the folder holding config.json and the weights")
+    if not is_hub_id(source):
+        raise ValueError(
+            f"{source} is neither a folder nor a hub id ({', '.join(GPT2_SIZES)}, distilgpt2 or owner/name such as "
+            f"{HUB_GPT2}/gpt2)"
+        )
+    repo = f"{HUB_GPT2}/{source}" if source in GPT2_SIZES else source
     try:
-        from safetensors.torch import load_file
+        from huggingface_hub import snapshot_download
 
-        if not folder.is_dir() and source in GPT2_SIZES:
-            from huggingface_hub import snapshot_download
-
-            files = ["config.json", "model.safetensors"]
-            folder = Path(snapshot_download(f"openai-community/{source}", allow_patterns=files))
+        folder = Path(snapshot_download(repo, allow_patterns=["config.json", "*.safetensors", INDEX]))
+        if not (folder / SAFETENSORS).is_file() and not (folder / INDEX).is_file():  # an older repository
+            folder = Path(snapshot_download(repo, allow_patterns=["config.json", PICKLED]))
     except ImportError as e:
         raise ValueError(f"reading GPT-2's weights needs {e.name}: pip install safetensors huggingface_hub") from None
-    except Exception as e:  # offline, or the hub unreachable: what huggingface_hub raises varies
+    except Exception as e:  # offline, the hub unreachable, no such repository: what huggingface_hub raises varies
         raise ValueError(
-            f"cannot download {source} from the Hugging Face hub ({type(e).__name__}); on a machine with internet run "
-            f"`hf download openai-community/{source} config.json model.safetensors --local-dir {source}`, copy that "
-            f"folder here and give its path"
+            f"{source} is not a folder here, and downloading {repo} from the Hugging Face hub failed "
+            f"({type(e).__name__}); on a machine with internet run `hf download {repo} config.json model.safetensors "
+            f"--local-dir {Path(repo).name}`, copy that folder here and give its path"
         ) from None
-    config_path, weights_path = folder / "config.json", folder / "model.safetensors"
-    if not (config_path.is_file() and weights_path.is_file()):
+    return folder
+
+
+def gpt2_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the weights save_pretrained wrote in `folder`, one tensor read at a time: the
+    caller keeps what it needs, so that the weights are in memory once. pytorch_model.bin is read with
+    weights_only=True: tensors only, no pickled code run."""
+    if (folder / SAFETENSORS).is_file():
+        files = [folder / SAFETENSORS]
+    elif (folder / INDEX).is_file():
+        try:
+            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            files = [folder / name for name in dict.fromkeys(weight_map.values())]  # each shard once, in order
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{folder / INDEX} is not an index of shards: no 'weight_map' of names to files") from None
+        if missing := [f.name for f in files if not f.is_file()]:
+            raise ValueError(f"{folder / INDEX} names shards that are not in {folder}: {', '.join(missing[:5])}")
+    elif (folder / PICKLED).is_file():
+        try:
+            state = torch.load(folder / PICKLED, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickled objects other than tensors, or not a torch.save file
+            raise ValueError(f"{folder / PICKLED} cannot be read as tensors only: {str(e).splitlines()[0]}") from None
+        while state:
+            yield state.popitem()
+        return
+    else:
+        found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
         raise ValueError(
-            f"{source} is not one of {', '.join(GPT2_SIZES)} nor a folder holding config.json and model.safetensors"
+            f"{folder} holds {found}: a GPT-2 folder needs config.json and {SAFETENSORS}, or {INDEX} with its "
+            f"shards, or {PICKLED} (what save_pretrained writes)"
         )
+    for file in files:
+        yield from read_safetensors(file)
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of a safetensors file, each read from the file into memory of its own. The format:
+    8 bytes giving the header's length n (little-endian), n bytes of JSON naming each tensor's dtype, shape and
+    [begin, end) bytes in the data that follows. (safetensors' own reader maps the whole file into memory: a
+    Conv1D weight transposed from there would keep the file's pages resident beside its copy.)"""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        try:
+            header = json.loads(f.read(n))
+            header.pop("__metadata__", None)
+            entries = sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])  # in the file's order
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+            raise ValueError(f"{path} is not a safetensors file: its header is not JSON naming tensors") from None
+        for name, entry in entries:
+            if entry.get("dtype") not in SAFETENSORS_DTYPES:
+                raise ValueError(f"{path}: {name} is {entry.get('dtype')}, not one of {', '.join(SAFETENSORS_DTYPES)}")
+            begin, end = entry["data_offsets"]
+            data = torch.empty(end - begin, dtype=torch.uint8)
+            f.seek(8 + n + begin)
+            if f.readinto(data.numpy()) != end - begin:
+                raise ValueError(f"{path} ends inside {name}: the file is cut short")
+            yield name, data.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
+
+
+def gpt2_checkpoint(source: str) -> dict[str, Any]:
+    """GPT-2's weights as a checkpoint that GPT.from_checkpoint builds (its norm swap and refusals included; norm
+    builtin, as GPT-2 was trained): `source` is a folder that save_pretrained wrote, or a hub id (gpt2_folder).
+    Read with safetensors and huggingface_hub, never transformers. Hugging Face's GPT-2 is this GPT under other
+    names: no "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to wte, and Conv1D
+    layers that keep a Linear's weight transposed, [in, out]. A ValueError says what to install or give, or which
+    entry of config.json this GPT does not compute."""
+    folder = gpt2_folder(source)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
+        raise ValueError(f"{source} holds {found}: a GPT-2 folder needs config.json beside its weights")
     hf = json.loads(config_path.read_text(encoding="utf-8"))
     activation = hf.get("activation_function", "gelu_new")
     wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
@@ -431,10 +628,50 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
         raise ValueError(f"{config_path} has no {e.args[0]!r}: it is not a GPT-2's config") from None
     config = GPTConfig(**sizes, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation])
     state = {}
-    for key, tensor in load_file(weights_path).items():
+    for key, tensor in gpt2_tensors(folder):
         name = key.removeprefix("transformer.")
         if not name.endswith((".attn.bias", ".attn.masked_bias")) and name != "lm_head.weight":  # masks; tied head
-            state[f"transformer.{name}"] = tensor.t() if name.endswith(CONV1D) else tensor
+            tensor = tensor.to(torch.float32)  # (no copy when it is float32 already)
+            state[f"transformer.{name}"] = tensor.t().contiguous() if name.endswith(CONV1D) else tensor
     if "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
     return {"model_args": asdict(config), "model": state}
+
+
+def gpt2_export(model: GPT, folder: str | Path) -> Path:
+    """Write `model` as a Hugging Face GPT-2 folder (the inverse of gpt2_checkpoint): config.json and
+    model.safetensors, "transformer." names, the Conv1D weights transposed back to [in, out], the head left tied,
+    that GPT2LMHeadModel.from_pretrained (and gpt2_checkpoint) loads. bias=False is written as zero biases, the same
+    function. A ValueError says what transformers' GPT-2 does not compute: a norm other than LayerNorm,
+    post-norm, the embedding scale."""
+    c = model.config
+    wrong = [] if c.norm in LAYERNORMS else [f"norm={c.norm!r} (only LayerNorm: {', '.join(LAYERNORMS)})"]
+    wrong += ["norm_position='post' (only 'pre')"] if c.norm_position != "pre" else []
+    wrong += ["embed_scale=True (no scale of the embeddings)"] if c.embed_scale else []
+    if wrong:
+        raise ValueError(f"transformers' GPT-2 does not compute this model's {'; '.join(wrong)}")
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name != "lm_head.weight":  # tied to wte
+            state[name] = (tensor.t() if name.endswith(CONV1D) else tensor).detach().float().cpu().contiguous()
+    if not c.bias:  # transformers' Conv1D and LayerNorm have biases: zeros compute what none does
+        for name in [n for n in state if n.endswith(".weight") and "wte" not in n and "wpe" not in n]:
+            state[name.removesuffix("weight") + "bias"] = torch.zeros(state[name].size(-1))
+    save_file(state, folder / SAFETENSORS, metadata={"format": "pt"})
+    eot = 50256 if c.vocab_size > 50256 else None  # GPT-2's <|endoftext|>, where the vocabulary has it
+    config = {
+        "architectures": ["GPT2LMHeadModel"],
+        **GPT2_FIXED,
+        "activation_function": {"tanh": "gelu_new", "none": "gelu"}[c.gelu],
+        "n_positions": c.block_size,
+        **{k: getattr(c, k) for k in GPT2_SHAPE},
+        **{k: c.dropout for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")},
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder

@@ -9,7 +9,8 @@ of operation pick their order of additions from the shapes they get (the README 
 - Matrix products (MKL, cuBLAS): a row gets other bits among 1 row (a decoding step alone) than among 4 or 64.
   The mode sends every row through the same additions, however many rows came.
 - Attention (SDPA): a query gets other bits inside a causal pass than alone, and in a batch than alone. The mode
-  adds exactly the keys each query sees, in one order, alone, in a batch, from the cache or in a full pass.
+  adds exactly the keys each query sees, in one order, alone, in a batch (left padded too), from the cache or in a
+  full pass.
 - The reductions over a row that layernorm.py's own norms make (Tensor.sum and Tensor.mean over the last dimension:
   the custom LayerNorm's mean and variance, RMSNorm's mean square). On CUDA torch picks a reduction's block width
   from the number of rows too (torch 2.11, aten/src/ATen/native/cuda/Reduce.cuh), so a cached step of 4 rows and a
@@ -97,17 +98,27 @@ def linear(
     return out[: len(rows)].view(*x.shape[:-1], weight.size(0))
 
 
-def visible_keys(T: int, S: int, attn_mask: torch.Tensor | None, is_causal: bool) -> list[int]:
-    """How many keys each of T queries sees, when each sees a prefix of the S keys (else ValueError)."""
+def visible_keys(
+    B: int, T: int, S: int, attn_mask: torch.Tensor | None, is_causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[first, end) of the S keys each of T queries sees, two [B, T] tensors on the CPU, when each sees a run of
+    keys (else ValueError): causal, causal after a cache, and model.py's padding masks ([B, 1, T, S]), under which
+    a row's padding is a run of keys at its start."""
     if attn_mask is None:
-        return [i + 1 for i in range(T)] if is_causal else [S] * T  # is_causal: query i sees keys 0..i
+        end = torch.arange(1, T + 1) if is_causal else torch.full((T,), S)
+        return torch.zeros(B, T, dtype=torch.long), end.expand(B, T)
     if attn_mask.dtype != torch.bool:
         raise ValueError(f"batch_invariant() attention takes boolean masks (True: may attend), got {attn_mask.dtype}")
-    visible = attn_mask.cpu().expand(T, S) & (torch.ones(T, S, dtype=torch.bool).tril() if is_causal else True)
-    counts = visible.sum(-1)
-    if not torch.equal(visible, torch.arange(S) < counts[:, None]):
-        raise ValueError("batch_invariant() attention needs masks under which each query sees a prefix of the keys")
-    return counts.tolist()
+    mask = attn_mask.cpu()
+    if mask.dim() == 4 and mask.size(1) != 1:
+        raise ValueError("batch_invariant() attention takes masks that are the same for every head ([B, 1, T, S])")
+    visible = mask.expand(B, 1, T, S)[:, 0] & (torch.ones(T, S, dtype=torch.bool).tril() if is_causal else True)
+    first = visible.int().argmax(-1)  # the first key each query sees
+    end = first + visible.sum(-1)
+    keys = torch.arange(S)
+    if not torch.equal(visible, (keys >= first[..., None]) & (keys < end[..., None])):
+        raise ValueError("batch_invariant() attention needs masks under which each query sees a run of keys")
+    return first, end
 
 
 def attention(
@@ -122,24 +133,25 @@ def attention(
     kernels: str = "auto",
 ) -> torch.Tensor:
     """F.scaled_dot_product_attention for q [B, nh, T, hs] and k, v [B, nh, S, hs], each query over exactly the keys
-    it may see. Masks must let query i see a prefix of the keys (causal, or model.py's mask after a cache)."""
+    it may see, added from the first: alone, in a batch, left padded, cached or not, the same run of keys gives
+    the same bits. Masks must let each query see a run of keys (causal, or model.py's masks)."""
     triton = triton_kernels(q.device, kernels)
     if dropout_p > 0:
         raise ValueError(f"batch_invariant() attention runs without dropout, got dropout_p={dropout_p}: use eval()")
     B, nh, T, hs = q.shape
-    counts = visible_keys(T, k.size(-2), attn_mask, is_causal)
+    first, end = visible_keys(B, T, k.size(-2), attn_mask, is_causal)
     scale = 1 / math.sqrt(hs) if scale is None else scale
     if triton:
-        return triton.attention(q, k, v, counts, scale)
+        return triton.attention(q, k, v, first, end, scale)
     q = (q * scale).transpose(1, 2).contiguous()  # [B, T, nh, hs]
     out = []
     for b in range(B):
-        for i, n in enumerate(counts):
+        for i, (lo, hi) in enumerate(zip(first[b].tolist(), end[b].tolist(), strict=True)):
             # All heads at once, on the same shapes and memory layout whether cached or not: [nh, 1, hs] queries,
-            # [nh, n, hs] keys and values (copies of a prefix that would otherwise be strided by S)
-            keys = k[b, :, :n].contiguous()
+            # [nh, n, hs] keys and values (copies of a run that would otherwise be strided by S)
+            keys = k[b, :, lo:hi].contiguous()
             weights = torch.softmax(q[b, i].unsqueeze(1) @ keys.transpose(1, 2), dim=-1)  # [nh, 1, n]
-            out.append(weights @ v[b, :, :n].contiguous())  # [nh, 1, hs]
+            out.append(weights @ v[b, :, lo:hi].contiguous())  # [nh, 1, hs]
     return torch.stack(out).view(B, T, nh, hs).transpose(1, 2)
 
 

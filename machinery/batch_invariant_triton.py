@@ -127,8 +127,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # between a full pass (views of the [B, T, 3C] projection) and a cached step (the cache's buffer). Specialized on
 # divisibility by 16 or on alignment, a cached step could compile to another layout, and add in another order.
 @triton.jit(
-    do_not_specialize="H T S D offset sqb sqh sqt skb skh sks svb svh svs sob soh sot".split(),  # every integer
-    do_not_specialize_on_alignment=["Q", "K", "V", "Out"],
+    do_not_specialize="H T S D sqb sqh sqt skb skh sks svb svh svs sob soh sot".split(),  # every integer
+    do_not_specialize_on_alignment=["Q", "K", "V", "Out", "First", "End"],
 )
 def attention_kernel(
     Q,
@@ -139,7 +139,8 @@ def attention_kernel(
     T,
     S,
     D,
-    offset,
+    First,  # [B, T] int64: query i of row b sees keys First[b, i] .. End[b, i] - 1
+    End,
     scale,
     sqb,
     sqh,
@@ -164,11 +165,13 @@ def attention_kernel(
     q = tl.load(Q + b * sqb + h * sqh + i * sqt + d, mask=d < D, other=0.0).to(tl.float32) * scale
     K += b * skb + h * skh
     V += b * svb + h * svh
-    n = tl.minimum(offset + i + 1, S)  # the keys this query sees: the same n alone, in a batch, cached or not
+    # the keys this query sees: the same run alone, in a batch, left padded, cached or not
+    first = tl.load(First + b * T + i)
+    n = tl.load(End + b * T + i)
     m = tl.full([], float("-inf"), tl.float32)
     total = tl.zeros([], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    for start in range(0, n, BLOCK_KEYS):  # from key 0, in fixed blocks: only n decides how far
+    for start in range(first, n, BLOCK_KEYS):  # from the first key, in fixed blocks: only the run decides the order
         keys = start + tl.arange(0, BLOCK_KEYS)
         seen = keys < n
         tile = seen[:, None] & (d[None, :] < D)
@@ -184,16 +187,12 @@ def attention_kernel(
     tl.store(Out + b * sob + h * soh + i * sot + d, (acc / total).to(Out.dtype.element_ty), mask=d < D)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[int], scale: float) -> torch.Tensor:
-    """Attention for q [B, H, T, D] over k, v [B, H, S, D], query i over its first counts[i] keys, where each query
-    sees one key more than the one before it up to S (causal, or causal after a cache: every mask model.py makes)."""
-    offset = counts[0] - 1
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, end: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention for q [B, H, T, D] over k, v [B, H, S, D], query i of row b over keys first[b, i] .. end[b, i] - 1
+    (batch_invariant.visible_keys)."""
     S = k.size(2)
-    if counts != [min(offset + i + 1, S) for i in range(len(counts))]:
-        raise ValueError(
-            f"batch_invariant() Triton attention needs query i to see one key more than query i - 1 "
-            f"(causal, or causal after a cache), got visible keys {counts}"
-        )
     q, k, v = as_autocast_would(q, k, v)
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"batch_invariant() attention takes q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -201,7 +200,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, counts: list[in
     B, H, T, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
-    args = (q, k, v, out, H, T, S, D, offset, scale, *strides, BLOCK_KEYS, triton.next_power_of_2(D))
+    first, end = (t.to(q.device, torch.int64).contiguous() for t in (first, end))
+    args = (q, k, v, out, H, T, S, D, first, end, scale, *strides, BLOCK_KEYS, triton.next_power_of_2(D))
     if out.numel():
         launch(attention_kernel, (B * H * T,), args)
     return out

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import layernorm
 from machinery.command import BadOption, first_line
 from machinery.device import DEVICE_HELP
-from model import GPT2_SIZES, GPTConfig
+from model import GPT2_SIZES, GPTConfig, is_hub_id
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -268,10 +268,10 @@ def build_config(
         raise ConfigError("dataset and out_dir must not be empty")
     if cfg.resume_from is not None and cfg.init_from != "resume":
         raise ConfigError(f"resume_from={cfg.resume_from!r} needs init_from=resume: add --init_from=resume")
-    if cfg.init_from not in ("scratch", "resume", *GPT2_SIZES) and not Path(cfg.init_from).is_dir():
+    if cfg.init_from not in ("scratch", "resume") and not (is_hub_id(cfg.init_from) or Path(cfg.init_from).is_dir()):
         raise ConfigError(
-            f"init_from={cfg.init_from!r} is not scratch, resume, one of {', '.join(GPT2_SIZES)} nor a folder "
-            f"holding a Hugging Face GPT-2 (config.json, model.safetensors)"
+            f"init_from={cfg.init_from!r} is not scratch, resume, a hub id ({', '.join(GPT2_SIZES)}, owner/name) "
+            f"nor a folder holding a Hugging Face GPT-2 (config.json and its weights)"
         )
     if cfg.wandb_log:  # only then: a run without it never imports wandb
         try:

@@ -115,6 +115,10 @@ def test_a_required_batchnorm_fails_the_run_and_the_report_reads_the_json(capsys
     assert bn["cached_vs_full"]["max_abs_diff"] > 1e-3
     assert bn["norm_alone"]["max_abs_diff"] > 1e-3 and not bn["norm_alone"]["bit_exact"]
     assert rows["batchnorm-eval"]["passed"] and rows["batchnorm-eval"]["statistics"] == "running averages"
+    # (4) prompts of 6, 4, 3 and 1 tokens left padded: each row as alone, but with batch statistics
+    ragged = custom["ragged_vs_alone"]
+    assert ragged["lengths"] == [6, 4, 3, 1] and ragged["tokens_agree"] and ragged["max_abs_diff"] <= 1e-5
+    assert bn["ragged_vs_alone"]["max_abs_diff"] > 1e-3 and bn["ragged_vs_alone"]["tokens_agree"] is False
 
     # the same rows in the batch-invariant mode: exactly 0 for the per-token rows, BatchNorm as far off as before
     mode = {r["name"]: r for r in result["batch_invariant_rows"]}
@@ -122,6 +126,7 @@ def test_a_required_batchnorm_fails_the_run_and_the_report_reads_the_json(capsys
     for name in ("custom", "batchnorm-eval"):
         assert mode[name]["passed"] and mode[name]["alone_vs_batch"]["per_step_max_abs_diff"] == [0.0] * 6
         assert mode[name]["cached_vs_full"]["max_abs_diff"] == 0.0 and mode[name]["cached_vs_full"]["bit_exact"]
+        assert mode[name]["ragged_vs_alone"]["max_abs_diff"] == 0.0 and mode[name]["ragged_vs_alone"]["tokens_agree"]
     assert not mode["batchnorm"]["passed"] and mode["batchnorm"]["alone_vs_batch"]["max_abs_diff"] > 1e-3
 
     text = batch_independence.report(result)
@@ -129,6 +134,14 @@ def test_a_required_batchnorm_fails_the_run_and_the_report_reads_the_json(capsys
     assert "6/6 agree" in stock_lines["custom"] and stock_lines["custom"].endswith("PASS  (not required)"), text
     assert mode_lines["custom"].count("bit-exact") == 3, mode_lines["custom"]
     assert "differ from step" in stock_lines["batchnorm"] and stock_lines["batchnorm"].endswith("FAIL"), text
+    ragged_lines = text.partition("(4) ragged: prompts of 6, 4, 3, 1 tokens left padded")[2].splitlines()
+    assert ragged_lines[2].split() == [
+        "custom",
+        *(f"{ragged['max_abs_diff']:.1e},", "tokens", "agree"),
+        "bit-exact,",
+        "tokens",
+        "agree",
+    ]
     tolerance = f"tolerance {batch_independence.TOLERANCE['float32']:g} x max |value|"
     for fragment in (*batch_independence.LEGEND, tolerance, "float32, TF32 off", "no variance", "decodes blind"):
         assert fragment in text, fragment
@@ -202,10 +215,10 @@ def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatc
     checks still run, the row fails with the error's first line, and the run exits 1."""
     hidden_states = GPT.hidden_states
 
-    def fails_alone_at_step_2(self, idx, kv_cache=None):
+    def fails_alone_at_step_2(self, idx, kv_cache=None, pad=None):
         if kv_cache is not None and idx.size(0) == 1 and kv_cache.length > 6:  # prompt 6, then step 1 fed 1 token
             raise RuntimeError("boom\nsecond line")
-        return hidden_states(self, idx, kv_cache)
+        return hidden_states(self, idx, kv_cache, pad)
 
     monkeypatch.setattr(GPT, "hidden_states", fails_alone_at_step_2)
     status, result = run_json(capsys, "--norms", "custom", *SMALL)

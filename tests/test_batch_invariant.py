@@ -151,7 +151,7 @@ SCATTERED = torch.tensor([[True, False, True, True]]).expand(4, 4)  # keys 0, 2,
             "no implementation for meta",
         ),
         (lambda: F.scaled_dot_product_attention(Q, Q, Q, dropout_p=0.1), "without dropout, got dropout_p=0.1"),
-        (lambda: F.scaled_dot_product_attention(Q, Q, Q, attn_mask=SCATTERED), "prefix of the keys"),
+        (lambda: F.scaled_dot_product_attention(Q, Q, Q, attn_mask=SCATTERED), "a run of keys"),
         # a float mask, not read as a bool: refused
         (
             lambda: F.scaled_dot_product_attention(Q, Q, Q, attn_mask=torch.zeros(4, 4)),

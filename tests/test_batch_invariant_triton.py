@@ -15,6 +15,7 @@ from torch.nn import functional as F
 from helpers import TRITON_SKIP, needs_triton, tiny_model
 from layernorm import make_norm
 from machinery import batch_invariant as bi
+from model import padding_mask
 
 if TRITON_SKIP is None:  # (without triton every test here is skipped)
     from machinery import batch_invariant_triton as bit
@@ -111,9 +112,12 @@ def test_attention_against_float64(dtype: torch.dtype) -> None:
             assert within_rounding(F.scaled_dot_product_attention(q, k, v, **kwargs), STOCK_SDPA(*d, **kwargs))
         step = F.scaled_dot_product_attention(q[:, :, -1:], k, v)  # a decoding step: one query, every key
         assert within_rounding(step, STOCK_SDPA(d[0][:, :, -1:], *d[1:]))
-        with pytest.raises(ValueError, match=r"one key more than query i - 1 .* got visible keys \[2, 2, 3\]"):
-            prefix = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool, device=DEVICE)
-            F.scaled_dot_product_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], attn_mask=prefix)
+        runs = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool, device=DEVICE)  # 2, 2, 3 keys
+        got = F.scaled_dot_product_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], attn_mask=runs)
+        assert within_rounding(got, STOCK_SDPA(*(t[:, :, :3] for t in d), attn_mask=runs))
+        padded = padding_mask(torch.tensor([4, 0], device=DEVICE), 3, 6)  # row 0 left padded: its first 4 keys unseen
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=padded)
+        assert within_rounding(got, STOCK_SDPA(*d, attn_mask=padded))
         with pytest.raises(ValueError, match="linear takes .* inputs of one dtype, got x torch.float64"):
             F.linear(d[0], d[1][0, 0])
 

@@ -6,8 +6,10 @@ one line. transformers is needed only here (requirements-dev.txt); no weights ar
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +17,30 @@ import pytest
 import torch
 
 import batch_independence
+import export_gpt2
 import sample
 import train
 from bench import decoding
-from helpers import ROOT, TEXT, norm_params, randomize_norms, records, rel_err, skip_unless_runs, train_losses
-from layernorm import LAYERNORMS, NORMS
+from helpers import (
+    PAYLOADS,
+    ROOT,
+    TEXT,
+    norm_params,
+    randomize_norms,
+    records,
+    rel_err,
+    save_model,
+    skip_unless_runs,
+    tiny_model,
+    train_losses,
+)
+from layernorm import LAYERNORMS, NO_NORM, NORMS
 from machinery.checkpoint import load_checkpoint
 from machinery.command import Failure
 from machinery.dataset import DataError
 from machinery.options import ConfigError
 from machinery.tokenizer import TiktokenTokenizer
-from model import GPT, gpt2_checkpoint
+from model import GPT, gpt2_checkpoint, gpt2_export, pad_left
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -39,6 +54,8 @@ SHAPES = {
     "vocab101-block32": dict(vocab_size=101, n_positions=32, n_embd=48, n_head=4),  # gelu_new, GPT-2's
     "block64-erf": dict(vocab_size=128, n_positions=64, n_embd=32, n_head=2, activation_function="gelu"),
     "hub-layout": dict(vocab_size=75, n_positions=48, n_embd=32, n_head=4, activation_function="gelu_pytorch_tanh"),
+    "sharded": dict(vocab_size=90, n_positions=24, n_embd=32, n_head=2),
+    "pytorch_model.bin": dict(vocab_size=70, n_positions=40, n_embd=24, n_head=3, activation_function="gelu"),
 }
 
 
@@ -57,11 +74,16 @@ def hf_gpt2(seed: int = 0, **shape: object) -> transformers.GPT2LMHeadModel:
     return model
 
 
-def save(model: transformers.GPT2LMHeadModel, folder: Path, hub_layout: bool = False) -> Path:
-    """save_pretrained's folder; with hub_layout, its weights renamed as OpenAI's files on the hub name them (no
+def save(model: transformers.GPT2LMHeadModel, folder: Path, layout: str = "model.safetensors") -> Path:
+    """save_pretrained's folder. Layouts: "sharded", shards of at most 20 KB named by model.safetensors.index.json
+    (as save_pretrained splits a model past its max_shard_size); "pytorch_model.bin", the state dict torch.save
+    wrote (transformers before 4.35); "hub-layout", the weights renamed as OpenAI's files on the hub name them (no
     "transformer." prefix) beside the causal masks they keep as "h.N.attn.bias"."""
-    model.save_pretrained(folder)
-    if hub_layout:
+    model.save_pretrained(folder, max_shard_size="20KB" if layout == "sharded" else "5GB")
+    if layout == "pytorch_model.bin":
+        (folder / "model.safetensors").unlink()
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    if layout == "hub-layout":
         weights = folder / "model.safetensors"
         state = {k.removeprefix("transformer."): v for k, v in safetensors_torch.load_file(weights).items()}
         n = model.config.n_positions
@@ -74,7 +96,7 @@ def save(model: transformers.GPT2LMHeadModel, folder: Path, hub_layout: bool = F
 def gpt2(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(the saved folder, the GPT2LMHeadModel saved there), for each of SHAPES."""
     model = hf_gpt2(**SHAPES[request.param])
-    return save(model, tmp_path_factory.mktemp(request.param), hub_layout=request.param == "hub-layout"), model
+    return save(model, tmp_path_factory.mktemp(request.param), layout=request.param), model
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +118,157 @@ def test_logits_are_gpt2lmheadmodels_with_every_layernorm(gpt2, norm: str) -> No
     idx = prompts(hf.config.vocab_size, 3, hf.config.n_positions)  # every position
     with torch.no_grad():
         assert rel_err(model(idx)[0], hf(idx).logits.double()) <= TOL
+
+
+def test_loading_takes_the_files_tensors_and_draws_no_init(gpt2_64) -> None:
+    """One copy of the weights: the model's parameters are the checkpoint's tensors (no random init drawn, none
+    copied in), the head still tied to the token embedding."""
+    checkpoint = gpt2_checkpoint(str(gpt2_64[0]))
+    rng = torch.get_rng_state()
+    model = GPT.from_checkpoint(checkpoint)
+    assert torch.equal(torch.get_rng_state(), rng)  # nothing drawn
+    params = dict(model.named_parameters(remove_duplicate=False))
+    assert all(params[k].data_ptr() == v.data_ptr() for k, v in checkpoint["model"].items())
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_a_view_is_copied_not_kept_with_its_whole_storage(gpt2_64) -> None:
+    """GPT-2's positions cut to a shorter block (train.py's fine-tune) are a view: the model keeps a tensor of its
+    own, so that saving it does not save all 64 positions."""
+    checkpoint = gpt2_checkpoint(str(gpt2_64[0]))
+    full = checkpoint["model"]["transformer.wpe.weight"]
+    checkpoint["model"]["transformer.wpe.weight"] = full[:16]
+    model = GPT.from_checkpoint(checkpoint, block_size=16)
+    wpe = model.transformer.wpe.weight
+    assert torch.equal(wpe, full[:16]) and wpe.untyped_storage().nbytes() == wpe.numel() * 4
+
+
+def test_a_pickled_file_is_read_as_tensors_only(gpt2_64, tmp_path: Path) -> None:
+    """pytorch_model.bin holding an object whose unpickling runs code: refused in one line, the code not run."""
+    folder = Path(shutil.copytree(gpt2_64[0], tmp_path / "gpt2"))
+    state = safetensors_torch.load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({**state, "note": PAYLOADS["Path.touch"](tmp_path / "ran")}, folder / "pytorch_model.bin")
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint(str(folder))
+    assert "pytorch_model.bin cannot be read as tensors only" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "repo", "layout"),
+    [
+        ("gpt2", "openai-community/gpt2", "model.safetensors"),
+        ("openai-community/gpt2-medium", "openai-community/gpt2-medium", "sharded"),
+        ("distilgpt2", "distilgpt2", "pytorch_model.bin"),
+    ],
+)
+def test_hub_ids_download_what_the_loader_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str, repo: str, layout: str
+) -> None:
+    """A hub id is downloaded as huggingface_hub's snapshot_download gives it (here, a fake hub serving a small
+    GPT-2 in `layout`): config.json and the safetensors files, else pytorch_model.bin; the logits are the model's."""
+    hf = hf_gpt2(**SHAPES["vocab101-block32"])
+    hub = save(hf, tmp_path / "hub", layout=layout)
+    asked = []
+
+    def snapshot_download(repo_id: str, allow_patterns: list[str]) -> str:
+        asked.append(repo_id)
+        local = tmp_path / f"cache{len(asked)}"
+        local.mkdir()
+        for file in hub.iterdir():
+            if any(fnmatch.fnmatch(file.name, pattern) for pattern in allow_patterns):
+                shutil.copy(file, local)
+        return str(local)
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", snapshot_download)
+    model = GPT.from_checkpoint(gpt2_checkpoint(source))
+    assert asked == [repo] * (2 if layout == "pytorch_model.bin" else 1)
+    idx = prompts(hf.config.vocab_size, 2, 32)
+    with torch.no_grad():
+        assert rel_err(model(idx)[0], hf(idx).logits.double()) <= TOL
+
+
+def test_offline_a_hub_id_says_how_to_bring_the_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(repo_id: str, allow_patterns: list[str]) -> str:
+        raise OSError("no network")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", offline)
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint("gpt2-medium")
+    assert str(e.value) == (
+        "gpt2-medium is not a folder here, and downloading openai-community/gpt2-medium from the Hugging Face hub "
+        "failed (OSError); on a machine with internet run `hf download openai-community/gpt2-medium config.json "
+        "model.safetensors --local-dir gpt2-medium`, copy that folder here and give its path"
+    )
+
+
+def test_a_name_that_is_neither_folder_nor_hub_id_is_not_looked_up(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint("gtp2")
+    assert str(e.value).startswith("gtp2 is neither a folder nor a hub id (gpt2, gpt2-medium,")
+
+
+def test_an_empty_folder_says_what_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "gpt2-medium").mkdir()
+    with pytest.raises(ValueError) as e:
+        gpt2_checkpoint(str(tmp_path / "gpt2-medium"))
+    needs = "a GPT-2 folder needs config.json beside its weights"
+    assert str(e.value) == f"{tmp_path / 'gpt2-medium'} holds nothing: {needs}"
+
+
+def test_the_export_round_trips(gpt2, tmp_path: Path) -> None:
+    """GPT-2 read, then written back by gpt2_export: GPT2LMHeadModel.from_pretrained gives the original's logits,
+    and reading the export again gives the same tensors, bit for bit."""
+    folder, hf = gpt2
+    checkpoint = gpt2_checkpoint(str(folder))
+    exported = gpt2_export(GPT.from_checkpoint(checkpoint), tmp_path / "exported")
+    again = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
+    idx = prompts(hf.config.vocab_size, 2, hf.config.n_positions)
+    with torch.no_grad():
+        assert rel_err(again(idx).logits, hf(idx).logits.double()) <= TOL
+    state = gpt2_checkpoint(str(exported))["model"]
+    assert state.keys() == checkpoint["model"].keys()
+    assert all(torch.equal(state[k], v) for k, v in checkpoint["model"].items())
+
+
+@pytest.mark.parametrize(("overrides", "gelu"), [({}, "gelu"), ({"bias": False, "gelu": "tanh"}, "gelu_new")])
+def test_export_py_writes_our_checkpoint_as_transformers_gpt2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: dict, gelu: str
+) -> None:
+    """A checkpoint of ours (the custom LayerNorm; without biases: written as zeros) through export_gpt2.py:
+    GPT2LMHeadModel.from_pretrained computes its logits."""
+    model = randomize_norms(tiny_model("custom", **overrides))
+    save_model(tmp_path / "ckpt.pt", model, {"kind": "char", "chars": list("abc")})
+    folder = export_gpt2.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "hf")])
+    assert capsys.readouterr().out == f"wrote {folder / 'config.json'} and {folder / 'model.safetensors'}\n"
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    assert hf.config.activation_function == gelu
+    idx = torch.randint(
+        model.config.vocab_size, (2, model.config.block_size), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        assert rel_err(hf(idx).logits, model(idx)[0].double()) <= TOL
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"norm": "rmsnorm"}, "norm='rmsnorm' (only LayerNorm: custom, builtin, triton)"),
+        ({"norm_position": "post"}, "norm_position='post' (only 'pre')"),
+        ({"embed_scale": True}, "embed_scale=True (no scale of the embeddings)"),
+    ],
+    ids=["rmsnorm", "post-norm", "embed-scale"],
+)
+def test_what_transformers_gpt2_does_not_compute_is_not_exported(tmp_path: Path, overrides: dict, named: str) -> None:
+    save_model(tmp_path / "ckpt.pt", tiny_model(**overrides), {"kind": "char", "chars": list("abc")})
+    with pytest.raises(Failure) as e:
+        export_gpt2.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "hf")])
+    assert (
+        str(e.value)
+        == f"cannot export {tmp_path / 'ckpt.pt'}: transformers' GPT-2 does not compute this model's {named}"
+    )
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize("use_kv_cache", [True, False], ids=["kv-cache", "no-cache"])
@@ -120,6 +293,54 @@ def test_greedy_decoding_is_hf_generates(gpt2_64, use_kv_cache: bool) -> None:
     assert rel_err(logits, torch.stack(ref.logits, dim=1).double()) <= TOL
 
 
+@pytest.mark.parametrize("use_kv_cache", [True, False], ids=["kv-cache", "no-cache"])
+def test_a_left_padded_batch_decodes_each_row_as_alone_and_as_hf_generates(gpt2_64, use_kv_cache: bool) -> None:
+    """4 prompts of 1 to 15 tokens in one left-padded batch with its attention mask: each row's 40 greedy tokens
+    are the row's alone, and GPT2LMHeadModel.generate's for the same padded batch and mask; the logits of each
+    step within TOL of its."""
+    folder, hf = gpt2_64
+    model = GPT.from_checkpoint(gpt2_checkpoint(str(folder)), norm="custom")
+    lengths = [1, 15, 6, 11]
+    rows = [prompts(hf.config.vocab_size, 1, n)[0].tolist() for n in lengths]
+    idx, mask = pad_left(rows, pad_token=7)
+    ref = hf.generate(
+        idx,
+        attention_mask=mask,
+        max_new_tokens=40,
+        do_sample=False,
+        pad_token_id=7,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    decode = partial(model.generate, max_new_tokens=40, temperature=0, use_kv_cache=use_kv_cache, return_logits=True)
+    tokens, logits = decode(idx, attention_mask=mask)
+    assert torch.equal(tokens, ref.sequences)
+    assert rel_err(logits, torch.stack(ref.logits, dim=1).double()) <= TOL
+    for row, n in zip(range(4), lengths, strict=True):
+        alone = decode(torch.tensor([rows[row]]))[0]
+        assert torch.equal(alone[0, n:], tokens[row, 15:])
+
+
+def test_decoding_stops_where_hf_generate_stops_at_its_eos(gpt2_64) -> None:
+    """stop_token as transformers' eos_token_id: a row that picks it has ended (its later tokens are the stop token
+    again, as generate pads with pad_token_id) and decoding ends when every row has."""
+    folder, hf = gpt2_64
+    model = GPT.from_checkpoint(gpt2_checkpoint(str(folder)))
+    idx = prompts(hf.config.vocab_size, 2, 8)
+    free = model.generate(idx, 40, temperature=0)
+    stop = int(free[0, 8 + 5])  # row 0 picks it at step 5; row 1 later, or never
+    ours = model.generate(idx, 40, temperature=0, stop_token=stop)
+    ref = hf.generate(
+        idx,
+        attention_mask=torch.ones_like(idx),
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=stop,
+        pad_token_id=stop,
+    )
+    assert torch.equal(ours, ref) and ours.size(1) < 8 + 40 and (ours[0, 8 + 5 :] == stop).all()
+
+
 def test_batch_independence_passes_on_gpt2s_weights(gpt2_64, capsys: pytest.CaptureFixture[str]) -> None:
     folder, _ = gpt2_64
     argv = ["--json", "--init_from", str(folder), "--norms", "custom", "builtin", "--prompt_len", "6"]
@@ -134,9 +355,10 @@ def test_batch_independence_passes_on_gpt2s_weights(gpt2_64, capsys: pytest.Capt
     [
         ({"activation_function": "relu"}, "activation_function='relu' (only gelu_new, gelu_pytorch_tanh, gelu)"),
         ({"n_inner": 64}, "n_inner=64 (only None)"),
-        (None, "nor a folder holding config.json and model.safetensors"),  # no model.safetensors
+        ({"model_type": "llama"}, "model_type='llama' (only 'gpt2')"),
+        (None, "holds config.json, generation_config.json: a GPT-2 folder needs config.json and model.safetensors"),
     ],
-    ids=["relu", "n_inner", "no-weights"],
+    ids=["relu", "n_inner", "llama", "no-weights"],
 )
 def test_what_this_gpt_does_not_compute_is_one_line_naming_it(gpt2_64, tmp_path: Path, change, named: str) -> None:
     folder = Path(shutil.copytree(gpt2_64[0], tmp_path / "gpt2"))
@@ -150,7 +372,7 @@ def test_what_this_gpt_does_not_compute_is_one_line_naming_it(gpt2_64, tmp_path:
     assert named in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("norm", [n for n in NORMS if n not in LAYERNORMS])
+@pytest.mark.parametrize("norm", [n for n in (*NORMS, NO_NORM) if n not in LAYERNORMS])
 def test_a_norm_of_another_function_is_refused(gpt2_64, norm: str) -> None:
     with pytest.raises(Failure) as e:
         sample.main(["--init_from", str(gpt2_64[0]), "--norm", norm, "--device", "cpu", "--max_new_tokens", "1"])
@@ -175,6 +397,25 @@ def test_sample_py_prints_the_text_gpt2lmheadmodel_generates(
     capsys.readouterr()
     assert sample.main([*flags, "--start", prompt, "--device", "cpu"]) == [text := bpe.decode(ids[0].tolist())]
     assert capsys.readouterr().out == f"{text}\n{sample.SEPARATOR}\n"
+
+
+def test_sample_py_decodes_a_file_of_prompts_as_hf_generates_them_left_padded(
+    tmp_path: Path, gpt2_bpe: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--prompts: one prompt a line, decoded in one left-padded batch; each sample is the prompt followed by the
+    tokens GPT2LMHeadModel.generate gives that row in the same batch with its attention mask."""
+    hf = hf_gpt2(vocab_size=50257, n_positions=32, n_embd=16, n_head=2)
+    folder = save(hf, tmp_path / "gpt2")
+    bpe = TiktokenTokenizer()
+    lines = ["ROMEO: Shall I", "O", "To be, or not to be, that is"]
+    (tmp_path / "prompts.txt").write_text("\n".join(lines) + "\n\n", encoding="utf-8")  # (an empty line: none)
+    idx, mask = pad_left([bpe.encode(line) for line in lines], pad_token=bpe.eot_token)
+    ref = hf.generate(idx, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=bpe.eot_token)
+    flags = ["--init_from", str(folder), "--temperature", "0", "--max_new_tokens", "12", "--device", "cpu"]
+    capsys.readouterr()
+    texts = sample.main([*flags, "--prompts", str(tmp_path / "prompts.txt")])
+    assert texts == [line + bpe.decode(row[idx.size(1) :].tolist()) for line, row in zip(lines, ref, strict=True)]
+    assert capsys.readouterr().out == "".join(f"{text}\n{sample.SEPARATOR}\n" for text in texts)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import TINY, randomize_norms, sharpen_logits, tiny_model
-from model import GPT, KVCache
+from model import GPT, KVCache, pad_left
 
 BLOCK = TINY.block_size
 TOL = 1e-5  # float32
@@ -75,6 +75,24 @@ def test_cached_overflow_refills_the_last_half_block(prompt_len: int) -> None:
         torch.testing.assert_close(logits[:, step], want, rtol=0, atol=TOL, msg=f"step {step}, window {start}:{end}")
 
 
+def test_left_padded_rows_past_block_size_decode_as_alone_without_the_cache() -> None:
+    """Without the cache every step sees the last block_size tokens: a left-padded row's window is its own last
+    tokens, its positions its own, past block_size too. (With the cache a padded batch refills its window when its
+    longest row fills it: rows decode as alone within block_size, tests/test_gpt2.py.)"""
+    model = tiny()
+    rows = [prompts(1, n, seed=5)[0].tolist() for n in (2, 9, 5)]
+    idx, mask = pad_left(rows)
+    out, logits = model.generate(
+        idx, BLOCK + 6, temperature=0, use_kv_cache=False, attention_mask=mask, return_logits=True
+    )
+    for row, prompt in enumerate(rows):
+        alone, alone_logits = model.generate(
+            torch.tensor([prompt]), BLOCK + 6, temperature=0, use_kv_cache=False, return_logits=True
+        )
+        assert torch.equal(alone[0, len(prompt) :], out[row, idx.size(1) :])
+        torch.testing.assert_close(alone_logits[0], logits[row], rtol=0, atol=TOL)
+
+
 # --- bad input -------------------------------------------------------------------------------------------------------
 
 
@@ -87,6 +105,9 @@ def test_generate_rejects_bad_input_with_clear_errors() -> None:
         model.generate(idx[0], 2)  # 1-D
     with pytest.raises(ValueError, match="T >= 1"):
         model.generate(idx[:, :0], 2)  # empty prompt
+    for mask in ([[1, 1, 0]], [[0, 0, 0]], [[1, 0, 1]], [[1, 1]]):  # right padding; no token; a hole; a shape
+        with pytest.raises(ValueError, match="attention_mask must (be left padding|have idx's shape)"):
+            model.generate(idx, 2, attention_mask=torch.tensor(mask))
     out, logits = model.generate(idx, 0, return_logits=True)
     assert torch.equal(out, idx) and logits.shape == (1, 0, TINY.vocab_size)
     cache = KVCache(model.config, 1, idx.device, torch.float32)
