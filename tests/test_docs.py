@@ -164,6 +164,8 @@ def test_chapter_1s_residual_stream_comes_from_inside_norms_json() -> None:
         rounded(rms["final_resid"]["p50"], 2),  # entering ln_f
         rounded(rms["final_resid"]["min"], 2),
         rounded(rms["final_resid"]["max"], 2),
+        rounded(rms["final_resid"]["p10"], 2),  # the plot's bars
+        rounded(rms["final_resid"]["p90"], 2),
         rounded(min(norm_medians), 2),
         rounded(max(norm_medians), 2),
     }
