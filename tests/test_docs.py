@@ -170,6 +170,7 @@ def test_chapter_1s_residual_stream_comes_from_inside_norms_json() -> None:
         rounded(max(norm_medians), 2),
     }
     assert quoted <= figures_in(section), quoted - figures_in(section)
+    assert f"{round(result['run_time_s'])} s" in section  # the experiment's run time
 
 
 def test_batchnorms_three_failures_come_from_their_file() -> None:
@@ -183,6 +184,7 @@ def test_batchnorms_three_failures_come_from_their_file() -> None:
     assert quoted <= figures_in(section), quoted - figures_in(section)
     assert f"for {result['iters']} iterations" in section and f"same {result['val_windows']} val" in section
     assert f"{result['model_args']['block_size']}-token window" in section
+    assert f"{round(result['run_time_s'])} s" in section  # the experiment's run time, stated with its figures
 
 
 def load_experiment(name: str):
