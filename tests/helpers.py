@@ -85,6 +85,18 @@ TRITON_SKIP = _triton_skip_reason()
 needs_triton = pytest.mark.skipif(TRITON_SKIP is not None, reason=TRITON_SKIP or "")
 
 
+def skip_an_interpreter_block(code: str) -> None:
+    """Skip a doc's Python block that runs the Triton kernels on CPU tensors, where it cannot: triton missing, or
+    imported here without its interpreter (on a CUDA machine), which the block's own TRITON_INTERPRET=1 comes too
+    late to switch on."""
+    if "layernorm_triton" not in code:
+        return
+    if TRITON_SKIP is not None:
+        pytest.skip(TRITON_SKIP)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported here without TRITON_INTERPRET=1: the block needs a new python")
+
+
 def norm_params(names: Sequence[str], slow_triton: bool = False) -> list:
     """`names` for pytest.mark.parametrize, with "triton" skipped where Triton cannot run (and, with slow_triton,
     left out of the quick tier: a whole model through Triton's interpreter takes seconds)."""

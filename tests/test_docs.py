@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, TINY, tiny_model
+from helpers import ROOT, TINY, skip_an_interpreter_block, tiny_model
 
 RESULTS = ROOT / "docs" / "05-results.md"
 # docs/02 has a test of its own, for its quoted kernel
@@ -132,6 +132,7 @@ def test_the_chapters_show_what_their_code_prints() -> None:
 
 @pytest.mark.parametrize(("doc", "i", "code", "shown"), PRINTED, ids=[f"{d.name}-{i}" for d, i, *_ in PRINTED])
 def test_each_printed_output_is_what_its_block_prints(doc, i, code, shown, capsys: pytest.CaptureFixture[str]):
+    skip_an_interpreter_block(code)
     exec(compile(code, f"{doc.name}, printing block {i}", "exec"), {"__name__": f"printed_{i}"})
     printed = capsys.readouterr().out
     assert same_output(shown, printed), f"{doc.name} shows:\n{shown}\nits block prints:\n{printed}"
@@ -164,10 +165,13 @@ def test_chapter_1s_residual_stream_comes_from_inside_norms_json() -> None:
         rounded(rms["final_resid"]["p50"], 2),  # entering ln_f
         rounded(rms["final_resid"]["min"], 2),
         rounded(rms["final_resid"]["max"], 2),
+        rounded(rms["final_resid"]["p10"], 2),  # the plot's bars
+        rounded(rms["final_resid"]["p90"], 2),
         rounded(min(norm_medians), 2),
         rounded(max(norm_medians), 2),
     }
     assert quoted <= figures_in(section), quoted - figures_in(section)
+    assert f"{round(result['run_time_s'])} s" in section  # the experiment's run time
 
 
 def test_batchnorms_three_failures_come_from_their_file() -> None:
@@ -181,6 +185,7 @@ def test_batchnorms_three_failures_come_from_their_file() -> None:
     assert quoted <= figures_in(section), quoted - figures_in(section)
     assert f"for {result['iters']} iterations" in section and f"same {result['val_windows']} val" in section
     assert f"{result['model_args']['block_size']}-token window" in section
+    assert f"{round(result['run_time_s'])} s" in section  # the experiment's run time, stated with its figures
 
 
 def load_experiment(name: str):

@@ -25,6 +25,7 @@ from helpers import (
     TRITON_SKIP,
     nanogpt_model,
     save_nanogpt_checkpoint,
+    skip_an_interpreter_block,
     subprocess_env,
     write_meta,
 )
@@ -204,6 +205,7 @@ SNIPPETS = [(doc, i, code) for doc in DOCS for i, code in enumerate(code_blocks(
 
 @pytest.mark.parametrize(("doc", "i", "code"), SNIPPETS, ids=[f"{d.name}-{i}" for d, i, _ in SNIPPETS])
 def test_python_snippets_run(doc: Path, i: int, code: str, capsys: pytest.CaptureFixture[str]) -> None:
+    skip_an_interpreter_block(code)
     exec(compile(code, f"{doc.name}, python block {i}", "exec"), {"__name__": f"snippet_{i}"})
 
 
