@@ -9,8 +9,8 @@
     python batch_independence.py --device=cuda --dtype=bfloat16  # on a GPU, under bfloat16 autocast
 
 Every row runs with PyTorch's kernels, where it passes when every difference is within the dtype's tolerance
-(relative to the largest value compared) and the greedy tokens agree, and in machinery/batch_invariant.py's mode,
-where every difference must be 0. TF32 is off. Exit 1 when a --require row fails.
+(relative to the largest value compared) and the greedy tokens agree, and in the batch-invariant mode
+(batch_invariant/), where every difference must be 0. TF32 is off. Exit 1 when a --require row fails.
 """
 
 from machinery.command import quiet_until_started
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from batch_invariant import batch_invariant, refusal
 from layernorm import NORMS, TritonUnavailableError
-from machinery.batch_invariant import batch_invariant, refusal
 from machinery.checkpoint import resolve_weights
 from machinery.command import Failure, first_line, run_command
 from machinery.device import DEVICE_HELP, autocast, resolve_device
@@ -48,7 +48,7 @@ CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
 TOLERANCE = {"float32": 1e-5, "bfloat16": 5e-2}
 WORLDS = {
     "rows": "With PyTorch's kernels:",
-    "batch_invariant_rows": "In machinery/batch_invariant.py's mode (tolerance 0):",
+    "batch_invariant_rows": "In the batch-invariant mode, batch_invariant/ (tolerance 0):",
 }
 RAGGED_COLUMNS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant mode"}
 SUFFIX = {"rows": "", "batch_invariant_rows": " (batch-invariant)"}  # after a row's name among errors and failures
@@ -61,7 +61,7 @@ LEGEND = (
     "max |logit difference| over every row and step, each row decoded in the batch vs alone, and their tokens.",
     "With PyTorch's kernels, the per-token rows' (1) and (2) (about 1e-6 in float32) are the matrix products' "
     "rounding: a product over 1 row, over 4, or over a cached prefix may add in another order; (3) isolates the norm.",
-    "The batch-invariant mode (machinery/batch_invariant.py) makes every matrix product and attention add in one "
+    "The batch-invariant mode (batch_invariant/) makes every matrix product and attention add in one "
     "fixed order however the work is batched or cached: there every difference of a per-token row is 0.",
 )
 WHY_BATCHNORM_FAILS = (

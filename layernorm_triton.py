@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # as triton.jit reads it, when the kernels below are defined
+# As triton.jit reads it, when the kernels below are defined; a constexpr, so that a kernel may read it too.
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider rows loop over blocks
 ONE_PROGRAM_ROWS = 32  # a backward of at most this many rows runs as one program (see _backward_programs)
 # Under torch.compile: torch.library.triton_op (torch 2.6+) lets Inductor launch the kernels from its own code and
@@ -141,7 +142,7 @@ def _forward(
         w = weight.contiguous()
         b = _unused_pointer(w, traced) if bias is None else bias.contiguous()
         args = (x2, y, w, b, stats, stride_x, C, C, N, eps, bias is not None, block, one_block)
-        _launch(layer_norm_fwd_kernel, (N,), args, warps, traced)
+        launch(layer_norm_fwd_kernel, (N,), args, traced, num_warps=warps)
     return y, stats
 
 
@@ -318,7 +319,7 @@ def _backward(
         rows_per_program = -(-N // programs)  # rounded up
         stages = _num_stages(block, x2, dy2) if one_block else 1
         args = (*tensors, stride_dy, stride_x, C, N, C, rows_per_program, has_bias, block, one_block, stages)
-        _launch(layer_norm_bwd_kernel, (programs,), args, warps, traced)
+        launch(layer_norm_bwd_kernel, (programs,), args, traced, num_warps=warps)
     if one_program:
         return dx, slabs[0], slabs[1] if has_bias else None
     if traced:  # an op's outputs may not share memory: two reductions, not one
@@ -328,21 +329,33 @@ def _backward(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Launching. Triton launches on the current CUDA device's stream, so a launch is made with the tensors' device
-# current (a model on cuda:1 must not launch on cuda:0); when it already is, nothing is switched. Eager, every call
-# goes through Triton's own launch, kernel[grid], which binds the arguments and looks the compiled kernel up (its
-# cost per call: python -m bench.kernels --overhead). Traced, wrap_triton hands the launch to Inductor.
+# Launching, for these kernels and the batch-invariant mode's (batch_invariant/kernels.py). Triton launches on the
+# current CUDA device's stream, so a launch is made with the tensors' device current (a model on cuda:1 must not
+# launch on cuda:0); when it already is, nothing is switched. Eager, every call goes through Triton's own launch,
+# kernel[grid], which binds the arguments and looks the compiled kernel up (its cost per call: python -m
+# bench.kernels --overhead). Traced, wrap_triton hands the launch to Inductor.
 
 
-def _launch(kernel, grid: tuple[int], args: tuple, num_warps: int, traced: bool) -> None:
-    """kernel[grid](*args, num_warps=num_warps), eager or (traced) inside a torch.library op."""
+def launch(
+    kernel: triton.JITFunction, grid: tuple[int, ...], args: tuple, traced: bool = False, **options: int
+) -> None:
+    """kernel[grid](*args, **options), eager or (traced) inside a torch.library op."""
     if traced and TRITON_OP:
-        torch.library.wrap_triton(kernel)[grid](*args, num_warps=num_warps)
+        torch.library.wrap_triton(kernel)[grid](*args, **options)
         return
     index = args[0].device.index if args[0].is_cuda else None
     switch = index is not None and index != torch.cuda.current_device()
     with torch.cuda.device(index) if switch else nullcontext():
-        kernel[grid](*args, num_warps=num_warps)
+        kernel[grid](*args, **options)
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype autocast hands an op that runs in lower precision (a Linear, attention) for x: the autocast dtype
+    where autocast is on for x's device, x's own where it is off or x is float64 (which autocast leaves alone)."""
+    device_type = "cuda" if x.is_cuda else "cpu"
+    if x.dtype == torch.float64 or not torch.is_autocast_enabled(device_type):
+        return x.dtype
+    return torch.get_autocast_dtype(device_type)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -435,9 +448,7 @@ def layer_norm_triton(
     function and gradients (population variance), y in x's dtype or, under autocast with feeds_linear=True (only a
     Linear reads y), in the autocast dtype: the values that Linear would have cast y to, without the cast. The
     arguments are taken as checked (`layernorm.TritonLayerNorm` does)."""
-    device_type = "cuda" if x.is_cuda else "cpu"
-    to_autocast = feeds_linear and x.dtype != torch.float64 and torch.is_autocast_enabled(device_type)
-    out_dtype = torch.get_autocast_dtype(device_type) if to_autocast else x.dtype
+    out_dtype = autocast_dtype(x) if feeds_linear else x.dtype
     if torch.compiler.is_compiling():
         return _triton_fwd(x, weight, bias, float(eps), out_dtype)[0]
     bias_grad = bias is not None and bias.requires_grad

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from batch_invariant import batch_invariant, refusal
 from bench.common import (
     at_least,
     comma_list,
@@ -29,7 +30,6 @@ from bench.common import (
 )
 from layernorm import NORMS
 from machinery import options
-from machinery.batch_invariant import batch_invariant, refusal
 from machinery.checkpoint import resolve_weights
 from machinery.command import Failure, first_line, run_command
 from machinery.device import check_norm_device

@@ -55,7 +55,7 @@ that has torch" ;;
 esac
 COMMIT=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['commit'] or '')" "$RES/machine.json")
 [[ -n $COMMIT ]] && export BENCH_COMMIT=$COMMIT  # every step's JSON names it, as machine.json does
-# The mode's row sums on CUDA tensors (machinery/batch_invariant.py): off by default until a GPU run passes them.
+# The mode's row sums on CUDA tensors (batch_invariant/): off by default until a GPU run passes them.
 export BATCH_INVARIANT_CUDA_ROW_SUMS=1
 if ((DRY)); then
     export TRITON_INTERPRET=1

@@ -30,7 +30,7 @@ def run_script(capsys: pytest.CaptureFixture[str], *args: str) -> Run:
     return Run(status, out, err)
 
 
-MODE_TITLE = "In machinery/batch_invariant.py's mode (tolerance 0):"
+MODE_TITLE = "In the batch-invariant mode, batch_invariant/ (tolerance 0):"
 
 
 def row_lines(stdout: str, mode: bool = False) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""machinery/batch_invariant.py: in the mode, a prompt decodes bit for bit the same alone or in a batch, cached or
+"""batch_invariant/: in the mode, a prompt decodes bit for bit the same alone or in a batch, cached or
 not, for every per-token norm at two model sizes; the mode's products are still correct; outside it nothing changes."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+import batch_invariant as bi
 from helpers import ROOT, needs_triton, python, tiny_model
-from machinery import batch_invariant as bi
 from model import GPT
 
 PER_TOKEN_NORMS = ("custom", "builtin", "triton", "rmsnorm", "dyt")
@@ -171,12 +171,12 @@ def test_the_kernel_module_is_imported_only_when_asked_for() -> None:
     """Importing the mode and running it on CPU tensors with PyTorch's kernels leaves the Triton kernels (and so
     triton) unimported: they are for CUDA tensors, or kernels="triton"."""
     code = (
-        "import sys, torch\nfrom machinery import batch_invariant as bi\n"
+        "import sys, torch\nimport batch_invariant as bi\n"
         "x, w, F = torch.ones(2, 3), torch.ones(4, 3), torch.nn.functional\n"
         "with bi.batch_invariant(): F.linear(x, w)\n"
-        "print('machinery.batch_invariant_triton' in sys.modules)\n"
+        "print('batch_invariant.kernels' in sys.modules)\n"
         "with bi.batch_invariant(kernels='triton'): F.linear(x, w)\n"
-        "print('machinery.batch_invariant_triton' in sys.modules)"
+        "print('batch_invariant.kernels' in sys.modules)"
     )
     proc = python("-c", code, TRITON_INTERPRET="1")
     assert proc.stdout.split() == ["False", "True"], proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""machinery/batch_invariant_triton.py, the mode's kernels for CUDA tensors, run through Triton's interpreter on CPU
+"""batch_invariant/kernels.py, the mode's kernels for CUDA tensors, run through Triton's interpreter on CPU
 tensors (kernels="triton") where there is no GPU: a row's result does not depend on how many rows came, a query from
 the KV cache adds as inside the causal pass, a norm's row is the same among any number of rows, the kernels compute the
 right functions, and a model decodes bit for bit the same alone, in a batch and uncached. (The interpreter shows the
@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+import batch_invariant as bi
 from helpers import TRITON_SKIP, needs_triton, tiny_model
 from layernorm import make_norm
-from machinery import batch_invariant as bi
 from model import padding_mask
 
 if TRITON_SKIP is None:  # (without triton every test here is skipped)
-    from machinery import batch_invariant_triton as bit
+    from batch_invariant import kernels as bit
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = needs_triton

@@ -119,7 +119,7 @@ for name, (arch, limit) in GPUS.items():
     lt._shared_memory = lambda device, limit=limit: limit
     for dtype in (torch.float64, torch.float32):
         kernel, calls = launches(lt, "layer_norm_bwd_kernel")
-        lt._launch = lambda k, grid, args, warps, traced: calls.append((grid, args, {"num_warps": warps}))
+        lt.launch = lambda k, grid, args, traced=False, **options: calls.append((grid, args, options))
         x = torch.randn(2, 8192, dtype=dtype)
         lt._backward(x, x, torch.ones(8192, dtype=dtype), torch.ones(2, 2, dtype=dtype))
         (_, args, kwargs), = calls
@@ -133,14 +133,16 @@ RESULTS["shared memory"] = out
 # ---- The batch-invariant attention kernel: one compiled kernel for a full pass and for a cached step ----
 
 SPECIALIZATION = """\
-from machinery import batch_invariant_triton as bit
+from batch_invariant import kernels as bit
 B, H, D, T = 2, 3, 12, 5  # head size 12 and 3C = 108: strides not multiples of 16
 kernel, calls = launches(bit, "attention_kernel")
 qkv = torch.randn(B, T, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # as model.py splits c_attn's output
 cache = torch.randn(2, B, H, 8, D)  # model.KVCache's buffers, [B, H, block_size, D]
-bit.attention(*qkv, counts=[1, 2, 3, 4, 5], scale=0.3)  # a full causal pass
+first, end = torch.zeros(B, T, dtype=torch.long), torch.arange(1, T + 1).expand(B, T)
+bit.attention(*qkv, first, end, scale=0.3)  # a full causal pass
 step = torch.randn(B, 1, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)
-bit.attention(step[0], cache[0][:, :, :6], cache[1][:, :, :6], counts=[6], scale=0.3)  # a cached step
+first, end = torch.zeros(B, 1, dtype=torch.long), torch.full((B, 1), 6)
+bit.attention(step[0], cache[0][:, :, :6], cache[1][:, :, :6], first, end, scale=0.3)  # a cached step
 RESULTS["specialization"] = [repr(specialize(kernel, args, kwargs, 90)[1]) for _, args, kwargs in calls]
 bit.attention_kernel = kernel
 """
@@ -148,11 +150,16 @@ bit.attention_kernel = kernel
 
 OFFSETS = """\
 import re
-from machinery import batch_invariant_triton as bit
+from batch_invariant import kernels as bit
 calls_by_case = {
     "linear": ("linear_kernel", lambda: bit.linear(torch.randn(5, 40), torch.randn(24, 40), torch.randn(24))),
     "linear, x transposed": ("linear_kernel", lambda: bit.linear(torch.randn(40, 5).T, torch.randn(24, 40))),
-    "attention": ("attention_kernel", lambda: bit.attention(*torch.randn(3, 2, 3, 5, 12), [1, 2, 3, 4, 5], 0.3)),
+    "attention": (
+        "attention_kernel",
+        lambda: bit.attention(
+            *torch.randn(3, 2, 3, 5, 12), torch.zeros(2, 5, dtype=torch.long), torch.arange(1, 6).expand(2, 5), 0.3
+        ),
+    ),
 }
 products = {}
 for case, (name, call) in calls_by_case.items():

@@ -188,10 +188,10 @@ def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", Switch)
     on_cuda1 = type("Tensor", (), {"device": torch.device("cuda", 1), "is_cuda": True})()
     kernel = _Kernel(now=lambda: current[0])
-    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    lt.launch(kernel, (4,), (on_cuda1,), num_warps=1)
     assert switches == [1] and kernel.log == [("launch", (4,), 1)] and current == [0]
     current[0] = 1
-    lt._launch(kernel, (4,), (on_cuda1,), 1, traced=False)
+    lt.launch(kernel, (4,), (on_cuda1,), num_warps=1)
     assert switches == [1] and kernel.log[-1] == ("launch", (4,), 1)  # already current: no switch
 
 

@@ -22,7 +22,7 @@ Either of the first two fixes alone leaves about 1e-6 in the logits; both give 0
 `attention=False` drops one).
 
 Chosen by the tensors' device (kernels="auto"): on the CPU, PyTorch's kernels on fixed shapes ("torch", below; its
-cost: python -m bench.decoding); on CUDA, the Triton kernels of batch_invariant_triton.py ("triton"), which Triton's
+cost: python -m bench.decoding); on CUDA, the Triton kernels of kernels.py ("triton"), which Triton's
 interpreter also runs on CPU tensors (kernels="triton", TRITON_INTERPRET=1).
 Equal shapes give equal bits on one machine, with one build and one thread count: invariance within a process, not
 across machines. For inference: attention dropout is refused, as is a device with no implementation.
@@ -76,11 +76,7 @@ def triton_kernels(device: torch.device, kernels: str) -> ModuleType | None:
     ValueError for neither. Imported here, at the first tensor that needs it: it imports triton."""
     if why := refusal(device, kernels):
         raise ValueError(why)
-    return (
-        importlib.import_module("machinery.batch_invariant_triton")
-        if device.type == "cuda" or kernels == "triton"
-        else None
-    )
+    return importlib.import_module("batch_invariant.kernels") if device.type == "cuda" or kernels == "triton" else None
 
 
 def linear(

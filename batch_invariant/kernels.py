@@ -1,41 +1,23 @@
 """The batch-invariant mode's Triton kernels, a matrix product for F.linear, attention for
 F.scaled_dot_product_attention and a row sum for the norms' sums and means over a row, each beside its launcher
-(batch_invariant.py says why each is needed). One rule makes them invariant: a result's order of additions is fixed
-by the code, never by the shapes of the call (each kernel's comment says how). They accumulate in float32 (the row
-sum of float64 in float64) and write the input's dtype. batch_invariant.py imports this module (and so triton) only
-when the mode meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors.
+(the package's __init__.py says why each is needed). One rule makes them invariant: a result's order of additions
+is fixed by the code, never by the shapes of the call (each kernel's comment says how). They accumulate in float32
+(the row sum of float64 in float64) and write the input's dtype. The mode imports this module (and so triton) only
+when it meets a CUDA tensor, or is asked for its Triton kernels on CPU tensors. They launch, read
+TRITON_INTERPRET and take autocast's dtype as layernorm_triton.py's kernels do.
 """
-
-import os
-from contextlib import nullcontext
 
 import torch
 import triton
 import triton.language as tl
 
-INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # fixed now: linear_kernel reads it (a constexpr)
+from layernorm_triton import INTERPRET, autocast_dtype, launch
+
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per dtype. Fixed, never tuned by shape: a tuner choosing by M would bring
 # back the dependence on the batch. BLOCK_M = 16, tl.dot's smallest, wastes least on decoding's 1-8 rows.
 LINEAR_TILES = {torch.float32: (16, 64, 32, 4), torch.bfloat16: (16, 64, 64, 4), torch.float16: (16, 64, 64, 4)}
 BLOCK_KEYS = 32  # keys per step of attention's walk: any fixed number works; the same for every query
 MAX_SUM_BLOCK = 4096  # the row sum's widest block of columns; a wider row is added block after block
-
-
-def as_autocast_would(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """The tensors in the dtype autocast would hand the op (the launchers below are called past its dispatch)."""
-    device = next(t for t in tensors if t is not None).device.type
-    if not torch.is_autocast_enabled(device):
-        return tensors
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(None if t is None else t.to(dtype) for t in tensors)
-
-
-def launch(kernel: triton.JITFunction, grid: tuple[int, ...], args: tuple, **options: int) -> None:
-    """kernel[grid](*args), with the tensors' CUDA device made current where it is not: Triton launches there."""
-    device = args[0].device
-    current = device.type != "cuda" or device.index in (None, torch.cuda.current_device())
-    with nullcontext() if current else torch.cuda.device(device):
-        kernel[grid](*args, **options)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -96,7 +78,7 @@ def linear_kernel(
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear through linear_kernel: x [..., K], weight [N, K], bias [N] -> [..., N] in x's dtype."""
-    x, weight, bias = as_autocast_would(x, weight, bias)
+    x, weight, bias = (None if t is None else t.to(autocast_dtype(t)) for t in (x, weight, bias))
     if x.dtype not in LINEAR_TILES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         got = f"x {x.dtype}, weight {weight.dtype}" + (f", bias {bias.dtype}" if bias is not None else "")
         raise ValueError(
@@ -193,7 +175,7 @@ def attention(
     """Attention for q [B, H, T, D] over k, v [B, H, S, D], query i of row b over keys first[b, i] .. end[b, i] - 1
     (batch_invariant.visible_keys)."""
     S = k.size(2)
-    q, k, v = as_autocast_would(q, k, v)
+    q, k, v = (t.to(autocast_dtype(t)) for t in (q, k, v))
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"batch_invariant() attention takes q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # features side by side
