@@ -185,6 +185,7 @@ def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir
         (["--start", ""], 2, ["--start is empty"]),
         (["--start", "the Queen"], 2, ["error: --start: character 'Q'", "position 4", "vocabulary"]),
         (["--norm", "rmsnorm"], 1, ["trained with norm='builtin'", "not with 'rmsnorm'"]),
+        (["--init_from", "gpt2", "--ckpt", "ckpt.pt"], 2, ["--init_from and --ckpt each name the weights"]),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
 )

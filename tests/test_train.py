@@ -436,9 +436,13 @@ def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_ch
     )
     assert [r["iter"] for r in records(out, "train")] == [0, 5, 10]  # stopped at the read-back after it
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 10  # the one before the NaN, not overwritten
-    # the run can go on from it
+    # the run can go on from it; a resumed run that diverges keeps the checkpoint it resumed from
     resumed = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=12", "--eval_interval=5", "--init_from=resume"))
     assert resumed.returncode == 0, resumed.stderr
+    with monkeypatch.context() as patch:
+        diverge_at(patch, 0, float(factor))
+        proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=30", "--eval_interval=5", "--init_from=resume"))
+    assert_one_line_error(proc, 1, f"error: loss is {factor} at iteration 12", f"{out / 'ckpt.pt'} (iteration 12)")
 
 
 def test_a_nan_before_the_first_checkpoint_says_none_was_written(
