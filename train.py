@@ -54,7 +54,7 @@ from machinery.device import (
     resolve_dtype,
 )
 from machinery.options import ConfigError, TrainConfig, build_config, parse_args
-from machinery.run import MODEL_SHAPE_KEYS, Run, check_resume, load_resume, make_out_dir
+from machinery.run import MODEL_SHAPE_KEYS, Run, check_resume, hold_out_dir, load_resume, make_out_dir
 from machinery.step import get_lr, train_step
 from machinery.tokenizer import GPT2_BPE
 from model import GPT, GPTConfig, gpt2_checkpoint
@@ -373,9 +373,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     one-line message (machinery/command.py), which cli() turns into an exit status."""
     explicit = parse_args(sys.argv[1:] if argv is None else list(argv))
     dist = dist_from_env()
-    ckpt = resumed_from = None
+    ckpt = resumed_from = read = None
     if explicit.get("init_from") == "resume":  # the checkpoint's options are the defaults
         resumed_from = checkpoint_path(explicit.get("out_dir", TrainConfig.out_dir), explicit.get("resume_from"))
+        read = file_version(resumed_from)
         ckpt = load_resume(resumed_from)
     cfg = build_config(explicit, ckpt and ckpt["config"], source=str(resumed_from or ""), processes=dist.world_size)
     if cfg.init_from not in ("scratch", "resume"):
@@ -387,12 +388,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
     # a resume from a file in out_dir continues the run there; from a file elsewhere, out_dir is a new run's
     in_place = resumed_from is not None and os.path.realpath(resumed_from.parent) == os.path.realpath(cfg.out_dir)
-    make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
-    if cfg.overwrite and not in_place:  # the replaced run's interrupted state and record, never to be mixed in
-        for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
-            (Path(cfg.out_dir) / name).unlink(missing_ok=True)
-    with dist.use(device):
-        return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from)
+    with hold_out_dir(cfg.out_dir, master=dist.master):  # one run per folder, until this process ends
+        if resumed_from is not None and file_version(resumed_from) != read:
+            raise CheckpointError(
+                f"{resumed_from} was replaced while this run read it (the run that held {cfg.out_dir} saved it as it "
+                f"ended): run this command again to resume from the new one"
+            )
+        make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
+        if cfg.overwrite and not in_place:  # the replaced run's interrupted state and record, never to be mixed in
+            for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
+                (Path(cfg.out_dir) / name).unlink(missing_ok=True)
+        with dist.use(device):
+            return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from)
+
+
+def file_version(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten (a save renames a new file over it): inode, size, mtime."""
+    with contextlib.suppress(OSError):
+        st = path.stat()
+        return st.st_ino, st.st_size, st.st_mtime_ns
+    return None
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
