@@ -10,6 +10,7 @@ through a command.
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import signal
@@ -20,12 +21,25 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import train
-from helpers import ROOT, TEXT, assert_one_line_error, command, python, subprocess_env, tiny_args, train_cli
+from helpers import (
+    ROOT,
+    TEXT,
+    VOCAB,
+    assert_one_line_error,
+    command,
+    python,
+    subprocess_env,
+    tiny_args,
+    tiny_model,
+    train_cli,
+)
 from machinery.checkpoint import load_checkpoint, save_checkpoint
 from machinery.device import TORCHRUN_VARIABLES
 from machinery.runlog import read_metrics
+from model import gpt2_export
 
 SAMPLE = ["--device=cpu", "--max_new_tokens=5"]
 
@@ -200,6 +214,74 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_by_every_reader(run_cop
     else:
         assert sample_error(capsys, [*SAMPLE, f"--out_dir={run_copy}"]).startswith(named)
     assert tree(run_copy) == before
+
+
+# ---- a GPT-2 folder, checked where it enters: config.json, the safetensors file, the tensors ----
+
+
+def cut_in_half(folder: Path) -> None:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def set_config(folder: Path, **change: object) -> None:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps(config | change), encoding="utf-8")
+
+
+def write_tensors(folder: Path, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, folder / "model.safetensors")
+
+
+def nan_weight(folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(folder / "model.safetensors")
+    tensors["transformer.h.0.ln_1.weight"][0] = float("nan")
+    write_tensors(folder, tensors)
+
+
+GPT2_DAMAGE = {
+    "truncated": (cut_in_half, "model.safetensors: tensor transformer."),
+    "random-bytes": (lambda f: (f / "model.safetensors").write_bytes(bytes(range(256)) * 64), "is not a safetensors"),
+    "oversized-header": (
+        lambda f: (f / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}"),
+        "its header would be 4,611,686,018,427,387,904 bytes of a 10-byte file",
+    ),
+    "config-a-list": (
+        lambda f: (f / "config.json").write_text("[1, 2]"),
+        "config.json holds a JSON list, not an object",
+    ),
+    "no-gpt2-tensors": (
+        lambda f: write_tensors(f, {"encoder.weight": torch.zeros(2, 2)}),
+        "lack 28 of GPT-2's tensors (wte.weight, wpe.weight, h.0.ln_1.weight, ...)",
+    ),
+    "nan-weight": (nan_weight, "are not finite (NaN or inf) in 1 tensors (h.0.ln_1.weight): the weights are damaged"),
+    "vocab-disagrees": (
+        lambda f: set_config(f, vocab_size=VOCAB + 1),
+        f"config.json has vocab_size={VOCAB + 1}, but the weights' token embedding (wte) has {VOCAB} rows",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(GPT2_DAMAGE))
+@pytest.mark.parametrize("command", ["train", "sample"])
+def test_a_damaged_gpt2_folder_is_one_line_naming_the_file_and_the_cause(tmp_path, tiny_data, capsys, command, damage):
+    pytest.importorskip("safetensors")
+    folder = gpt2_export(tiny_model(), tmp_path / "gpt2")
+    damage_it, named = GPT2_DAMAGE[damage]
+    damage_it(folder)
+    before = tree(tmp_path)
+    if command == "train":
+        err = assert_one_line_error(
+            train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", f"--init_from={folder}")), 1
+        )
+    else:
+        err = sample_error(capsys, [*SAMPLE, f"--init_from={folder}"])
+    assert err.startswith(f"error: --init_from={folder}: ") and named in err and str(folder) in err, err
+    assert tree(tmp_path) == before
 
 
 # ---- through the commands' own processes ----
