@@ -11,7 +11,7 @@ A checkpoint is one dict saved with torch.save (see run.Run.save):
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
 without running any pickled code. load_checkpoint verifies the checksum (a file damaged at rest or in a copy is
-refused; one written before checksums loads unchecked) and refuses weights that are not finite. It reads nanoGPT's
+refused, and so is one without a checksum) and refuses weights that are not finite. It reads nanoGPT's
 checkpoints too (nanogpt.py), for sampling and decoding; train.py resumes only its own.
 """
 
@@ -35,6 +35,7 @@ from machinery.tokenizer import GPT2_BPE
 from model import GPTConfig, gpt2_checkpoint
 
 FORMAT = "layernorm-gpt/1"
+RESEAL = "seal it again with save_checkpoint (docs/06-running.md, 'Editing a checkpoint')"
 
 
 class CheckpointError(Failure, RuntimeError):
@@ -148,11 +149,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
         )
-    saved = None if is_nanogpt else checkpoint.pop("checksum", None)  # None: written before checksums
-    if saved is not None and saved != checksum(checkpoint):
+    saved = None if is_nanogpt else checkpoint.pop("checksum", None)
+    if not is_nanogpt and saved is None:  # a tool that rebuilt the dict would make every later change invisible
+        raise CheckpointError(
+            f"{path} has no checksum, so a change to it cannot be seen: it was not saved by save_checkpoint (an older "
+            f"version, or a tool that rebuilt it); if you made or edited it on purpose, {RESEAL}"
+        )
+    if not is_nanogpt and saved != checksum(checkpoint):
         raise CheckpointError(
             f"{path} is damaged: its contents no longer match the checksum saved with them (changed on disk or in a "
-            f"copy); copy it again from where it came from, use another checkpoint, or train again"
+            f"copy); copy it again from where it came from, use another checkpoint, or train again. If you edited it "
+            f"on purpose, {RESEAL}"
         )
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:

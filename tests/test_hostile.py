@@ -216,6 +216,20 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_by_every_reader(run_cop
     assert tree(run_copy) == before
 
 
+@pytest.mark.parametrize("command", ["train", "sample"])
+def test_a_checkpoint_whose_checksum_was_removed_is_refused_by_every_reader(run_copy, capsys, command):
+    unsealed = torch.load(run_copy / "ckpt.pt", weights_only=True)
+    del unsealed["checksum"]  # as a tool that rebuilds the dict would: every later change would go unseen
+    torch.save(unsealed, run_copy / "ckpt.pt")
+    before = tree(run_copy)
+    named = f"error: {run_copy / 'ckpt.pt'} has no checksum, so a change to it cannot be seen"
+    if command == "train":
+        assert_one_line_error(train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume"]), 1, named)
+    else:
+        assert sample_error(capsys, [*SAMPLE, f"--out_dir={run_copy}"]).startswith(named)
+    assert tree(run_copy) == before
+
+
 # ---- a GPT-2 folder, checked where it enters: config.json, the safetensors file, the tensors ----
 
 

@@ -37,7 +37,7 @@ from helpers import (
 )
 from machinery import options
 from machinery import run as run_state
-from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint
+from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from machinery.command import BadOption
 from machinery.dataset import DataError
 from machinery.device import Dist
@@ -307,7 +307,7 @@ def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_l
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert best["iter"] > 0 and ckpt["iter_num"] == best["iter"] and ckpt["best_val_loss"] == best["val_loss"]
     ckpt["best_val_loss"] = 0.0  # a best no later evaluation can beat: the resumed run must never save
-    torch.save(ckpt, out / "ckpt.pt")
+    save_checkpoint(out / "ckpt.pt", ckpt)
     summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=9"])
     assert summary["best_val_loss"] == 0.0 and load_checkpoint(out / "ckpt.pt")["iter_num"] == best["iter"]
     train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=12", "--always_save_checkpoint=True"])
