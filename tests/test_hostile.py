@@ -230,6 +230,33 @@ def test_a_checkpoint_whose_checksum_was_removed_is_refused_by_every_reader(run_
     assert tree(run_copy) == before
 
 
+def zero_fill(path: Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def change_one_id(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1  # one token id, still within the vocabulary
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda d: zero_fill(d / "train.bin"), "train.bin is not the file prepared with"),
+        (lambda d: change_one_id(d / "val.bin"), "val.bin is not the file prepared with"),
+    ],
+    ids=["train-zero-filled", "val-one-id-changed"],
+)
+def test_prepared_data_of_the_right_size_but_other_ids_stops_train_py(tmp_path, tiny_data, capsys, damage, named):
+    data = Path(shutil.copytree(tiny_data, tmp_path / "data"))
+    damage(data)
+    before = tree(tmp_path)
+    proc = train_cli(capsys, tiny_args(data, tmp_path / "out"))
+    assert_one_line_error(proc, 1, f"error: {data}/{named} {data / 'meta.json'}", "sha256")
+    assert tree(tmp_path) == before
+
+
 # ---- a GPT-2 folder, checked where it enters: config.json, the safetensors file, the tensors ----
 
 
