@@ -28,6 +28,7 @@ quiet_until_started(__name__)  # Ctrl-C while torch loads ends the process at on
 import contextlib
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -201,13 +202,22 @@ def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]
 
 
 def diverged(what: str, run: Run) -> TrainError:
-    kept = "no checkpoint had been written by this run"
+    """The error that stops a run whose loss or weights are not finite, with the command that goes on: a resume
+    from the last checkpoint this run wrote or resumed; else (none yet, or only the one an --overwrite replaces) the
+    same command again, replacing what this run left, with half the learning rate."""
     if run.last_saved is not None:
         kept = f"the last good checkpoint, {run.ckpt_path} (iteration {run.last_saved}), was kept"
-    return TrainError(
-        f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
-        f"with a lower --learning_rate or a longer --warmup_iters"
-    )
+        how = "To go on from it, resume (--init_from=resume) with a lower --learning_rate or a longer --warmup_iters"
+    else:
+        again = [*run.argv, "--overwrite=True", f"--learning_rate={run.cfg.learning_rate / 2:g}"]
+        kept = "no checkpoint had been written by this run"
+        how = f"To start it again with a lower learning rate (or a longer --warmup_iters): {command_line(again)}"
+    return TrainError(f"{what}: training stopped; {kept}. {how}")
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """`python train.py ARGV`, as a shell reads it back (later flags win: parse_args)."""
+    return shlex.join(["python", "train.py", *argv])
 
 
 def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, float, float]]:
@@ -293,10 +303,12 @@ def train(
     ckpt: dict[str, Any] | None,
     dist: Dist,
     resumed_from: Path | None = None,
+    argv: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, step, log. Returns the summary."""
     t_start = time.perf_counter()
     run = setup(cfg, explicit, ckpt, device, dtype, dist, resumed_from)
+    run.argv = tuple(argv)
     model, train_model = wrap(run)
     resumed = resumed_from is not None
     announce(run, resumed)
@@ -371,7 +383,8 @@ def train(
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train as the command line `argv` asks; return the summary record. Every expected failure is a Failure with a
     one-line message (machinery/command.py), which cli() turns into an exit status."""
-    explicit = parse_args(sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    explicit = parse_args(argv)
     dist = dist_from_env()
     ckpt = resumed_from = read = None
     if explicit.get("init_from") == "resume":  # the checkpoint's options are the defaults
@@ -399,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
                 (Path(cfg.out_dir) / name).unlink(missing_ok=True)
         with dist.use(device):
-            return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from)
+            return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from, argv)
 
 
 def file_version(path: Path) -> tuple[int, int, int] | None:

@@ -101,15 +101,33 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
+        written = os.stat(tmp).st_size if os.path.exists(tmp) else 0
         Path(tmp).unlink(missing_ok=True)
         if interrupted(e):  # a second Ctrl-C, which torch's writer turns into a RuntimeError ("unexpected pos"):
             raise KeyboardInterrupt from None  # quit, `path` as it was
+        limit = file_size_limit()  # (torch's writer reports EFBIG as "file write failed", without the errno)
+        if isinstance(e, (OSError, RuntimeError)) and limit is not None and written >= limit:
+            raise CheckpointError(
+                f"cannot save {path}: it is larger than this process's file size limit ({limit:,} bytes, "
+                f"`ulimit -f`); any checkpoint there before is kept; raise the limit (`ulimit -f unlimited` in the "
+                f"shell that starts the run)"
+            ) from None
         if isinstance(e, (OSError, RuntimeError)):  # torch's writer turns a full disk into a RuntimeError too
             raise CheckpointError(  # ("file write failed"); `path` is still as it was
                 f"cannot save {path} ({getattr(e, 'strerror', None) or first_line(e)}): any checkpoint there before "
                 f"is kept; free some space or give an --out_dir you can write to"
             ) from None
         raise
+
+
+def file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (RLIMIT_FSIZE, `ulimit -f`), in bytes; None if none."""
+    try:
+        import resource  # (POSIX only)
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

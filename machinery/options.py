@@ -223,6 +223,8 @@ def build_config(
     """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
     checked for a run of that many processes: the checks GPTConfig does not make, then GPTConfig's own."""
     known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES and k not in NOT_INHERITED}
+    if "dataset" in explicit and "data_dir" not in explicit:  # --dataset names data/<dataset>/, over a saved data_dir
+        known.pop("data_dir", None)
     cfg = replace(TrainConfig(), **{**known, **explicit})
     if cfg.embed_scale is None:  # DyT's recipe scales the embeddings (layernorm.DyT); the other norms run without
         cfg = replace(cfg, embed_scale=cfg.norm == "dyt")

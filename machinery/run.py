@@ -54,6 +54,7 @@ class Run:
     iter_num: int = 0
     best_val: float = math.inf
     last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
+    argv: tuple[str, ...] = ()  # train.py's command line, for the advice to start it again
 
     @property
     def ckpt_path(self) -> Path:

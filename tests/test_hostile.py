@@ -257,6 +257,15 @@ def test_prepared_data_of_the_right_size_but_other_ids_stops_train_py(tmp_path, 
     assert tree(tmp_path) == before
 
 
+def test_an_explicit_dataset_on_the_resume_of_a_data_dir_run_is_the_one_read(run_copy, capsys):
+    """The trained run read --data_dir; --dataset on its resume names data/<dataset>/, not ignored for the saved
+    data_dir: here a dataset that is not prepared, refused in one line naming it."""
+    before = tree(run_copy)
+    proc = train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume", "--dataset=not_prepared_here"])
+    assert_one_line_error(proc, 1, f"error: no train.bin in {ROOT / 'data' / 'not_prepared_here'}")
+    assert tree(run_copy) == before
+
+
 # ---- a GPT-2 folder, checked where it enters: config.json, the safetensors file, the tensors ----
 
 
@@ -349,6 +358,31 @@ def test_one_flipped_bit_in_a_checkpoint_is_refused_by_every_command(run_copy, c
     proc = python(command, f"--out_dir={run_copy}", *args)
     assert_one_line_error(proc, 1, f"error: {run_copy / 'ckpt.pt'} is damaged", "checksum")
     assert tree(run_copy) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("limit", "named"),
+    [
+        (60_000, "cannot save OUT/ckpt.pt: it is larger than this process's file size limit (60,000 bytes"),
+        (100, "cannot write a file: larger than the file size limit (`ulimit -f`"),  # metrics.jsonl's first record
+    ],
+    ids=["checkpoint", "metrics"],
+)
+def test_a_write_past_the_file_size_limit_is_named_as_that_limit_not_a_full_disk(tmp_path, tiny_data, limit, named):
+    """Under `ulimit -f` (RLIMIT_FSIZE) a write fails with EFBIG, which torch's writer reports without its errno."""
+    import resource
+
+    def ulimit_f() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    argv = [sys.executable, "train.py", *tiny_args(tiny_data, tmp_path / "out", "--max_iters=3", "--eval_interval=2")]
+    proc = subprocess.run(
+        argv, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, preexec_fn=ulimit_f, timeout=120
+    )
+    assert_one_line_error(proc, 1, "error: " + named.replace("OUT", str(tmp_path / "out")))
+    assert "free" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["metrics.jsonl"]  # no temporary file left
 
 
 @pytest.mark.slow
