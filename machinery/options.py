@@ -268,6 +268,8 @@ def build_config(
             )
     if not cfg.dataset or not cfg.out_dir:
         raise ConfigError("dataset and out_dir must not be empty")
+    if cfg.eval_only and cfg.init_from == "scratch":  # random weights: nothing worth a record in out_dir
+        raise ConfigError("eval_only=True evaluates a trained model: add --init_from=resume (or GPT-2's --init_from)")
     if cfg.resume_from is not None and cfg.init_from != "resume":
         raise ConfigError(f"resume_from={cfg.resume_from!r} needs init_from=resume: add --init_from=resume")
     if cfg.init_from not in ("scratch", "resume") and not (is_hub_id(cfg.init_from) or Path(cfg.init_from).is_dir()):

@@ -266,6 +266,22 @@ def test_an_explicit_dataset_on_the_resume_of_a_data_dir_run_is_the_one_read(run
     assert tree(run_copy) == before
 
 
+def test_a_metrics_record_whose_iter_is_a_string_does_not_block_the_resume_of_an_intact_checkpoint(run_copy, capsys):
+    lines = (run_copy / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "iter": "one"})  # a record edited by hand
+    (run_copy / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume", "--max_iters=14"])
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert load_checkpoint(run_copy / "ckpt.pt")["iter_num"] == 14
+    assert [r["iter"] for r in read_metrics(run_copy / "metrics.jsonl") if r["kind"] == "train"][-2:] == [12, 13]
+
+
+def test_eval_only_on_a_new_model_is_refused_leaving_nothing_that_blocks_the_next_run(tmp_path, tiny_data, capsys):
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", "--eval_only=True"))
+    assert_one_line_error(proc, 2, "error: eval_only=True evaluates a trained model: add --init_from=resume")
+    assert not (tmp_path / "out").exists()
+
+
 # ---- a GPT-2 folder, checked where it enters: config.json, the safetensors file, the tensors ----
 
 
@@ -383,6 +399,17 @@ def test_a_write_past_the_file_size_limit_is_named_as_that_limit_not_a_full_disk
     assert_one_line_error(proc, 1, "error: " + named.replace("OUT", str(tmp_path / "out")))
     assert "free" not in proc.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["metrics.jsonl"]  # no temporary file left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "flag"),
+    [("inside_norms.py", "--batches=0"), ("dyt_stall.py", "--iters=-1"), ("dyt_stall.py", "--batches=0")],
+)
+def test_an_experiments_count_below_one_is_one_line_naming_it(tmp_path, script, flag):
+    proc = python(ROOT / "experiments" / script, flag, f"--results_dir={tmp_path}")
+    assert_one_line_error(proc, 2, f"error: {flag}: must be a positive integer")
+    assert tree(tmp_path) == {}
 
 
 @pytest.mark.slow
