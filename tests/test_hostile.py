@@ -413,6 +413,22 @@ def test_an_experiments_count_below_one_is_one_line_naming_it(tmp_path, script, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("damage", "named"), [("deleted", "ImportError: cannot import name 'check'"), ("broken", "SyntaxError")]
+)
+def test_a_learners_tree_without_a_working_checker_is_one_line(tmp_path, damage, named):
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises", ignore=shutil.ignore_patterns("__pycache__"))
+    if damage == "deleted":
+        (tmp_path / "exercises" / "check.py").unlink()
+    else:
+        (tmp_path / "exercises" / "check.py").write_text("x = (\n", encoding="utf-8")
+    before = tree(tmp_path)
+    proc = python("-m", "exercises", "1", cwd=tmp_path)
+    assert_one_line_error(proc, 1, "error: exercises/check.py, the checker, cannot be imported (", named)
+    assert {k: v for k, v in tree(tmp_path).items() if "__pycache__" not in k} == before
+
+
+@pytest.mark.slow
 def test_prepared_data_that_does_not_match_its_metadata_stops_train_py(tmp_path, tiny_data):
     data = Path(shutil.copytree(tiny_data, tmp_path / "data"))
     (data / "train.bin").write_bytes((data / "train.bin").read_bytes()[:4000])  # half a copy
