@@ -211,19 +211,23 @@ def test_a_checkpoint_loads_with_its_checksum_verified_and_dropped_and_one_witho
     assert "seal it again with save_checkpoint (docs/06-running.md" in str(e.value)
 
 
-def test_the_docs_way_to_seal_an_edited_checkpoint_again_makes_the_edit_load(tmp_path, monkeypatch):
-    """docs/06-running.md's block, run as printed in a folder holding out/ckpt.pt: an edit on purpose (here the
-    iteration count) is damage to load_checkpoint until the block seals it again."""
+def test_the_docs_edit_checkpoint_seals_an_edit_and_a_change_already_made(tmp_path):
+    """docs/06-running.md's edit_checkpoint: an edit through it loads; a change made by another tool is damage to
+    load_checkpoint until edit_checkpoint(path, no edit) seals it again."""
     doc = (ROOT / "docs" / "06-running.md").read_text(encoding="utf-8")
     (block,) = re.findall(r"### Editing a checkpoint\n.*?```python\n(.*?)```", doc, re.S)
-    save_checkpoint(tmp_path / "out" / "ckpt.pt", _checkpoint())
-    edited = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True) | {"iter_num": 7}
-    torch.save(edited, tmp_path / "out" / "ckpt.pt")
+    edit_checkpoint = {}
+    exec(block, edit_checkpoint)
+    edit_checkpoint = edit_checkpoint["edit_checkpoint"]
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, _checkpoint())
+    edit_checkpoint(path, lambda ckpt: ckpt.update(iter_num=9))
+    assert load_checkpoint(path)["iter_num"] == 9
+    torch.save(torch.load(path, weights_only=True) | {"iter_num": 7}, path)  # another tool's change
     with pytest.raises(CheckpointError, match="is damaged"):
-        load_checkpoint(tmp_path / "out" / "ckpt.pt")
-    monkeypatch.chdir(tmp_path)
-    exec(block, {})
-    assert load_checkpoint(tmp_path / "out" / "ckpt.pt")["iter_num"] == 7
+        load_checkpoint(path)
+    edit_checkpoint(path, lambda ckpt: None)
+    assert load_checkpoint(path)["iter_num"] == 7
 
 
 def test_the_checksum_sees_each_kind_of_value():
