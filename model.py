@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
@@ -563,6 +564,8 @@ def gpt2_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
             state = torch.load(folder / PICKLED, map_location="cpu", weights_only=True)
         except Exception as e:  # pickled objects other than tensors, or not a torch.save file
             raise ValueError(f"{folder / PICKLED} cannot be read as tensors only: {str(e).splitlines()[0]}") from None
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise ValueError(f"{folder / PICKLED} holds a {type(state).__name__}, not a state dict of named tensors")
         while state:
             yield state.popitem()
         return
@@ -584,8 +587,17 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     8 bytes giving the header's length n (little-endian), n bytes of JSON naming each tensor's dtype, shape and
     [begin, end) bytes in the data that follows. (safetensors' own reader maps the whole file into memory: a
     Conv1D weight transposed from there would keep the file's pages resident beside its copy.)"""
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
         n = int.from_bytes(f.read(8), "little")
+        if size < 8 or n > size - 8:  # (random bytes give a header length of exabytes)
+            raise ValueError(
+                f"{path} is not a safetensors file: its header would be {n:,} bytes of a {size:,}-byte file"
+            )
         try:
             header = json.loads(f.read(n))
             header.pop("__metadata__", None)
@@ -595,12 +607,19 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         for name, entry in entries:
             if entry.get("dtype") not in SAFETENSORS_DTYPES:
                 raise ValueError(f"{path}: {name} is {entry.get('dtype')}, not one of {', '.join(SAFETENSORS_DTYPES)}")
-            begin, end = entry["data_offsets"]
-            data = torch.empty(end - begin, dtype=torch.uint8)
-            f.seek(8 + n + begin)
-            if f.readinto(data.numpy()) != end - begin:
-                raise ValueError(f"{path} ends inside {name}: the file is cut short")
-            yield name, data.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
+            try:
+                begin, end = entry["data_offsets"]
+                if not 0 <= begin <= end <= size - 8 - n:
+                    raise ValueError(f"bytes [{begin}, {end}) are not in the file's {size - 8 - n:,} bytes of data")
+                data = torch.empty(end - begin, dtype=torch.uint8)
+                f.seek(8 + n + begin)
+                f.readinto(data.numpy())
+                tensor = data.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
+            except (ValueError, TypeError, KeyError, RuntimeError) as e:  # offsets, or a shape that does not fit them
+                raise ValueError(f"{path}: tensor {name} is malformed ({str(e).splitlines()[0]})") from None
+            except OSError as e:
+                raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
+            yield name, tensor
 
 
 def gpt2_checkpoint(source: str) -> dict[str, Any]:
@@ -615,7 +634,12 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
     if not config_path.is_file():
         found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
         raise ValueError(f"{source} holds {found}: a GPT-2 folder needs config.json beside its weights")
-    hf = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # (UnicodeDecodeError, JSONDecodeError are ValueErrors)
+        raise ValueError(f"{config_path} cannot be read as JSON ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{config_path} holds a JSON {type(hf).__name__}, not an object of GPT-2's settings")
     activation = hf.get("activation_function", "gelu_new")
     wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
     if activation not in GPT2_GELU:
@@ -624,9 +648,11 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
         raise ValueError(f"{config_path}: this GPT does not compute {'; '.join(wrong)}")
     try:
         sizes = {"block_size": hf["n_positions"], **{k: hf[k] for k in GPT2_SHAPE}}
+        config = GPTConfig(**sizes, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation])
     except KeyError as e:
         raise ValueError(f"{config_path} has no {e.args[0]!r}: it is not a GPT-2's config") from None
-    config = GPTConfig(**sizes, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation])
+    except ValueError as e:
+        raise ValueError(f"{config_path}: {e}") from None
     state = {}
     for key, tensor in gpt2_tensors(folder):
         name = key.removeprefix("transformer.")
@@ -635,7 +661,40 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
             state[f"transformer.{name}"] = tensor.t().contiguous() if name.endswith(CONV1D) else tensor
     if "transformer.wte.weight" in state:
         state["lm_head.weight"] = state["transformer.wte.weight"]
+    check_gpt2_weights(state, config, folder)
     return {"model_args": asdict(config), "model": state}
+
+
+def check_gpt2_weights(state: dict[str, torch.Tensor], config: GPTConfig, folder: Path) -> None:
+    """A ValueError naming the file at fault if GPT-2's weights read from `folder` lack a tensor of the model that
+    its config.json describes, have another shape (a vocab_size that is not the weights' named as such), or hold
+    NaN or inf: the weights are checked here, where they enter, not blamed later on the data or the learning rate."""
+    with nothing_drawn():
+        wanted = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
+    rows = tuple(state["transformer.wte.weight"].shape)[:1] if "transformer.wte.weight" in state else None
+    if rows and rows[0] != config.vocab_size:
+        raise ValueError(
+            f"{folder / 'config.json'} has vocab_size={config.vocab_size}, but the weights' token embedding "
+            f"(wte) has {rows[0]} rows: the config and the weights do not belong together"
+        )
+    if missing := [k.removeprefix("transformer.") for k in wanted if k not in state and k != "lm_head.weight"]:
+        raise ValueError(
+            f"the weights in {folder} lack {len(missing)} of GPT-2's tensors ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}): they are not a GPT-2 of the shape its config.json describes"
+        )
+    if wrong := [
+        f"{k.removeprefix('transformer.')} {tuple(state[k].shape)} (not {v})"
+        for k, v in wanted.items()
+        if tuple(state[k].shape) != v
+    ]:
+        raise ValueError(
+            f"the weights in {folder} do not have the shapes its config.json describes: {', '.join(wrong[:3])}"
+        )
+    if bad := [k.removeprefix("transformer.") for k, t in state.items() if not bool(t.isfinite().all())]:
+        raise ValueError(
+            f"the weights in {folder} are not finite (NaN or inf) in {len(bad)} tensors ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}): the weights are damaged; copy them again from where they came from"
+        )
 
 
 def gpt2_export(model: GPT, folder: str | Path) -> Path:

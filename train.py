@@ -28,6 +28,7 @@ quiet_until_started(__name__)  # Ctrl-C while torch loads ends the process at on
 import contextlib
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -54,7 +55,7 @@ from machinery.device import (
     resolve_dtype,
 )
 from machinery.options import ConfigError, TrainConfig, build_config, parse_args
-from machinery.run import MODEL_SHAPE_KEYS, Run, check_resume, load_resume, make_out_dir
+from machinery.run import MODEL_SHAPE_KEYS, Run, check_resume, hold_out_dir, load_resume, make_out_dir
 from machinery.step import get_lr, train_step
 from machinery.tokenizer import GPT2_BPE
 from model import GPT, GPTConfig, gpt2_checkpoint
@@ -201,13 +202,22 @@ def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]
 
 
 def diverged(what: str, run: Run) -> TrainError:
-    kept = "no checkpoint had been written by this run"
+    """The error that stops a run whose loss or weights are not finite, with the command that goes on: a resume
+    from the last checkpoint this run wrote or resumed; else (none yet, or only the one an --overwrite replaces) the
+    same command again, replacing what this run left, with half the learning rate."""
     if run.last_saved is not None:
         kept = f"the last good checkpoint, {run.ckpt_path} (iteration {run.last_saved}), was kept"
-    return TrainError(
-        f"{what}: training stopped; {kept}. To go on from it, resume (--init_from=resume) "
-        f"with a lower --learning_rate or a longer --warmup_iters"
-    )
+        how = "To go on from it, resume (--init_from=resume) with a lower --learning_rate or a longer --warmup_iters"
+    else:
+        again = [*run.argv, "--overwrite=True", f"--learning_rate={run.cfg.learning_rate / 2:g}"]
+        kept = "no checkpoint had been written by this run"
+        how = f"To start it again with a lower learning rate (or a longer --warmup_iters): {command_line(again)}"
+    return TrainError(f"{what}: training stopped; {kept}. {how}")
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """`python train.py ARGV`, as a shell reads it back (later flags win: parse_args)."""
+    return shlex.join(["python", "train.py", *argv])
 
 
 def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, float, float]]:
@@ -293,10 +303,12 @@ def train(
     ckpt: dict[str, Any] | None,
     dist: Dist,
     resumed_from: Path | None = None,
+    argv: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Set up, then the loop: evaluate and checkpoint, set the learning rate, step, log. Returns the summary."""
     t_start = time.perf_counter()
     run = setup(cfg, explicit, ckpt, device, dtype, dist, resumed_from)
+    run.argv = tuple(argv)
     model, train_model = wrap(run)
     resumed = resumed_from is not None
     announce(run, resumed)
@@ -371,11 +383,13 @@ def train(
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Train as the command line `argv` asks; return the summary record. Every expected failure is a Failure with a
     one-line message (machinery/command.py), which cli() turns into an exit status."""
-    explicit = parse_args(sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    explicit = parse_args(argv)
     dist = dist_from_env()
-    ckpt = resumed_from = None
+    ckpt = resumed_from = read = None
     if explicit.get("init_from") == "resume":  # the checkpoint's options are the defaults
         resumed_from = checkpoint_path(explicit.get("out_dir", TrainConfig.out_dir), explicit.get("resume_from"))
+        read = file_version(resumed_from)
         ckpt = load_resume(resumed_from)
     cfg = build_config(explicit, ckpt and ckpt["config"], source=str(resumed_from or ""), processes=dist.world_size)
     if cfg.init_from not in ("scratch", "resume"):
@@ -387,12 +401,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise ConfigError(f"cuda_graphs=True needs a CUDA device, got device={device!r}: drop --cuda_graphs")
     # a resume from a file in out_dir continues the run there; from a file elsewhere, out_dir is a new run's
     in_place = resumed_from is not None and os.path.realpath(resumed_from.parent) == os.path.realpath(cfg.out_dir)
-    make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
-    if cfg.overwrite and not in_place:  # the replaced run's interrupted state and record, never to be mixed in
-        for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
-            (Path(cfg.out_dir) / name).unlink(missing_ok=True)
-    with dist.use(device):
-        return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from)
+    with hold_out_dir(cfg.out_dir, master=dist.master):  # one run per folder, until this process ends
+        if resumed_from is not None and file_version(resumed_from) != read:
+            raise CheckpointError(
+                f"{resumed_from} was replaced while this run read it (the run that held {cfg.out_dir} saved it as it "
+                f"ended): run this command again to resume from the new one"
+            )
+        make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
+        if cfg.overwrite and not in_place:  # the replaced run's interrupted state and record, never to be mixed in
+            for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
+                (Path(cfg.out_dir) / name).unlink(missing_ok=True)
+        with dist.use(device):
+            return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from, argv)
+
+
+def file_version(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten (a save renames a new file over it): inode, size, mtime."""
+    with contextlib.suppress(OSError):
+        st = path.stat()
+        return st.st_ino, st.st_size, st.st_mtime_ns
+    return None
 
 
 def cli(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import hashlib
 import http.client
 import json
 import os
@@ -200,6 +201,8 @@ def prepare(
         "val_bytes": len(parts[1].encode("utf-8")),
     }
     bins = {f"{split}.bin": arr.astype(np.uint16).tobytes() for split, arr in zip(("train", "val"), ids, strict=True)}
+    for split in ("train", "val"):  # PreparedData checks each file against it when it opens the data
+        meta[f"{split}_sha256"] = hashlib.sha256(bins[f"{split}.bin"]).hexdigest()
     # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
     try:
         write_atomic(out_dir, {**bins, "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")})

@@ -30,6 +30,9 @@ try:
 except KeyboardInterrupt:  # Ctrl-C while torch is imported, before any grading
     print("interrupted before grading began", file=sys.stderr)
     sys.exit(130)
+except Exception as error:  # the checker deleted or edited: one line, no traceback
+    why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    sys.exit(f"error: exercises/check.py, the checker, cannot be imported ({why}): copy it back from the repository")
 
 FILES = {
     1: "ex1_layer_norm_1d",

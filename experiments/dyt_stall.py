@@ -26,7 +26,7 @@ import torch
 
 from bench.common import progress
 from machinery.checkpoint import load_checkpoint
-from machinery.command import Failure, run_command
+from machinery.command import BadOption, Failure, run_command
 from model import GPT
 
 CONFIG = common.CPU_CONFIG
@@ -39,6 +39,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=300, help="iterations of train.py before the second measurement")
     p.add_argument("--batches", type=int, default=8, help="training batches each measurement averages over")
     args = p.parse_args(argv)
+    for name in ("iters", "batches"):
+        if getattr(args, name) < 1:
+            raise BadOption(f"--{name}={getattr(args, name)}: must be a positive integer")
     args.extra = common.SMOKE_FLAGS if args.smoke else []
     if args.smoke:
         vars(args).update(iters=4, batches=2)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from machinery.checkpoint import resolve_weights
-from machinery.command import Failure, first_line, run_command
+from machinery.command import BadOption, Failure, first_line, run_command
 from model import GPT
 
 
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=16, help="batches of validation windows (default 16)")
     p.add_argument("--batch_size", type=int, default=32, help="windows of block_size tokens per batch (default 32)")
     args = p.parse_args(argv)
+    for name in ("batches", "batch_size"):
+        if getattr(args, name) < 1:
+            raise BadOption(f"--{name}={getattr(args, name)}: must be a positive integer")
     n_batches = 1 if args.smoke else args.batches
     batch_size = 2 if args.smoke else args.batch_size
     ckpt, ckpt_path = resolve_weights(args.out_dir, args.ckpt, None)

@@ -11,7 +11,7 @@ A checkpoint is one dict saved with torch.save (see run.Run.save):
 
 Only tensors, numbers, strings, lists and dicts go in, so `torch.load(..., weights_only=True)` can read it back
 without running any pickled code. load_checkpoint verifies the checksum (a file damaged at rest or in a copy is
-refused; one written before checksums loads unchecked) and refuses weights that are not finite. It reads nanoGPT's
+refused, and so is one without a checksum) and refuses weights that are not finite. It reads nanoGPT's
 checkpoints too (nanogpt.py), for sampling and decoding; train.py resumes only its own.
 """
 
@@ -35,6 +35,7 @@ from machinery.tokenizer import GPT2_BPE
 from model import GPTConfig, gpt2_checkpoint
 
 FORMAT = "layernorm-gpt/1"
+RESEAL = "seal it again with save_checkpoint (docs/06-running.md, 'Editing a checkpoint')"
 
 
 class CheckpointError(Failure, RuntimeError):
@@ -100,15 +101,33 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
+        written = os.stat(tmp).st_size if os.path.exists(tmp) else 0
         Path(tmp).unlink(missing_ok=True)
         if interrupted(e):  # a second Ctrl-C, which torch's writer turns into a RuntimeError ("unexpected pos"):
             raise KeyboardInterrupt from None  # quit, `path` as it was
+        limit = file_size_limit()  # (torch's writer reports EFBIG as "file write failed", without the errno)
+        if isinstance(e, (OSError, RuntimeError)) and limit is not None and written >= limit:
+            raise CheckpointError(
+                f"cannot save {path}: it is larger than this process's file size limit ({limit:,} bytes, "
+                f"`ulimit -f`); any checkpoint there before is kept; raise the limit (`ulimit -f unlimited` in the "
+                f"shell that starts the run)"
+            ) from None
         if isinstance(e, (OSError, RuntimeError)):  # torch's writer turns a full disk into a RuntimeError too
             raise CheckpointError(  # ("file write failed"); `path` is still as it was
                 f"cannot save {path} ({getattr(e, 'strerror', None) or first_line(e)}): any checkpoint there before "
                 f"is kept; free some space or give an --out_dir you can write to"
             ) from None
         raise
+
+
+def file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (RLIMIT_FSIZE, `ulimit -f`), in bytes; None if none."""
+    try:
+        import resource  # (POSIX only)
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -148,11 +167,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
         )
-    saved = None if is_nanogpt else checkpoint.pop("checksum", None)  # None: written before checksums
-    if saved is not None and saved != checksum(checkpoint):
+    saved = None if is_nanogpt else checkpoint.pop("checksum", None)
+    if not is_nanogpt and saved is None:  # a tool that rebuilt the dict would make every later change invisible
+        raise CheckpointError(
+            f"{path} has no checksum, so a change to it cannot be seen: it was not saved by save_checkpoint (an older "
+            f"version, or a tool that rebuilt it); if you made or edited it on purpose, {RESEAL}"
+        )
+    if not is_nanogpt and saved != checksum(checkpoint):
         raise CheckpointError(
             f"{path} is damaged: its contents no longer match the checksum saved with them (changed on disk or in a "
-            f"copy); copy it again from where it came from, use another checkpoint, or train again"
+            f"copy); copy it again from where it came from, use another checkpoint, or train again. If you edited it "
+            f"on purpose, {RESEAL}"
         )
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:

@@ -6,6 +6,7 @@ a command can import it before torch (see quiet_until_started)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -55,6 +56,9 @@ def fault_message(e: BaseException, lower: str) -> str | None:
         size = re.search(r"allocate (\d[\d.]* ?(?:bytes|[KMGTP]i?B))", text)  # CPU's and CUDA's allocator
         asked = f" (an allocation of {size.group(1)} failed)" if size else ""
         return f"out of memory{asked}: lower {lower}"
+    if isinstance(e, OSError) and e.errno == errno.EFBIG:  # not a full disk: RLIMIT_FSIZE, or the filesystem's own
+        where = f" {e.filename}" if e.filename else " a file"
+        return f"cannot write{where}: larger than the file size limit (`ulimit -f`, or the filesystem's): raise it"
     if isinstance(e, OSError):
         where = f" on {e.filename}" if e.filename else ""
         return f"{e.strerror or type(e).__name__}{where}: free space, fix the permissions or give another path"

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class DataError(Failure, RuntimeError):
     """A prepared dataset that is missing or unusable; the message says how to prepare it."""
+
+
+def read_ids(path: Path, chunk_bytes: int = 1 << 24) -> tuple[int, str]:
+    """The largest token id in a .bin file of np.uint16 ids and the sha256 of its bytes, in one pass over it."""
+    largest, digest = 0, hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+            largest = max(largest, int(np.frombuffer(chunk, dtype=np.uint16).max()))
+    return largest, digest.hexdigest()
 
 
 class PreparedData:
@@ -51,6 +63,16 @@ class PreparedData:
             value = self.meta.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DataError(f"{meta_path} has {key}={value!r}: it must be a positive integer; {how}")
+        for split in ("train", "val"):  # every token is at least one byte of text (a character, a BPE piece)
+            n_bytes, n_tokens = self.meta.get(f"{split}_bytes"), self.meta.get(f"{split}_tokens")
+            if n_bytes is not None and n_tokens is not None and n_bytes < n_tokens:
+                raise DataError(
+                    f"{meta_path} has {split}_bytes={n_bytes} for {split}_tokens={n_tokens}: each token is at least "
+                    f"one byte of text, so bits per byte would be wrong; {how}"
+                )
+            digest = self.meta.get(f"{split}_sha256")
+            if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+                raise DataError(f"{meta_path} has {split}_sha256={digest!r}: it must be 64 hex digits; {how}")
         self.vocab_size = vocab
         sizes = {s: (self.dir / f"{s}.bin").stat().st_size for s in ("train", "val")}
         self.tokens = {s: size // 2 for s, size in sizes.items()}
@@ -68,7 +90,14 @@ class PreparedData:
                     f"smaller --block_size"
                 )
         for split in self.tokens:
-            largest = int(np.memmap(self.dir / f"{split}.bin", dtype=np.uint16, mode="r").max())  # one pass over it
+            path = self.dir / f"{split}.bin"
+            largest, digest = read_ids(path)
+            recorded = self.meta.get(f"{split}_sha256")  # None in a dataset written by hand: not compared
+            if recorded is not None and recorded != digest:
+                raise DataError(
+                    f"{path} is not the file prepared with {meta_path}: its sha256 is not the {split}_sha256 recorded "
+                    f"there (changed on disk or in a copy); {how}"
+                )
             if largest >= vocab:
                 raise DataError(
                     f"{self.dir / f'{split}.bin'} holds token id {largest}, but {meta_path} has vocab_size={vocab}: "

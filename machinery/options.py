@@ -223,6 +223,8 @@ def build_config(
     """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
     checked for a run of that many processes: the checks GPTConfig does not make, then GPTConfig's own."""
     known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES and k not in NOT_INHERITED}
+    if "dataset" in explicit and "data_dir" not in explicit:  # --dataset names data/<dataset>/, over a saved data_dir
+        known.pop("data_dir", None)
     cfg = replace(TrainConfig(), **{**known, **explicit})
     if cfg.embed_scale is None:  # DyT's recipe scales the embeddings (layernorm.DyT); the other norms run without
         cfg = replace(cfg, embed_scale=cfg.norm == "dyt")
@@ -266,6 +268,8 @@ def build_config(
             )
     if not cfg.dataset or not cfg.out_dir:
         raise ConfigError("dataset and out_dir must not be empty")
+    if cfg.eval_only and cfg.init_from == "scratch":  # random weights: nothing worth a record in out_dir
+        raise ConfigError("eval_only=True evaluates a trained model: add --init_from=resume (or GPT-2's --init_from)")
     if cfg.resume_from is not None and cfg.init_from != "resume":
         raise ConfigError(f"resume_from={cfg.resume_from!r} needs init_from=resume: add --init_from=resume")
     if cfg.init_from not in ("scratch", "resume") and not (is_hub_id(cfg.init_from) or Path(cfg.init_from).is_dir()):

@@ -4,7 +4,10 @@ cut. The file itself (atomic write, checksum, load) is checkpoint.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +21,11 @@ from machinery.device import Dist
 from machinery.options import TrainConfig
 from model import GPT, GPTConfig
 
+try:  # POSIX (Linux, macOS); on Windows there is no fcntl, and a run holds no lock on its folder
+    import fcntl
+except ImportError:
+    fcntl = None
+
 if TYPE_CHECKING:  # (data/ is above machinery/: its prepare scripts use machinery's tokenizers)
     from machinery.dataset import PreparedData
 
@@ -25,6 +33,7 @@ if TYPE_CHECKING:  # (data/ is above machinery/: its prepare scripts use machine
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
 OPTIMIZER_NOW = ("betas", "weight_decay", "fused", "foreach")  # on resume, as configured now: the kernel, too
 RUN_FILES = ("ckpt.pt", "ckpt_interrupted.pt", "metrics.jsonl")  # what a run leaves in its out_dir
+LOCK_FILE = ".lock"  # held by the run in out_dir (hold_out_dir); not one of its files: it never blocks a later run
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Run:
     iter_num: int = 0
     best_val: float = math.inf
     last_saved: int | None = None  # the iteration of the checkpoint in out_dir that this run wrote or resumed
+    argv: tuple[str, ...] = ()  # train.py's command line, for the advice to start it again
 
     @property
     def ckpt_path(self) -> Path:
@@ -177,3 +187,44 @@ def make_out_dir(path: str | Path, new_run: bool = False) -> None:
         raise CheckpointError(
             f"out_dir {str(out)!r} cannot be created ({e.strerror or e}): give a folder you can write to"
         ) from None
+
+
+@contextlib.contextmanager
+def hold_out_dir(path: str | Path, master: bool = True) -> Iterator[None]:
+    """Create out_dir and hold it for the duration: one run per folder. The lock is flock's on out_dir/.lock, which
+    the operating system releases when the process ends, however it ends: a kill -9 leaves the file, never a lock.
+    Another run into a held folder is a CheckpointError naming the holder's process id. Under torchrun only rank 0
+    (`master`) takes it, for the whole run; where fcntl is missing (Windows) nothing is locked."""
+    make_out_dir(path)
+    if not master or fcntl is None:
+        yield
+        return
+    lock = Path(path) / LOCK_FILE
+    while True:
+        try:  # never through a symlink planted there
+            f = os.fdopen(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
+        except OSError as e:
+            why = e.strerror or e
+            raise CheckpointError(f"cannot open {lock} ({why}): give an --out_dir you can write to") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = f.read().strip()
+            f.close()
+            holder = f"process {holder}" if holder.isdecimal() else "another process"
+            raise CheckpointError(
+                f"out_dir {str(path)!r} is in use by a run that is still going ({holder} holds {lock}): wait for it "
+                f"to end or stop it, or give this run another --out_dir"
+            ) from None
+        with contextlib.suppress(OSError):  # still the file at that name, not one its holder removed as it ended
+            if os.path.samestat(os.fstat(f.fileno()), os.stat(lock, follow_symlinks=False)):
+                break
+        f.close()
+    try:
+        f.truncate(0)  # who holds it, for the message above
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+    finally:  # removed while still held; closing the file releases the lock
+        lock.unlink(missing_ok=True)
+        f.close()

@@ -103,7 +103,7 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                 kept = [
                     json.dumps(rec) + "\n"
                     for rec in records
-                    if rec.get("iter") is None
+                    if not isinstance(rec.get("iter"), int)  # (none, or a record edited by hand: kept as it is)
                     or rec["iter"] < resumed_at
                     or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
                 ]

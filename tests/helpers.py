@@ -8,6 +8,7 @@ identical between processes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -207,6 +208,10 @@ def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> P
     n = len(ids) - int(len(ids) * val_fraction)
     ids[:n].tofile(folder / "train.bin")
     ids[n:].tofile(folder / "val.bin")
+    sha256 = {
+        f"{split}_sha256": hashlib.sha256(part.tobytes()).hexdigest()
+        for split, part in (("train", ids[:n]), ("val", ids[n:]))
+    }
     meta = {
         "vocab_size": len(chars),
         "tokenizer": {"kind": "char", "itos": chars},
@@ -214,6 +219,7 @@ def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> P
         "val_tokens": len(ids) - n,
         "train_bytes": len(text[:n].encode("utf-8")),
         "val_bytes": len(text[n:].encode("utf-8")),
+        **sha256,
     }
     (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
     return folder

@@ -4,12 +4,13 @@ import io
 import os
 import pickle
 import random
+import re
 from dataclasses import asdict
 
 import pytest
 import torch
 
-from helpers import TINY, assert_one_line_error, save_with_payload, tiny_model, train_cli
+from helpers import ROOT, TINY, assert_one_line_error, save_with_payload, tiny_model, train_cli
 from machinery import checkpoint
 from machinery import run as run_state
 from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
@@ -197,14 +198,36 @@ def test_weights_that_do_not_fit_are_reported():
 # ---- what is read back: the checksum, the weights, the resume state ----
 
 
-def test_a_checkpoint_loads_with_its_checksum_verified_and_dropped_and_one_without_loads_unchecked(tmp_path):
+def test_a_checkpoint_loads_with_its_checksum_verified_and_dropped_and_one_without_is_refused(tmp_path):
     ckpt = _checkpoint()
     save_checkpoint(tmp_path / "new.pt", ckpt)
     assert torch.load(tmp_path / "new.pt", weights_only=True)["checksum"] == checkpoint.checksum(ckpt)
     loaded = load_checkpoint(tmp_path / "new.pt")
     assert "checksum" not in loaded
-    torch.save(loaded, tmp_path / "older.pt")  # as a version before checksums wrote it
-    assert load_checkpoint(tmp_path / "older.pt")["iter_num"] == 3
+    torch.save(loaded, tmp_path / "unsealed.pt")  # as a tool that rebuilds the dict would
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(tmp_path / "unsealed.pt")
+    assert str(e.value).startswith(f"{tmp_path / 'unsealed.pt'} has no checksum, so a change to it cannot be seen")
+    assert "seal it again with save_checkpoint (docs/06-running.md" in str(e.value)
+
+
+def test_the_docs_edit_checkpoint_seals_an_edit_and_a_change_already_made(tmp_path):
+    """docs/06-running.md's edit_checkpoint: an edit through it loads; a change made by another tool is damage to
+    load_checkpoint until edit_checkpoint(path, no edit) seals it again."""
+    doc = (ROOT / "docs" / "06-running.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"### Editing a checkpoint\n.*?```python\n(.*?)```", doc, re.S)
+    edit_checkpoint = {}
+    exec(block, edit_checkpoint)
+    edit_checkpoint = edit_checkpoint["edit_checkpoint"]
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, _checkpoint())
+    edit_checkpoint(path, lambda ckpt: ckpt.update(iter_num=9))
+    assert load_checkpoint(path)["iter_num"] == 9
+    torch.save(torch.load(path, weights_only=True) | {"iter_num": 7}, path)  # another tool's change
+    with pytest.raises(CheckpointError, match="is damaged"):
+        load_checkpoint(path)
+    edit_checkpoint(path, lambda ckpt: None)
+    assert load_checkpoint(path)["iter_num"] == 7
 
 
 def test_the_checksum_sees_each_kind_of_value():

@@ -6,6 +6,7 @@ anywhere), always with --out_dir in a temporary folder: the tests never write in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -67,6 +68,8 @@ def test_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path, script
     assert (meta["train_bytes"], meta["val_bytes"]) == (len(train_text.encode()), len(val_text.encode()))
     tok = tokenizer_from_meta(meta["tokenizer"])
     assert tok.decode(train.tolist()) == train_text and tok.decode(val.tolist()) == val_text
+    for split in ("train", "val"):
+        assert meta[f"{split}_sha256"] == hashlib.sha256((out / f"{split}.bin").read_bytes()).hexdigest()
 
 
 # --- where the text comes from -------------------------------------------------------------------------------------
@@ -268,6 +271,8 @@ def _set_meta(folder: Path, **changes: object) -> None:
         (lambda d: (d / "meta.json").write_text("[1]", encoding="utf-8"), "meta.json is unreadable"),
         (lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:4000]), "train.bin holds 4,000 bytes"),
         (lambda d: (d / "val.bin").write_bytes((d / "val.bin").read_bytes() + b"\x00"), "val.bin holds 2,961 bytes"),
+        (lambda d: _set_meta(d, val_bytes=100), "has val_bytes=100 for val_tokens=1480: each token is at least one"),
+        (lambda d: _set_meta(d, train_sha256="abc"), "has train_sha256='abc': it must be 64 hex digits"),
     ],
     ids=[
         "vocab-0",
@@ -282,6 +287,8 @@ def _set_meta(folder: Path, **changes: object) -> None:
         "meta-not-an-object",
         "train-truncated",
         "val-odd-bytes",
+        "val-bytes-below-tokens",
+        "sha256-malformed",
     ],
 )
 def test_prepared_data_that_does_not_match_its_metadata_is_refused_on_open(

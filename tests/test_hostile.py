@@ -10,6 +10,7 @@ through a command.
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import signal
@@ -20,12 +21,25 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import train
-from helpers import ROOT, TEXT, assert_one_line_error, command, python, subprocess_env, tiny_args, train_cli
+from helpers import (
+    ROOT,
+    TEXT,
+    VOCAB,
+    assert_one_line_error,
+    command,
+    python,
+    subprocess_env,
+    tiny_args,
+    tiny_model,
+    train_cli,
+)
 from machinery.checkpoint import load_checkpoint, save_checkpoint
 from machinery.device import TORCHRUN_VARIABLES
 from machinery.runlog import read_metrics
+from model import gpt2_export
 
 SAMPLE = ["--device=cpu", "--max_new_tokens=5"]
 
@@ -202,6 +216,140 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_by_every_reader(run_cop
     assert tree(run_copy) == before
 
 
+@pytest.mark.parametrize("command", ["train", "sample"])
+def test_a_checkpoint_whose_checksum_was_removed_is_refused_by_every_reader(run_copy, capsys, command):
+    unsealed = torch.load(run_copy / "ckpt.pt", weights_only=True)
+    del unsealed["checksum"]  # as a tool that rebuilds the dict would: every later change would go unseen
+    torch.save(unsealed, run_copy / "ckpt.pt")
+    before = tree(run_copy)
+    named = f"error: {run_copy / 'ckpt.pt'} has no checksum, so a change to it cannot be seen"
+    if command == "train":
+        assert_one_line_error(train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume"]), 1, named)
+    else:
+        assert sample_error(capsys, [*SAMPLE, f"--out_dir={run_copy}"]).startswith(named)
+    assert tree(run_copy) == before
+
+
+def zero_fill(path: Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def change_one_id(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1  # one token id, still within the vocabulary
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda d: zero_fill(d / "train.bin"), "train.bin is not the file prepared with"),
+        (lambda d: change_one_id(d / "val.bin"), "val.bin is not the file prepared with"),
+    ],
+    ids=["train-zero-filled", "val-one-id-changed"],
+)
+def test_prepared_data_of_the_right_size_but_other_ids_stops_train_py(tmp_path, tiny_data, capsys, damage, named):
+    data = Path(shutil.copytree(tiny_data, tmp_path / "data"))
+    damage(data)
+    before = tree(tmp_path)
+    proc = train_cli(capsys, tiny_args(data, tmp_path / "out"))
+    assert_one_line_error(proc, 1, f"error: {data}/{named} {data / 'meta.json'}", "sha256")
+    assert tree(tmp_path) == before
+
+
+def test_an_explicit_dataset_on_the_resume_of_a_data_dir_run_is_the_one_read(run_copy, capsys):
+    """The trained run read --data_dir; --dataset on its resume names data/<dataset>/, not ignored for the saved
+    data_dir: here a dataset that is not prepared, refused in one line naming it."""
+    before = tree(run_copy)
+    proc = train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume", "--dataset=not_prepared_here"])
+    assert_one_line_error(proc, 1, f"error: no train.bin in {ROOT / 'data' / 'not_prepared_here'}")
+    assert tree(run_copy) == before
+
+
+def test_a_metrics_record_whose_iter_is_a_string_does_not_block_the_resume_of_an_intact_checkpoint(run_copy, capsys):
+    lines = (run_copy / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    lines[1] = json.dumps({**json.loads(lines[1]), "iter": "one"})  # a record edited by hand
+    (run_copy / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = train_cli(capsys, [f"--out_dir={run_copy}", "--init_from=resume", "--max_iters=14"])
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert load_checkpoint(run_copy / "ckpt.pt")["iter_num"] == 14
+    assert [r["iter"] for r in read_metrics(run_copy / "metrics.jsonl") if r["kind"] == "train"][-2:] == [12, 13]
+
+
+def test_eval_only_on_a_new_model_is_refused_leaving_nothing_that_blocks_the_next_run(tmp_path, tiny_data, capsys):
+    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", "--eval_only=True"))
+    assert_one_line_error(proc, 2, "error: eval_only=True evaluates a trained model: add --init_from=resume")
+    assert not (tmp_path / "out").exists()
+
+
+# ---- a GPT-2 folder, checked where it enters: config.json, the safetensors file, the tensors ----
+
+
+def cut_in_half(folder: Path) -> None:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def set_config(folder: Path, **change: object) -> None:
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps(config | change), encoding="utf-8")
+
+
+def write_tensors(folder: Path, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, folder / "model.safetensors")
+
+
+def nan_weight(folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(folder / "model.safetensors")
+    tensors["transformer.h.0.ln_1.weight"][0] = float("nan")
+    write_tensors(folder, tensors)
+
+
+GPT2_DAMAGE = {
+    "truncated": (cut_in_half, "model.safetensors: tensor transformer."),
+    "random-bytes": (lambda f: (f / "model.safetensors").write_bytes(bytes(range(256)) * 64), "is not a safetensors"),
+    "oversized-header": (
+        lambda f: (f / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}"),
+        "its header would be 4,611,686,018,427,387,904 bytes of a 10-byte file",
+    ),
+    "config-a-list": (
+        lambda f: (f / "config.json").write_text("[1, 2]"),
+        "config.json holds a JSON list, not an object",
+    ),
+    "no-gpt2-tensors": (
+        lambda f: write_tensors(f, {"encoder.weight": torch.zeros(2, 2)}),
+        "lack 28 of GPT-2's tensors (wte.weight, wpe.weight, h.0.ln_1.weight, ...)",
+    ),
+    "nan-weight": (nan_weight, "are not finite (NaN or inf) in 1 tensors (h.0.ln_1.weight): the weights are damaged"),
+    "vocab-disagrees": (
+        lambda f: set_config(f, vocab_size=VOCAB + 1),
+        f"config.json has vocab_size={VOCAB + 1}, but the weights' token embedding (wte) has {VOCAB} rows",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(GPT2_DAMAGE))
+@pytest.mark.parametrize("command", ["train", "sample"])
+def test_a_damaged_gpt2_folder_is_one_line_naming_the_file_and_the_cause(tmp_path, tiny_data, capsys, command, damage):
+    pytest.importorskip("safetensors")
+    folder = gpt2_export(tiny_model(), tmp_path / "gpt2")
+    damage_it, named = GPT2_DAMAGE[damage]
+    damage_it(folder)
+    before = tree(tmp_path)
+    if command == "train":
+        err = assert_one_line_error(
+            train_cli(capsys, tiny_args(tiny_data, tmp_path / "out", f"--init_from={folder}")), 1
+        )
+    else:
+        err = sample_error(capsys, [*SAMPLE, f"--init_from={folder}"])
+    assert err.startswith(f"error: --init_from={folder}: ") and named in err and str(folder) in err, err
+    assert tree(tmp_path) == before
+
+
 # ---- through the commands' own processes ----
 
 
@@ -226,6 +374,58 @@ def test_one_flipped_bit_in_a_checkpoint_is_refused_by_every_command(run_copy, c
     proc = python(command, f"--out_dir={run_copy}", *args)
     assert_one_line_error(proc, 1, f"error: {run_copy / 'ckpt.pt'} is damaged", "checksum")
     assert tree(run_copy) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("limit", "named"),
+    [
+        (60_000, "cannot save OUT/ckpt.pt: it is larger than this process's file size limit (60,000 bytes"),
+        (100, "cannot write a file: larger than the file size limit (`ulimit -f`"),  # metrics.jsonl's first record
+    ],
+    ids=["checkpoint", "metrics"],
+)
+def test_a_write_past_the_file_size_limit_is_named_as_that_limit_not_a_full_disk(tmp_path, tiny_data, limit, named):
+    """Under `ulimit -f` (RLIMIT_FSIZE) a write fails with EFBIG, which torch's writer reports without its errno."""
+    import resource
+
+    def ulimit_f() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    argv = [sys.executable, "train.py", *tiny_args(tiny_data, tmp_path / "out", "--max_iters=3", "--eval_interval=2")]
+    proc = subprocess.run(
+        argv, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, preexec_fn=ulimit_f, timeout=120
+    )
+    assert_one_line_error(proc, 1, "error: " + named.replace("OUT", str(tmp_path / "out")))
+    assert "free" not in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["metrics.jsonl"]  # no temporary file left
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "flag"),
+    [("inside_norms.py", "--batches=0"), ("dyt_stall.py", "--iters=-1"), ("dyt_stall.py", "--batches=0")],
+)
+def test_an_experiments_count_below_one_is_one_line_naming_it(tmp_path, script, flag):
+    proc = python(ROOT / "experiments" / script, flag, f"--results_dir={tmp_path}")
+    assert_one_line_error(proc, 2, f"error: {flag}: must be a positive integer")
+    assert tree(tmp_path) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("damage", "named"), [("deleted", "ImportError: cannot import name 'check'"), ("broken", "SyntaxError")]
+)
+def test_a_learners_tree_without_a_working_checker_is_one_line(tmp_path, damage, named):
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises", ignore=shutil.ignore_patterns("__pycache__"))
+    if damage == "deleted":
+        (tmp_path / "exercises" / "check.py").unlink()
+    else:
+        (tmp_path / "exercises" / "check.py").write_text("x = (\n", encoding="utf-8")
+    before = tree(tmp_path)
+    proc = python("-m", "exercises", "1", cwd=tmp_path)
+    assert_one_line_error(proc, 1, "error: exercises/check.py, the checker, cannot be imported (", named)
+    assert {k: v for k, v in tree(tmp_path).items() if "__pycache__" not in k} == before
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from helpers import (
 )
 from layernorm import LAYERNORMS
 from machinery import nanogpt
-from machinery.checkpoint import CheckpointError, load_checkpoint
+from machinery.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from machinery.command import Failure
 from machinery.run import load_resume
 from machinery.tokenizer import GPT2_ENCODING, TiktokenTokenizer
@@ -227,7 +227,7 @@ def test_no_meta_and_a_vocabulary_bpe_cannot_decode_is_one_line(nanogpt_out: Pat
 def test_meta_for_this_projects_checkpoint_is_refused(nanogpt_out: Path, tmp_path: Path) -> None:
     ckpt = load_checkpoint(nanogpt_out / "ckpt.pt")
     ours = {**ckpt, "format": "layernorm-gpt/1", "tokenizer": {"kind": "char", "itos": CHARS}}
-    torch.save(ours, tmp_path / "ckpt.pt")
+    save_checkpoint(tmp_path / "ckpt.pt", ours)
     with pytest.raises(Failure, match="^--meta is for a nanoGPT checkpoint"):
         sample.main([*CPU, "--out_dir", str(tmp_path), "--meta", str(nanogpt_out.parent / "data" / "x.pkl")])
 

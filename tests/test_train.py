@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import statistics
 import sys
 from dataclasses import asdict, fields
@@ -37,7 +38,7 @@ from helpers import (
 )
 from machinery import options
 from machinery import run as run_state
-from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint
+from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from machinery.command import BadOption
 from machinery.dataset import DataError
 from machinery.device import Dist
@@ -307,7 +308,7 @@ def test_best_only_mode_saves_each_improvement_and_a_resume_keeps_the_best_val_l
     ckpt = load_checkpoint(out / "ckpt.pt")
     assert best["iter"] > 0 and ckpt["iter_num"] == best["iter"] and ckpt["best_val_loss"] == best["val_loss"]
     ckpt["best_val_loss"] = 0.0  # a best no later evaluation can beat: the resumed run must never save
-    torch.save(ckpt, out / "ckpt.pt")
+    save_checkpoint(out / "ckpt.pt", ckpt)
     summary = train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=9"])
     assert summary["best_val_loss"] == 0.0 and load_checkpoint(out / "ckpt.pt")["iter_num"] == best["iter"]
     train.main([f"--out_dir={out}", "--init_from=resume", "--max_iters=12", "--always_save_checkpoint=True"])
@@ -445,13 +446,26 @@ def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_ch
     assert_one_line_error(proc, 1, f"error: loss is {factor} at iteration 12", f"{out / 'ckpt.pt'} (iteration 12)")
 
 
-def test_a_nan_before_the_first_checkpoint_says_none_was_written(
-    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("before", ["nothing", "a-run-it-overwrites"])
+def test_a_nan_before_the_first_checkpoint_says_none_was_written_and_the_command_that_starts_again(
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, before: str
 ) -> None:
-    diverge_at(monkeypatch, 2, math.nan)
-    proc = train_cli(capsys, tiny_args(tiny_data, tmp_path / "run", "--max_iters=30", "--eval_interval=10"))
-    assert_one_line_error(proc, 1, "loss is nan at iteration 2", "no checkpoint had been written by this run")
-    assert not (tmp_path / "run" / "ckpt.pt").exists()
+    """Nothing to resume: the advice is the same command, replacing what the run left (metrics.jsonl) with half the
+    learning rate; after --overwrite=True it never resumes the run being replaced. The command, as printed, runs."""
+    out = tmp_path / "run"
+    flags = ["--max_iters=30", "--eval_interval=10"]
+    if before == "a-run-it-overwrites":
+        train.main(tiny_args(tiny_data, out, "--max_iters=4"))
+        flags.append("--overwrite=True")
+    with monkeypatch.context() as patch:
+        diverge_at(patch, 2, math.nan)
+        proc = train_cli(capsys, tiny_args(tiny_data, out, *flags))
+    err = assert_one_line_error(proc, 1, "loss is nan at iteration 2", "no checkpoint had been written by this run")
+    assert "--init_from=resume" not in err
+    again = shlex.split(err.split("To start it again with a lower learning rate (or a longer --warmup_iters): ")[1])
+    assert again[:2] == ["python", "train.py"] and again[-1] == "--learning_rate=0.0005"  # tiny_args' 1e-3, halved
+    assert train.main([*again[2:], "--max_iters=3"])["iters"] == 3
+    assert [r["iter"] for r in records(out, "train")] == [0, 1, 2]  # a run of its own, from the start
 
 
 # ---- Weights & Biases ----

@@ -39,6 +39,7 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, tiny_data: Pa
     proc.kill()  # SIGKILL: no handler runs
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+    assert (tmp_path / "run" / ".lock").read_text() == f"{proc.pid}\n"  # left by the killed run (held no more)
     k = load_checkpoint(tmp_path / "run" / "ckpt.pt")["iter_num"]
     assert k >= 10 and k % 10 == 0
     n = k + 6
@@ -47,6 +48,33 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, tiny_data: Pa
     # metrics.jsonl of the killed-and-resumed run reads as one run: the killed tail was replaced.
     assert [r["iter"] for r in records(tmp_path / "run", "train")] == list(range(n))
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")
+
+
+@pytest.mark.slow
+def test_one_run_per_folder_two_started_at_once_and_a_resume_while_it_runs_are_refused(tmp_path, tiny_data):
+    """Two new runs started into one folder at once: one holds it, the other is refused in one line naming the
+    holder; so is a resume (or an --overwrite) while the holder runs. The holder's checkpoint and record are whole."""
+    out = tmp_path / "run"
+    args = tiny_args(tiny_data, out, "--eval_interval=5", "--max_iters=100000")
+    first, second = start(args), start(args)
+    deadline = time.monotonic() + 90
+    while first.poll() is None and second.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the one refused ends at once; the holder runs on
+    loser, holder = (first, second) if first.poll() is not None else (second, first)
+    wait_for(lambda: len(records(out, "eval")) >= 2 if (out / "metrics.jsonl").exists() else False, holder)
+    in_use = f"error: out_dir {str(out)!r} is in use by a run that is still going (process {holder.pid} holds"
+    assert loser.returncode == 1 and loser.stderr.read().strip().startswith(in_use)
+    for extra in (["--init_from=resume"], ["--overwrite=True"]):
+        proc = subprocess.run(
+            [sys.executable, "train.py", *args, *extra], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
+        )
+        assert proc.returncode == 1 and proc.stderr.strip().startswith(in_use), proc.stderr[-2000:]
+    holder.send_signal(signal.SIGTERM)
+    _, err = holder.communicate(timeout=60)
+    assert holder.returncode == 143, err[-2000:]
+    k = load_checkpoint(out / "ckpt.pt")["iter_num"]
+    assert [r["iter"] for r in records(out, "train")] == list(range(k))  # one run's record, whole
+    assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "metrics.jsonl"]  # (.lock removed as it ended)
 
 
 @pytest.mark.slow
