@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
+import signal
 import statistics
 import sys
 from dataclasses import asdict, fields
@@ -444,6 +446,30 @@ def test_a_non_finite_loss_stops_naming_the_iteration_and_keeps_the_last_good_ch
         diverge_at(patch, 0, float(factor))
         proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=30", "--eval_interval=5", "--init_from=resume"))
     assert_one_line_error(proc, 1, f"error: loss is {factor} at iteration 12", f"{out / 'ckpt.pt'} (iteration 12)")
+
+
+def test_weights_made_not_finite_by_the_last_step_are_never_saved_over_the_last_good_checkpoint(
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose loss was finite but whose update left a weight NaN, then SIGINT: the save that the signal asks
+    for is the only one no evaluation comes before, and it must keep ckpt.pt (iteration 5) as it was."""
+    out = tmp_path / "run"
+    real_step = train.train_step
+
+    def step_then_nan_then_signal(model, optimizer, *args, **kwargs):
+        loss = real_step(model, optimizer, *args, **kwargs)
+        if optimizer.state and next(iter(optimizer.state.values()))["step"] == 7:  # the update of iteration 6
+            with torch.no_grad():
+                optimizer.param_groups[0]["params"][0][0, 0] = math.nan
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss
+
+    monkeypatch.setattr(train, "train_step", step_then_nan_then_signal)
+    proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=30", "--eval_interval=5"))
+    assert_one_line_error(
+        proc, 1, "error: the weights are not finite at iteration 7", f"{out / 'ckpt.pt'} (iteration 5)"
+    )
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 5
 
 
 @pytest.mark.parametrize("before", ["nothing", "a-run-it-overwrites"])
