@@ -1,6 +1,6 @@
 """Can a trained GPT live without its LayerNorms? Remove them one kind at a time by fine-tuning, against a control.
 
-    python experiments/remove_layernorm.py                   # the Quickstart's checkpoint, three seeds: about 4 minutes
+    python experiments/remove_layernorm.py                   # the Quickstart's checkpoint, 3 seeds: about 8 minutes
     python experiments/remove_layernorm.py --ckpt=path/to/ckpt.pt --data_dir=data/shakespeare_char
     python experiments/remove_layernorm.py --init_from=path/to/gpt2-folder --data_dir=data/shakespeare --smoke
     python sample.py --out_dir=out-ln-free                   # the LayerNorm-free model it leaves
@@ -226,7 +226,8 @@ def spread(scales: torch.Tensor, constant: float | None = None) -> dict[str, flo
 
 @torch.no_grad()
 def fold_check(model: GPT, batches: list) -> dict[str, Any]:
-    """The folded model's logits against the frozen model's, float32 and float64, on the batches."""
+    """The folded model's logits against the frozen model's, in float32 and float64, and the val loss of each, on
+    the batches."""
     out = {}
     for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
         frozen = copy.deepcopy(model).to(dtype).eval()
@@ -237,7 +238,8 @@ def fold_check(model: GPT, batches: list) -> dict[str, Any]:
             diff, scale = max(diff, (a - b).abs().max().item()), max(scale, a.abs().max().item())
         out[name] = {"max_abs_diff": diff, "max_abs_logit": scale, "relative": diff / scale, "tol": FOLD_TOL[name]}
     kinds = {type(m).__name__ for m in named_norms(fold(model)).values()}
-    return out | {"norms_left": sorted(kinds), "val_loss_folded": evaluate(fold(model), batches)}
+    losses = {"val_loss_frozen": evaluate(model, batches), "val_loss_folded": evaluate(fold(model), batches)}
+    return out | {"norms_left": sorted(kinds), "batches": len(batches), **losses}
 
 
 def check_batch_independence(ckpt: Path) -> dict[str, Any]:
