@@ -79,6 +79,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.argv = argv
     if args.smoke:
         vars(args).update(SMOKE, seeds=args.seeds[:1])
+    for name in ("iters", "eval_interval", "eval_batches", "measure_batches", "batch_size", "block_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not all(0 <= at <= args.iters for at in args.remove_at) or sorted(args.remove_at) != args.remove_at:
         p.error(f"--remove_at must be 3 iterations in order within 0..--iters ({args.iters}), got {args.remove_at}")
     return args

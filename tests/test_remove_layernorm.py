@@ -163,3 +163,18 @@ def test_what_it_cannot_remove_is_one_line(tiny_data, tmp_path, change: dict, na
     with pytest.raises(SystemExit) as e:
         rl.main([f"--ckpt={tmp_path / 'ckpt.pt'}", "--smoke", f"--results_dir={tmp_path / 'r'}"])
     assert named in str(e.value) and "removes the LayerNorms" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--eval_batches", "0"], "--eval_batches must be a positive integer, got 0"),
+        (["--remove_at", "0", "500", "100"], "--remove_at must be 3 iterations in order within 0..--iters (480)"),
+    ],
+    ids=["eval_batches", "remove_at"],
+)
+def test_bad_options_are_one_usage_line(args: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        rl.parse(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and named in err and "Traceback" not in err
