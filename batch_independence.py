@@ -3,6 +3,7 @@
     python batch_independence.py                       # a small random model, seeded
     python batch_independence.py --out_dir=out-shakespeare-char
     python batch_independence.py --ckpt=../nanoGPT/out-shakespeare-char/ckpt.pt  # nanoGPT's checkpoint
+    python batch_independence.py --out_dir=out-ln-free --norms=frozen  # experiments/remove_layernorm.py's model
     python batch_independence.py --init_from=gpt2 --norms=custom,builtin  # GPT-2's weights (model.gpt2_checkpoint)
     TRITON_INTERPRET=1 python batch_independence.py    # include the Triton LayerNorm on a CPU-only machine
     python batch_independence.py --config=configs/shakespeare_char.json  # a random model of that size
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor
 
 from batch_invariant import batch_invariant, refusal
-from layernorm import NORMS, TritonUnavailableError
+from layernorm import FROZEN, NORMS, TritonUnavailableError
 from machinery.checkpoint import resolve_weights
 from machinery.command import Failure, first_line, run_command
 from machinery.device import DEVICE_HELP, autocast, resolve_device
@@ -39,7 +40,7 @@ from machinery.options import SEEDS, ArgumentParser, ConfigError, read_config_fi
 from model import GPT, GPTConfig, pad_left
 
 EVAL_ROW = "batchnorm-eval"
-STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element"}
+STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element", FROZEN: "none"}
 NORM_NAMES = ("ln_1", "ln_2", "ln_f")  # model.py's norm layers: their parameters and buffers live under these names
 RANDOM_MODEL = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=64, norm="custom")
 CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
@@ -96,8 +97,9 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
     args = p.parse_args(argv)
     split = lambda values: list(dict.fromkeys(s for v in values for s in v.split(",") if s))  # 'a,b a' -> [a, b]
     args.norms = split(args.norms)
-    if (bad := [n for n in args.norms if n not in NORMS]) or not args.norms:
-        p.error(f"--norms: unknown {', '.join(map(repr, bad)) or 'empty list'}; valid: {', '.join(NORMS)}")
+    valid = (*NORMS, FROZEN)  # frozen: a LayerNorm-free checkpoint's (experiments/remove_layernorm.py)
+    if (bad := [n for n in args.norms if n not in valid]) or not args.norms:
+        p.error(f"--norms: unknown {', '.join(map(repr, bad)) or 'empty list'}; valid: {', '.join(valid)}")
     args.rows = args.norms + ([EVAL_ROW] if "batchnorm" in args.norms else [])
     args.require = None if args.require is None else split(args.require)
     if bad := [n for n in args.require or [] if n not in args.rows]:

@@ -32,6 +32,9 @@ LAYERNORMS: tuple[str, ...] = ("custom", "builtin", "triton")
 NORMS: tuple[str, ...] = (*LAYERNORMS, "rmsnorm", "batchnorm", "dyt")
 # Not a norm: make_norm("none", dim) is the identity, the no-normalization baseline of the norm comparison.
 NO_NORM = "none"
+# Not one to train with: make_norm("frozen", dim) is a trained LayerNorm's linear part (FrozenLayerNorm), what
+# experiments/remove_layernorm.py leaves in a model once its LayerNorms are removed.
+FROZEN = "frozen"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -373,6 +376,26 @@ class DyT(Norm):
         return y.to(x.dtype)
 
 
+class FrozenLayerNorm(Norm):
+    """A LayerNorm frozen to its linear part: y = (x - mean(x)) / scale * weight + bias, where LayerNorm divides by
+    each token's own sqrt(var + eps) and this by one constant, the buffer `scale` (measured on data when the norm is
+    frozen). For a token whose sqrt(var + eps) is `scale` it is that LayerNorm exactly; for every token it is linear
+    in x, so the Linear that reads it can absorb it (experiments/remove_layernorm.py folds it there), and it has no
+    statistic at all, of the token or of the batch. Same weight and bias as the LayerNorms, plus `scale`."""
+
+    def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
+        super().__init__(dim, bias=bias, eps=eps)
+        self.register_buffer("scale", torch.tensor(1.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        y = (xf - xf.mean(-1, keepdim=True)) / self.scale * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+
 _CLASSES = {
     "custom": LayerNorm,
     "builtin": BuiltinLayerNorm,
@@ -380,13 +403,14 @@ _CLASSES = {
     "rmsnorm": RMSNorm,
     "batchnorm": BatchNorm,
     "dyt": DyT,
+    FROZEN: FrozenLayerNorm,
 }
 
 
 def make_norm(
     name: str, dim: int, *, bias: bool = True, eps: float = 1e-5, alpha: float | None = None, feeds_linear: bool = False
 ) -> nn.Module:
-    """Build the norm called `name` (one of NORMS) over `dim` features; bias=False drops the `bias` parameter.
+    """Build the norm called `name` (one of NORMS, or FROZEN) over `dim` features; bias=False drops its `bias`.
     `alpha` is DyT's starting alpha (None: its recipe by width); no other norm has one. feeds_linear=True says that
     only a Linear reads the output (a pre-norm block's norms, the final one): under autocast the Triton norm then
     writes it in autocast's dtype, the cast that Linear makes; elsewhere in its input's dtype, as the others do."""
@@ -394,9 +418,10 @@ def make_norm(
         raise ValueError(f"alpha={alpha} is DyT's starting alpha, and norm {name!r} has none")
     if name == NO_NORM:
         return nn.Identity()
-    if name not in NORMS:
+    if name not in _CLASSES:
         raise ValueError(
-            f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization)"
+            f"unknown norm {name!r}; valid names are {', '.join(NORMS)} (or {NO_NORM!r} for no normalization, "
+            f"{FROZEN!r} for a trained LayerNorm's linear part)"
         )
     norm = DyT(dim, bias=bias, eps=eps, alpha=alpha) if name == "dyt" else _CLASSES[name](dim, bias=bias, eps=eps)
     norm.feeds_linear = feeds_linear

@@ -215,3 +215,69 @@ def test_batchnorm_failures_measures_batch_statistics_and_leaves_the_model_alone
     assert one_each != failures.val_loss(batchnorm, batches, training=True)
     assert all(torch.equal(v, batchnorm.state_dict()[k]) for k, v in before.items())
     assert not batchnorm.training
+
+
+def test_removing_layernorm_comes_from_remove_layernorm_json() -> None:
+    """docs/04's section on removing LayerNorm: every measured figure is read back from the results it cites."""
+    folder = ROOT / "experiments/results/remove_layernorm"
+    result = json.loads((folder / "remove_layernorm.json").read_text(encoding="utf-8"))
+    text = (ROOT / "docs/04-why-layernorm.md").read_text(encoding="utf-8")
+    section = text.split("## Removing LayerNorm from a trained model\n")[1].split("\n## ")[0]
+    s, before, after = result["summary"], result["scales_before"], result["scales_after"]
+    spread = lambda stats: stats["p95_ratio"] / stats["p5_ratio"]
+    blocks = [f"h.{i}.{n}" for i in range(3) for n in ("ln_1", "ln_2")]
+    quoted = {
+        rounded(result["original"]["val_loss"], 4),
+        *(rounded(s[arm][k], 4) for arm in ("control", "ln_free", "gap") for k in ("mean", "std")),
+        rounded(result["original"]["val_loss"] - s["ln_free"]["mean"], 4),
+        *(rounded(r["after"]["mean"] - r["before"]["mean"], 4) for r in s["removals"].values()),
+        *(rounded(before[n][k], 2) for n in ("ln_f", "h.3.ln_2", "h.0.ln_1") for k in ("p5_ratio", "p95_ratio")),
+        *(rounded(after[n][k], 2) for n in ("ln_f", "h.3.ln_2") for k in ("p5_ratio", "p95_ratio")),
+        rounded(spread(after["h.3.ln_2"]), 1),
+        rounded(spread(before["h.3.ln_2"]), 1),
+        rounded(min(after[n]["p50_ratio"] for n in blocks), 2),
+        rounded(max(after[n]["p50_ratio"] for n in blocks), 2),
+        *(rounded(f([spread(stats[n]) for n in blocks]), 2) for stats in (before, after) for f in (min, max)),
+        rounded(before["h.0.ln_1"]["constant"], 3),
+        rounded(before["ln_f"]["constant"], 3),
+        *(rounded(min(r["control"]["evals"][1][1] for r in result["runs"]), 2),),
+        *(rounded(max(r["control"]["evals"][1][1] for r in result["runs"]), 2),),
+    }
+    assert quoted <= figures_in(section), quoted - figures_in(section)
+    assert result["runs"][0]["control"]["evals"][1][0] == 40 and [r["seed"] for r in result["runs"]] == [1337, 1, 2]
+    fold = result["fold"]
+    assert f"{fold['float32']['relative']:.1e}" in section and f"{fold['float64']['relative']:.1e}" in section
+    settings = result["settings"]
+    tokens = settings["measure_batches"] * settings["batch_size"] * settings["block_size"]
+    share = f"{100 * result['fine_tuning_tokens'] / result['trained_tokens']:.0f}%"
+    for fact in (f"{tokens:,} tokens", f"{result['fine_tuning_tokens']:,} tokens", f"{result['trained_tokens']:,}"):
+        assert fact in section, fact
+    assert f"{share} of the" in section and f"({result['run_time_s'] / 60:.0f} minutes" in section
+    centre = json.loads((ROOT / "experiments/results/centre_and_rescale/centre_and_rescale.json").read_text())
+    assert rounded(centre["table"]["centre"]["mean"], 4) in figures_in(section)
+    blocks = {b[2].split()[1]: b[2].splitlines()[1:] for b in FENCE.finditer(section) if b[2].startswith("python ")}
+    for command, name in (("sample.py", "sample.txt"), ("batch_independence.py", "batch_independence.txt")):
+        printed = (folder / name).read_text(encoding="utf-8").splitlines()  # what the command printed, whole
+        assert blocks[command] and all(line in printed for line in blocks[command]), name
+
+
+def test_removing_layernorms_budgets_come_from_their_files() -> None:
+    """docs/04's table of fine-tuning budgets: each row's tokens and gap from its run's JSON."""
+    folder = ROOT / "experiments/results/remove_layernorm"
+    section = (ROOT / "docs/04-why-layernorm.md").read_text(encoding="utf-8").split("**How much fine-tuning")[1]
+    rows = markdown_table_after(section, "fine-tuning")
+    for row, sub in zip(rows, ("iters120", "iters240", ""), strict=True):
+        result = json.loads((folder / sub / "remove_layernorm.json").read_text(encoding="utf-8"))
+        gap, settings = result["summary"]["gap"], result["settings"]
+        assert row["fine-tuning"].startswith(f"{settings['iters']} iterations")
+        assert row["tokens"] == f"{result['fine_tuning_tokens']:,}" and len(result["runs"]) == 3
+        trained = result["trained_tokens"]
+        assert row[f"of the Quickstart's {trained:,}"] == f"{100 * result['fine_tuning_tokens'] / trained:.0f}%"
+        assert row["LN-free minus control (mean, 3 seeds)"] == f"{gap['mean']:+.4f}"
+        assert row["std"] == f"{gap['std']:.4f}"
+        if sub:  # its command and run time
+            command = f"--iters {settings['iters']} --remove_at {' '.join(map(str, settings['remove_at']))}"
+            assert re.search(rf"`{command}[^`]*`: {result['run_time_s'] / 60:.0f} minutes", section), command
+    short = json.loads((folder / "iters120" / "remove_layernorm.json").read_text(encoding="utf-8"))
+    quoted = {rounded(short["summary"][arm]["mean"], 4) for arm in ("control", "ln_free")}
+    assert quoted | {rounded(short["original"]["val_loss"], 4)} <= figures_in(section)

@@ -64,6 +64,7 @@ def test_norm_placement_smoke(tmp_path, tiny_data, monkeypatch, capsys):
         ("norm_placement.py", ["--data_dir", "nowhere", "--smoke"], "error: no train.bin in nowhere"),
         ("dyt_stall.py", ["--data_dir", "nowhere", "--smoke"], "error: no train.bin in nowhere"),
         ("centre_and_rescale.py", ["--data_dir", "nowhere", "--smoke"], "error: no train.bin in nowhere"),
+        ("remove_layernorm.py", ["--out_dir", "nowhere", "--smoke"], "error: no checkpoint at nowhere/ckpt.pt"),
     ],
 )
 def test_missing_input_is_a_one_line_error(script, args, message):
