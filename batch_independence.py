@@ -33,10 +33,10 @@ from torch import Tensor
 from batch_invariant import batch_invariant, refusal
 from layernorm import FROZEN, NORMS, TritonUnavailableError
 from machinery.checkpoint import resolve_weights
-from machinery.command import Failure, first_line, run_command
+from machinery.command import ArgumentParser, Failure, first_line, run_command
 from machinery.device import DEVICE_HELP, autocast, resolve_device
 from machinery.nanogpt import FORMAT as NANOGPT_FORMAT
-from machinery.options import SEEDS, ArgumentParser, ConfigError, read_config_file
+from machinery.options import SEEDS, ConfigError, read_config_file
 from model import GPT, GPTConfig, pad_left
 
 EVAL_ROW = "batchnorm-eval"
@@ -105,6 +105,9 @@ def parse_args(argv: Sequence[str] | None) -> Namespace:
     if bad := [n for n in args.require or [] if n not in args.rows]:
         p.error(f"--require: {', '.join(map(repr, bad))} not among the rows run; valid: {', '.join(args.rows)}")
     args.tol = TOLERANCE[args.dtype] if args.tol is None else args.tol
+    if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
+        why = "a folder" if Path(args.out).is_dir() else "its folder does not exist"
+        p.error(f"--out {args.out}: {why}; give the path of a file")
     if args.seed not in SEEDS:
         p.error(f"--seed must be an integer in [0, 2**63), got {args.seed}")
     for name, least in (("prompt_len", 1), ("new_tokens", 1), ("batch_size", 2), ("tol", 0)):
@@ -161,7 +164,11 @@ def run_row(
 ) -> dict[str, Any]:
     """Row `name`: its GPT with the shared weights, the three checks of LEGEND, and whether the row passed."""
     model = GPT(replace(config, norm="batchnorm" if name == EVAL_ROW else name, dropout=0.0))
-    missing, unexpected = model.load_state_dict(state, strict=False)  # only norm entries may differ
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)  # only norm entries may differ
+    except RuntimeError as e:  # a size that differs: torch's second line names the first such tensor
+        why = (str(e).splitlines()[1:] or [first_line(e)])[0].strip()
+        raise Failure(f"the weights do not fit a GPT of their own model_args: {why}") from None
     if stray := [k for k in missing + unexpected if not any(f"{n}." in k for n in NORM_NAMES)]:
         raise Failure(f"the weights do not fit a GPT with norm={model.config.norm!r}: {stray[:5]}")
     # Dropout is 0, so the mode matters only to BatchNorm: training mode (the batchnorm row) uses batch statistics

@@ -11,14 +11,18 @@ A model transformers' GPT-2 does not compute (RMSNorm, post-norm, ...) is refuse
 
 from __future__ import annotations
 
+from machinery.command import quiet_until_started
+
+quiet_until_started(__name__)  # Ctrl-C while torch loads ends the process at once, quietly
+
 import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from machinery.checkpoint import resolve_weights
-from machinery.command import Failure, first_line, run_command
-from machinery.options import ArgumentParser
+from machinery.command import ArgumentParser, Failure, first_line, run_command
+from machinery.tokenizer import GPT2_BPE
 from model import GPT, gpt2_export
 
 
@@ -34,6 +38,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
     """Export the checkpoint; return the folder written."""
     args = parse_args(argv)
     checkpoint, path = resolve_weights(args.out_dir, args.ckpt, None)
+    if checkpoint.get("tokenizer", GPT2_BPE) != GPT2_BPE:  # (nanoGPT's checkpoints carry none)
+        raise Failure(
+            f"{path} is not tokenized in GPT-2's BPE: a GPT-2 folder is read with GPT-2's tokenizer, so only a model "
+            f"trained on BPE data (data/shakespeare/prepare.py) can be exported"
+        )
     try:
         folder = gpt2_export(GPT.from_checkpoint(checkpoint), args.to)
     except ImportError as e:

@@ -32,8 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-# As triton.jit reads it, when the kernels below are defined; a constexpr, so that a kernel may read it too.
-INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # as triton.jit reads it, when the kernels below are defined
 MAX_BLOCK = 8192  # widest block (columns) one program holds in registers; wider rows loop over blocks
 ONE_PROGRAM_ROWS = 32  # a backward of at most this many rows runs as one program (see _backward_programs)
 # Under torch.compile: torch.library.triton_op (torch 2.6+) lets Inductor launch the kernels from its own code and

@@ -306,8 +306,9 @@ class GPT(nn.Module):
             )
         try:  # the model takes the checkpoint's tensors themselves (assign): the weights are in memory once
             model.load_state_dict({k: own_storage(v) for k, v in state.items()}, assign=True)
-        except RuntimeError as e:  # a shape that differs: torch's last line names the tensor
-            raise ValueError(f"the checkpoint's weights do not fit its model: {str(e).splitlines()[-1]}") from None
+        except RuntimeError as e:  # a shape that differs: torch's second line names the first such tensor
+            why = (str(e).splitlines()[1:] or [str(e)])[0].strip()
+            raise ValueError(f"the checkpoint's weights do not fit its model: {why}") from None
         model.transformer.wte.weight = model.lm_head.weight  # assign replaced both Parameters: tie them again
         return model.eval()
 

@@ -34,9 +34,9 @@ from data.common import read_text_file
 from layernorm import NO_NORM, NORMS
 from machinery import nanogpt
 from machinery.checkpoint import resolve_weights
-from machinery.command import BadOption, Failure, first_line, run_command
+from machinery.command import ArgumentParser, BadOption, Failure, first_line, run_command
 from machinery.device import DEVICE_HELP, autocast, check_norm_device, resolve_device, resolve_dtype
-from machinery.options import SEEDS, ArgumentParser
+from machinery.options import SEEDS
 from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from_meta
 from model import GPT, pad_left
 
@@ -113,12 +113,13 @@ def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
         model.lm_head.register_forward_hook(mask)
 
 
-def encode(tokenizer: CharTokenizer | TiktokenTokenizer, prompt: str, vocab_size: int) -> list[int]:
-    """The prompt's token ids; an empty prompt is <|endoftext|> for BPE, as GPT-2 starts."""
+def encode(tokenizer: CharTokenizer | TiktokenTokenizer, prompt: str, vocab_size: int, flag: str) -> list[int]:
+    """The prompt's token ids (`flag` names where it came from); an empty prompt is <|endoftext|> for BPE, as GPT-2
+    starts."""
     try:
         ids = tokenizer.encode(prompt)
     except ValueError as e:  # a character the vocabulary lacks
-        raise BadOption(f"--start: {e}") from None
+        raise BadOption(f"{flag}: {e}") from None
     if not ids:
         eot = getattr(tokenizer, "eot_token", None)
         if eot is None:
@@ -145,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     dtype = resolve_dtype(args.dtype, torch.device(device).type)
     model, tokenizer = load(args, device)
     eot = getattr(tokenizer, "eot_token", None)
-    rows = [encode(tokenizer, prompt, model.config.vocab_size) for prompt in prompts]
+    flag = "--start" if args.prompts is None else "--prompts"
+    rows = [encode(tokenizer, prompt, model.config.vocab_size, flag) for prompt in prompts]
     restrict_to_vocab(model, tokenizer.vocab_size)
 
     torch.manual_seed(args.seed)  # seeds every device's generator

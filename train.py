@@ -55,7 +55,7 @@ from machinery.device import (
     resolve_dtype,
 )
 from machinery.options import ConfigError, TrainConfig, build_config, parse_args
-from machinery.run import MODEL_SHAPE_KEYS, Run, check_resume, hold_out_dir, load_resume, make_out_dir
+from machinery.run import MODEL_SHAPE_KEYS, RUN_FILES, Run, check_resume, hold_out_dir, load_resume, make_out_dir
 from machinery.step import get_lr, train_step
 from machinery.tokenizer import GPT2_BPE
 from model import GPT, GPTConfig, gpt2_checkpoint
@@ -320,7 +320,7 @@ def train(
     stop_reason = None
     with (
         runlog.open_log(cfg, dist, start if resumed else None) as log,
-        StopRequest(dist, catch=not cfg.eval_only) as stop,
+        StopRequest(dist, catch=not cfg.eval_only, saves=cfg.save_checkpoint) as stop,
         contextlib.closing(run.data),
     ):
         window = runlog.LossWindow(dist, tokens_per_iter(cfg), log)
@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             )
         make_out_dir(cfg.out_dir, new_run=not in_place and not cfg.overwrite)
         if cfg.overwrite and not in_place:  # the replaced run's interrupted state and record, never to be mixed in
-            for name in ("ckpt_interrupted.pt", "metrics.jsonl"):
+            for name in RUN_FILES[1:]:  # (ckpt.pt: replaced at the first save)
                 (Path(cfg.out_dir) / name).unlink(missing_ok=True)
         with dist.use(device):
             return train(cfg, explicit, device, dtype, ckpt, dist, resumed_from, argv)
@@ -425,7 +425,8 @@ def file_version(path: Path) -> tuple[int, int, int] | None:
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """main() through the front door: its exit status, every expected failure one line on stderr."""
-    return run_command(lambda: main(argv), "--batch_size or --block_size, or the model's size (--n_layer, --n_embd)")
+    lower = "--batch_size or --block_size, or the model's size (--n_layer, --n_embd)"
+    return run_command(lambda: main(argv), lower, "interrupted: quit without saving")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def refusal(device: torch.device | str, kernels: str = "auto") -> str | None:
 
 @functools.cache
 def triton_kernels(device: torch.device, kernels: str) -> ModuleType | None:
-    """batch_invariant_triton where the mode computes on this device with Triton, None for PyTorch's kernels, a
+    """batch_invariant.kernels where the mode computes on this device with Triton, None for PyTorch's kernels, a
     ValueError for neither. Imported here, at the first tensor that needs it: it imports triton."""
     if why := refusal(device, kernels):
         raise ValueError(why)

@@ -11,7 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
-from layernorm_triton import INTERPRET, autocast_dtype, launch
+import layernorm_triton
+from layernorm_triton import autocast_dtype, launch
+
+INTERPRET = tl.constexpr(layernorm_triton.INTERPRET)  # linear_kernel reads it: a global a kernel reads is a constexpr
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per dtype. Fixed, never tuned by shape: a tuner choosing by M would bring
 # back the dependence on the batch. BLOCK_M = 16, tl.dot's smallest, wastes least on decoding's 1-8 rows.

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from machinery.command import Failure
+from machinery.command import ArgumentParser, Failure
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKED = ("summary.md", "results.json", "gpu_results.tar.gz")  # what bench/gpu.sh leaves in its output folder
@@ -116,7 +116,6 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
 def parser(description: str, config: bool = False) -> argparse.ArgumentParser:
     """The options every benchmark has (--device, --out) and, with config, train.py's (--config, --set)."""
     from machinery.device import DEVICE_HELP
-    from machinery.options import ArgumentParser
 
     p = ArgumentParser(description=description.split("\n\n")[0])
     if config:
@@ -151,15 +150,15 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
 
 def train_config(config: str, sets: Sequence[str], *flags: str) -> Any:
     """train.py's options (an options.TrainConfig) from a config file, KEY=VALUE items and --key=value flags on top,
-    typed and checked by machinery/options.py; one clear line (SystemExit) if something is wrong."""
+    typed and checked by machinery/options.py (a ConfigError, one line through the front door, if one is wrong)."""
     from machinery import options
 
     return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
 
 
 def open_data(data_dir: str | None, dataset: str, block_size: int, hint: str = "") -> Any:
-    """The prepared dataset (a data.common.PreparedData) in data_dir, else data/<dataset>; a missing or broken one
-    exits with a one-line error, `hint` at its end."""
+    """The prepared dataset (a machinery.dataset.PreparedData) in data_dir, else data/<dataset>; a missing or broken
+    one is a Failure, `hint` at its end."""
     from machinery.dataset import DataError, PreparedData
 
     try:
@@ -170,7 +169,7 @@ def open_data(data_dir: str | None, dataset: str, block_size: int, hint: str = "
 
 def new_run(cfg: Any, device: str = "cpu") -> Any:
     """A new run as train.py sets it up (train.setup: the data, the model from cfg.seed, the optimizer, the data
-    stream), in this one process; a missing or broken dataset exits with a one-line error."""
+    stream), in this one process; a missing or broken dataset is a DataError."""
     import torch
 
     import train

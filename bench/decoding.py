@@ -41,13 +41,13 @@ MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
-    """(label, model): a random model per --sizes config, or the checkpoint (args.checkpoint) or GPT-2's weights
+    """(label, model): a random model per --sizes config, or the checkpoint (--out_dir, --ckpt) or GPT-2's weights
     (args.init_from) with each of --norms."""
     norms = args.norms.split(",")
     for norm in norms:
         check_norm_device(norm, device)  # one line saying what to do, before a model is loaded
     if args.checkpoint or args.init_from:
-        ckpt, source = resolve_weights("", args.checkpoint, args.init_from)
+        ckpt, source = resolve_weights(args.out_dir or "out", args.ckpt, args.init_from)
         loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in norms]
         return [(f"{source} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
     out = []
@@ -197,7 +197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parse(p, argv)
     if bad := [n for n in args.norms.split(",") if n not in NORMS]:
         p.error(f"--norms: {', '.join(map(repr, bad))} is not a norm; choose from {', '.join(NORMS)}")
-    args.checkpoint = Path(args.ckpt) if args.ckpt else Path(args.out_dir) / "ckpt.pt" if args.out_dir else None
+    args.checkpoint = args.out_dir or args.ckpt  # (else random models of --sizes)
     return args
 
 

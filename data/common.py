@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from machinery.command import Failure, Interrupted, run_command
+from machinery.command import ArgumentParser, Failure, Interrupted, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -144,16 +144,16 @@ def run_prepare(
     (``make_tokenizer(text)``: see machinery/tokenizer.py; a ValueError or RuntimeError it raises is the message),
     90/10 split, files."""
     script_dir = Path(script_file).resolve().parent
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, help="a UTF-8 text file (default: <out_dir>/input.txt, else downloaded)")
     where = f"where train.bin, val.bin and meta.json go (default: {script_dir.relative_to(ROOT)})"
     parser.add_argument("--out_dir", type=Path, default=script_dir, help=where)
     url = "where input.txt is downloaded from, without --input or input.txt (default: the canonical Tiny Shakespeare)"
     parser.add_argument("--url", default=TINY_SHAKESPEARE_URL, help=url)
-    args = parser.parse_args(argv)
     script = str(Path(script_file).resolve().relative_to(ROOT))
 
     def main() -> None:
+        args = parser.parse_args(argv)  # (a bad one is a BadOption: one line, exit 2)
         try:
             prepare(args.input, args.out_dir, args.url, script, make_tokenizer)
         except KeyboardInterrupt:  # (write_atomic leaves the folder as it was, or without meta.json: never half a set)

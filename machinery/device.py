@@ -242,9 +242,10 @@ class StopRequest:
     later one raises KeyboardInterrupt: stop now, without saving. With catch=False (a run that saves nothing, such
     as eval_only), the signals are left as they are: the first Ctrl-C stops it."""
 
-    def __init__(self, dist: Dist, catch: bool = True) -> None:
+    def __init__(self, dist: Dist, catch: bool = True, saves: bool = True) -> None:
         self.dist = dist
         self.catch = catch
+        self.saves = saves
         self.signum: int | None = None
         self._time = 0.0
         self._previous: dict[int, Any] = {}
@@ -275,4 +276,5 @@ class StopRequest:
         self.signum = signum
         self._time = time.monotonic()
         if self.dist.master:  # one process of several says so
-            os.write(2, b"\nstopping after this iteration to save a checkpoint (Ctrl-C again to quit without saving)\n")
+            what = "to save a checkpoint (Ctrl-C again to quit without saving)" if self.saves else "(Ctrl-C again: now)"
+            os.write(2, f"\nstopping after this iteration {what}\n".encode())

@@ -3,28 +3,18 @@ them, and `--key=value` flags that override both. Every bad value is one ConfigE
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import math
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import layernorm
 from machinery.command import BadOption, first_line
 from machinery.device import DEVICE_HELP
 from model import GPT2_SIZES, GPTConfig, is_hub_id
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """The parser of the other commands (sample.py, batch_independence.py, the benchmarks): a bad argument is a
-    BadOption, one line through the front door, saying where the options are listed, without argparse's usage
-    block before it."""
-
-    def error(self, message: str) -> NoReturn:
-        raise BadOption(f"{message} (--help lists the options)")
 
 
 class ConfigError(BadOption, ValueError):

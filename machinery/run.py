@@ -11,12 +11,13 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from machinery.checkpoint import FORMAT, CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
-from machinery.command import first_line
+from machinery.command import fault_message, first_line
+from machinery.dataset import PreparedData
 from machinery.device import Dist
 from machinery.options import TrainConfig
 from model import GPT, GPTConfig
@@ -25,9 +26,6 @@ try:  # POSIX (Linux, macOS); on Windows there is no fcntl, and a run holds no l
     import fcntl
 except ImportError:
     fcntl = None
-
-if TYPE_CHECKING:  # (data/ is above machinery/: its prepare scripts use machinery's tokenizers)
-    from machinery.dataset import PreparedData
 
 # model_args that fix the weights' shapes or where the norms sit: a resume may change dropout and the norm, not these
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
@@ -110,14 +108,23 @@ class Run:
                 set_rng_state(ranks[self.dist.rank] if len(ranks) == self.dist.world_size else ranks[0])
             else:
                 torch.manual_seed(int(ckpt["config"]["seed"]) + self.dist.rank + 7919 * int(ckpt["iter_num"]))
-            self.iter_num = int(ckpt["iter_num"])
-            self.best_val = float(ckpt["best_val_loss"])
+            self.iter_num, best = ckpt["iter_num"], ckpt["best_val_loss"]
+            if type(self.iter_num) is not int or self.iter_num < 0:  # else the schedule runs from it: a negative
+                raise ValueError(f"iter_num is {self.iter_num!r}, not an integer >= 0")  # learning rate, say
+            if type(best) not in (int, float) or math.isnan(best):  # else no val loss would ever be better
+                raise ValueError(f"best_val_loss is {best!r}, not a number")
+            self.best_val = float(best)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
+            if fault_message(e, "") is not None:  # out of memory moving the state to the device: not the file's
+                raise
             raise CheckpointError(
-                f"{self.resumed_from} cannot be resumed ({type(e).__name__}: {first_line(e)}): it was not written by "
-                f"train.py; start a new run (another --out_dir) or use another checkpoint"
+                f"{self.resumed_from} cannot be resumed: its training state does not fit ({type(e).__name__}: "
+                f"{first_line(e)}); start a new run (another --out_dir) or use another checkpoint"
             ) from None
-        self.last_saved = self.iter_num if self.resumed_from == self.ckpt_path else None
+        same_file = self.resumed_from is not None and os.path.realpath(self.resumed_from) == os.path.realpath(
+            self.ckpt_path
+        )
+        self.last_saved = self.iter_num if same_file else None
 
 
 def rng_state(data_gen: torch.Generator) -> dict[str, Any]:

@@ -204,6 +204,7 @@ def test_bad_arguments_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--norms", "custom", "--require", "builtin"], "'builtin' not among the rows run"),
         (["--new_tokens", "0"], "--new_tokens"),
         (["--device", "nonsense"], "device='nonsense' is not a device here; choose auto, cpu, cuda, cuda:N or mps"),
+        (["--out", str(tmp_path)], "--out " + str(tmp_path) + ": a folder; give the path of a file"),
     ):
         proc = command(capsys, batch_independence.main, args)
         assert_one_line_error(proc, 2, fragment)

@@ -254,15 +254,12 @@ def test_the_checksum_sees_each_kind_of_value():
         lambda c: c["optimizer"].update(state=7),
         lambda c: c.update(iter_num="twelve"),
         lambda c: c.update(config=[1]),
+        lambda c: c.update(iter_num=-5),  # else the schedule would run from it: a negative learning rate
+        lambda c: c.update(best_val_loss=float("nan")),  # else no val loss would ever be better
     ],
     ids=[
-        "rng-a-string",
-        "rng-short",
-        "rng-not-a-dict",
-        "moment-shape",
-        "state-not-a-dict",
-        "iter-a-word",
-        "config-a-list",
+        *("rng-a-string", "rng-short", "rng-not-a-dict", "moment-shape", "state-not-a-dict", "iter-a-word"),
+        *("config-a-list", "iter-below-0", "best-nan"),
     ],
 )
 def test_a_sealed_checkpoint_that_cannot_be_resumed_is_one_line_naming_it(tmp_path, trained, capsys, damage):

@@ -39,7 +39,7 @@ from machinery.checkpoint import load_checkpoint
 from machinery.command import Failure
 from machinery.dataset import DataError
 from machinery.options import ConfigError
-from machinery.tokenizer import TiktokenTokenizer
+from machinery.tokenizer import GPT2_BPE, TiktokenTokenizer
 from model import GPT, gpt2_checkpoint, gpt2_export, pad_left
 
 transformers = pytest.importorskip("transformers")
@@ -239,7 +239,7 @@ def test_export_py_writes_our_checkpoint_as_transformers_gpt2(
     """A checkpoint of ours (the custom LayerNorm; without biases: written as zeros) through export_gpt2.py:
     GPT2LMHeadModel.from_pretrained computes its logits."""
     model = randomize_norms(tiny_model("custom", **overrides))
-    save_model(tmp_path / "ckpt.pt", model, {"kind": "char", "chars": list("abc")})
+    save_model(tmp_path / "ckpt.pt", model, GPT2_BPE)
     folder = export_gpt2.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "hf")])
     assert capsys.readouterr().out == f"wrote {folder / 'config.json'} and {folder / 'model.safetensors'}\n"
     hf = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
@@ -249,6 +249,14 @@ def test_export_py_writes_our_checkpoint_as_transformers_gpt2(
     )
     with torch.no_grad():
         assert rel_err(hf(idx).logits, model(idx)[0].double()) <= TOL
+
+
+def test_a_checkpoint_in_another_tokenizer_is_not_exported(tmp_path: Path) -> None:
+    """A GPT-2 folder is read with GPT-2's BPE: a character model exported would sample as nonsense, silently."""
+    save_model(tmp_path / "ckpt.pt", tiny_model(), {"kind": "char", "itos": list("abc")})
+    with pytest.raises(Failure, match="is not tokenized in GPT-2's BPE"):
+        export_gpt2.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "hf")])
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.mark.parametrize(
@@ -261,7 +269,7 @@ def test_export_py_writes_our_checkpoint_as_transformers_gpt2(
     ids=["rmsnorm", "post-norm", "embed-scale"],
 )
 def test_what_transformers_gpt2_does_not_compute_is_not_exported(tmp_path: Path, overrides: dict, named: str) -> None:
-    save_model(tmp_path / "ckpt.pt", tiny_model(**overrides), {"kind": "char", "chars": list("abc")})
+    save_model(tmp_path / "ckpt.pt", tiny_model(**overrides), GPT2_BPE)
     with pytest.raises(Failure) as e:
         export_gpt2.main(["--ckpt", str(tmp_path / "ckpt.pt"), "--to", str(tmp_path / "hf")])
     assert (

@@ -202,6 +202,24 @@ def test_a_record_appended_after_a_line_a_kill_cut_short_is_a_line_of_its_own(ru
     assert len(records) == n + 2 and [r["kind"] for r in records[-2:]] == ["eval", "summary"]
 
 
+@pytest.mark.parametrize("reader", ["sample", "batch_independence"])
+def test_a_sealed_checkpoint_whose_model_args_deny_its_weights_is_one_line(run_copy, capsys, reader):
+    """Edited and sealed again (docs/06's edit_checkpoint) with a block_size its position table does not have."""
+    import batch_independence
+    import sample
+
+    ckpt = load_checkpoint(run_copy / "ckpt.pt")
+    ckpt["model_args"]["block_size"] //= 2
+    save_checkpoint(run_copy / "ckpt.pt", ckpt)
+    before = tree(run_copy)
+    main = {"sample": sample.main, "batch_independence": batch_independence.main}[reader]
+    proc = command(
+        capsys, main, [f"--out_dir={run_copy}", "--device=cpu", "--max_new_tokens=5"][: 3 if reader == "sample" else 2]
+    )
+    assert_one_line_error(proc, 1, "transformer.wpe.weight")
+    assert tree(run_copy) == before
+
+
 @pytest.mark.parametrize("command", ["train", "sample"])
 def test_a_checkpoint_with_non_finite_weights_is_refused_by_every_reader(run_copy, capsys, command):
     ckpt = load_checkpoint(run_copy / "ckpt.pt")

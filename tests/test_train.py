@@ -375,7 +375,9 @@ def test_an_older_versions_checkpoint_resumes_as_todays_and_an_optimizer_state_t
     steps = {(s["step"].dtype, s["step"].device, s["step"].item()) for s in run.optimizer.state.values()}
     assert steps == {(torch.float32, torch.device("cpu"), 12.0)}
     ckpt["optimizer"] = {"state": {}, "param_groups": []}
-    with pytest.raises(CheckpointError, match=r"ckpt\.pt cannot be resumed \(ValueError: "):
+    with pytest.raises(
+        CheckpointError, match=r"ckpt\.pt cannot be resumed: its training state does not fit \(ValueError: "
+    ):
         train.setup(cfg, explicit, ckpt, "cpu", "float32", Dist(), out / "ckpt.pt")
 
 
