@@ -982,6 +982,23 @@ class LeaksTheBatch(LayerNorm):
         return super().forward(x) + 1e-3 * x.reshape(-1, x.shape[-1]).mean(0)
 
 
+class BatchRMS(LayerNorm):
+    """Each feature divided by its root mean square over the batch: not per token, but even in x, so a batch of a
+    token and its negative has each token's own statistics."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return x * torch.rsqrt(rows.square().mean(0) + self.eps) * self.weight + self.bias
+
+
+class BatchAbsMax(LayerNorm):
+    """Each feature divided by its largest magnitude over the batch: not per token, and even in x."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return x / (rows.abs().amax(0) + self.eps) * self.weight + self.bias
+
+
 @dataclass(frozen=True)
 class Judged:
     """A norm is_per_token is asked about: what it is, whether it is per token, and why a test says otherwise."""
@@ -1027,7 +1044,28 @@ NORMS = [
         False,
         "a row alone and in the batch differ by a few 1e-3: a tolerance that loose hides it; use 1e-6 or torch.equal",
     ),
+    *(
+        Judged(
+            what,
+            make,
+            False,
+            "a batch of a token and its negative cannot show a norm that mixes tokens through even statistics "
+            "(x^2 and |x| are the same for t and -t): use N different random tokens",
+        )
+        for what, make in [
+            ("a norm that divides each feature by its root mean square over the batch", BatchRMS),
+            ("a norm that divides each feature by its largest magnitude over the batch", BatchAbsMax),
+        ]
+    ),
 ]
+SUB_BATCH = (
+    "it never ran a token alone: a sub-batch such as x[:4] still has batch statistics (and its tokens keep their "
+    "positions): run each token alone, norm(x[i:i+1]), and compare it with norm(x)[i] for every row i"
+)
+SIGNED_MEAN = (
+    "it ran each token alone and got rows up to {gap:.1e} from the batch's, yet said True: the signed differences "
+    "cancel in a mean; compare the largest absolute difference, (a - b).abs().max()"
+)
 
 
 def judged_norm(judged: Judged, dim: int) -> torch.nn.Module:
@@ -1048,6 +1086,7 @@ def check_ex6(module: ModuleType) -> None:
     for judged, dim in [*((j, 16) for j in NORMS), (NORMS[0], 12), (NORMS[4], 12)]:
         norm = judged_norm(judged, dim)
         mode, weights = norm.training, [p.detach().clone() for p in norm.parameters()]
+        runs = recorded(norm, dim)
         what = judged.what if dim == 16 else f"{judged.what} of dim {dim}"
         try:
             said = call(f"is_per_token on {what}", module.is_per_token, {"norm": norm, "dim": dim})
@@ -1065,7 +1104,38 @@ def check_ex6(module: ModuleType) -> None:
         if not isinstance(said, bool):
             raise Mistake(f"is_per_token must return True or False, got {type(said).__name__} {said!r:.40}")
         if said != judged.per_token:
-            raise Mistake(f"is_per_token said {said} for {what}; it is {judged.per_token}: {judged.why}")
+            why = judged.why if judged.per_token else why_not_seen(runs, judged.why)
+            raise Mistake(f"is_per_token said {said} for {what}; it is {judged.per_token}: {why}")
+
+
+def recorded(norm: torch.nn.Module, dim: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The list into which each call of norm puts its input and output rows, to say what a test did."""
+    runs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    norm.register_forward_hook(lambda _, args, y: runs.append(rows_of(args[0], y, dim)))
+    return runs
+
+
+def rows_of(x: Any, y: Any, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A call's input and output as rows of dim features (empty for what is not a tensor of dim features)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape[-1:] == y.shape[-1:] == (dim,)):
+        return torch.empty(0, dim), torch.empty(0, dim)
+    return x.detach().reshape(-1, dim).clone(), y.detach().reshape(-1, dim).clone()
+
+
+def why_not_seen(runs: list[tuple[torch.Tensor, torch.Tensor]], why: str) -> str:
+    """Why a test said True for a norm that is not per token, read from the calls it made: sub-batches and no token
+    alone, or each token alone and differences it averaged away; else the norm's own why."""
+    sizes = [len(x) for x, _ in runs]
+    if not sizes or max(sizes) < 2:
+        return why
+    if 1 not in sizes:
+        return SUB_BATCH if any(1 < n < max(sizes) for n in sizes) else why
+    batch_x, batch_y = runs[sizes.index(max(sizes))]
+    gaps = [batch_y[(batch_x == x).all(1)] - y for x, y in runs if len(x) == 1]
+    gaps = torch.cat([g for g in gaps if len(g)]) if any(len(g) for g in gaps) else torch.empty(0)
+    if len(gaps) and gaps.abs().max() > 1e-2 and gaps.mean().abs() < 1e-3 * gaps.abs().max():
+        return SIGNED_MEAN.format(gap=gaps.abs().max().item())
+    return why
 
 
 # ----------------------------------------------------------------------------------------------------------------

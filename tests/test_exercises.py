@@ -1273,8 +1273,31 @@ def numpy_answer(norm, dim):  # numpy's bool, not Python's
         return (norm(x) - torch.cat([norm(x[i : i + 1]) for i in range(8)])).abs().max().numpy() < 1e-6
 
 
+def token_and_its_negative(norm, dim):  # t and -t: as different as two tokens get, yet alike in x^2 and |x|
+    t = torch.randn(1, dim)
+    x = torch.cat([t, -t])
+    with torch.no_grad():
+        return torch.allclose(norm(x), torch.cat([norm(x[:1]), norm(x[1:])]), rtol=0, atol=1e-6)
+
+
+def first_half_alone(norm, dim):  # the first half of the batch run on its own: still a batch
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        return torch.allclose(norm(x)[:4], norm(x[:4]), rtol=0, atol=1e-6)
+
+
+def signed_mean_gap(norm, dim):  # every token alone, but the differences averaged with their signs
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        gap = norm(x) - torch.cat([norm(x[i : i + 1]) for i in range(8)])
+    return bool(gap.mean().abs() < 1e-6)
+
+
 EX6_NEW = [
     (numpy_answer, "is_per_token must return True or False, got bool"),
+    (token_and_its_negative, "a batch of a token and its negative cannot show a norm that mixes tokens through even"),
+    (first_half_alone, "it never ran a token alone: a sub-batch such as x[:4] still has batch statistics"),
+    (signed_mean_gap, "the signed differences cancel in a mean; compare the largest absolute difference"),
     (sixteen_features, "it runs at dim 16 and not at 12: make x of dim features, not 16"),
     (forces_training, "is_per_token switched BatchNorm in eval mode to training mode"),
 ]
@@ -1497,6 +1520,14 @@ def per_token_everywhere(norm, dim):  # two tokens are enough to tell, compared 
     return bool(torch.allclose(together, alone))
 
 
+def per_token_row_by_row(norm, dim):  # rows at different scales and offsets, under inference_mode, early return
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(8, dim, generator=g) * torch.linspace(0.5, 4.0, 8)[:, None] + torch.arange(8.0)[:, None]
+    with torch.inference_mode():
+        full = norm(x)
+        return all(torch.allclose(full[i : i + 1], norm(x[i : i + 1]), rtol=0, atol=1e-6) for i in range(8))
+
+
 def per_token_by_max_gap(norm, dim):
     x = torch.randn(5, dim) * 3
     with torch.no_grad():
@@ -1547,6 +1578,7 @@ RIGHT = [
     (4, SimpleNamespace(LayerNormFunction=SavesXhatOnCtx)),
     (6, SimpleNamespace(is_per_token=per_token_everywhere)),
     (6, SimpleNamespace(is_per_token=per_token_by_max_gap)),
+    (6, SimpleNamespace(is_per_token=per_token_row_by_row)),
     (7, SimpleNamespace(RMSNormFunction=RMSWithSums)),
     (8, "kv_step_einsum"),
     (8, "kv_step_masked"),
