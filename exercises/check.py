@@ -51,7 +51,10 @@ VIEW = "view needs memory laid out in order, and this input is not (a transpose 
 ONE_PASS = (
     "the one-pass E[x^2] - E[x]^2 cancels far from 0 (squares near 1e8, where float32 steps by 8): take two passes"
 )
-MEAN_FAR = "float32's mean of numbers near 1e4 is off by about 1e-3; shift each row by its first element first"
+MEAN_FAR = (
+    "x - mean subtracts a mean near 1e4 held in float32, off by up to 5e-4 however it is computed (float32 steps by "
+    "1e-3 there): centre the shifted row instead, s - s.mean(-1, keepdim=True) with s = x - x[..., :1]"
+)
 ONE_SHIFT = "right when all rows sit at one offset, wrong when they differ: shift each row by its own x[..., :1]"
 FIRST_ROW = "x - x[:1] subtracts the first row from every row; the shift is each row's first element, x[..., :1]"
 STAY_FLOAT32 = "it computes in torch.float64 (a .double() or dtype=torch.float64 inside): stay in float32"
@@ -115,6 +118,10 @@ EXAMPLE = "<the statement's example>"  # the file name of an example's code, run
 
 class Mistake(Exception):
     """The first mistake found, in words: what a grading function returns instead of PASS."""
+
+
+class WrongShape(Mistake):
+    """An output of the wrong shape: it says why the statement's examples fail, so it is reported alone."""
 
 
 def reduced_over(dim: int, norm: str = "LayerNorm") -> str:
@@ -273,6 +280,8 @@ def graded(statement: str) -> Callable[[Callable[[ModuleType], None]], Callable[
             example = failing_example(module, statement)
             try:
                 check(module)
+            except WrongShape as mistake:
+                return str(mistake)
             except Mistake as mistake:
                 found = str(mistake)
             except NotImplementedError:
@@ -318,7 +327,7 @@ def check_tensor(name: str, got: Any, want: torch.Tensor) -> None:
     if not isinstance(got, torch.Tensor):
         raise Mistake(f"{name} must be a tensor, got {type(got).__name__}")
     if got.shape != want.shape:
-        raise Mistake(f"{name} has shape {list(got.shape)}; expected {list(want.shape)}")
+        raise WrongShape(f"{name} has shape {list(got.shape)}; expected {list(want.shape)}")
     if got.dtype != want.dtype:
         raise Mistake(
             f"{name} is {got.dtype}; expected {want.dtype}, the input's (a .float() or .double(), or a tensor made "
@@ -1278,10 +1287,17 @@ EX8_CASES = [
     Decoded((3, 4, 20), "RMSNorm"),
     Decoded((3, 4, 12), "BatchNorm in training mode"),
 ]
-NO_SELF = "the new token does not attend to itself: append its key and value to the cache before attending"
+NO_SELF = (
+    "the new token does not attend to its own key: append its key and value to the cache before attending, and mask "
+    "none of them (its row of the causal mask is the last, all True)"
+)
 NOT_APPENDED = "the cache returned holds {got} positions after token {t}; it holds {want}: append the new key and value"
 PREPENDED = "the new key and value are put first in the cache; append them at the end, torch.cat([k, k_t], dim=1)"
 SWAPPED_CACHE = "the cache is returned as (v, k); it is (k, v)"
+PRESCALED = (
+    "the cache holds k / sqrt(C): cache the keys as the full pass computes them (a cache is read by other code) and "
+    "divide the scores, q . k / sqrt(C)"
+)
 CACHE_CHANGED = "decode_step changed the cache it was given ({what}): return a new one, torch.cat makes new tensors"
 
 
@@ -1292,7 +1308,7 @@ def attend(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values:
     q = layer.qkv(h).chunk(3, dim=-1)[0]
     scale = how.get("scale", math.sqrt(x_t.shape[-1]))
     scores = (q[:, None] @ keys.transpose(-2, -1)) / scale
-    a = (scores.softmax(-1) @ values)[:, 0]
+    a = (scores.softmax(how.get("softmax_dim", -1)) @ values)[:, 0]
     return how.get("residual", x_t) + layer.proj(a)
 
 
@@ -1324,6 +1340,17 @@ def step_variants(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, 
             "the new token attends to the first token only (a causal mask's first row); it sees every cached token",
             attend(layer, x_t, keys[:, :1], values[:, :1]),
         ),
+        (
+            "the softmax is taken over the batch (dim 0); it is over the keys, the last dim of the scores [B, T]",
+            attend(layer, x_t, keys, values, softmax_dim=0),
+        ),
+    ]
+    variants += [
+        (
+            f"the new token attends to the last {w} tokens only (a cache cut short); it attends to every token so far",
+            attend(layer, x_t, keys[:, -w:], values[:, -w:]),
+        )
+        for w in range(2, T)
     ]
     return variants
 
@@ -1357,6 +1384,11 @@ def check_ex8(module: ModuleType) -> None:
                 what = f"decode_step on {case}, token {t}"
                 given = None if cache is None else tuple(c.clone() for c in cache)
                 out = call(what, module.decode_step, {"layer": layer, "x_t": x[:, t], "cache": cache})
+                if not layer.training:
+                    raise Mistake(
+                        f"decode_step switched the layer to eval mode ({what}): use it as it is given (layer.eval() "
+                        "makes BatchNorm use its running averages)"
+                    )
                 if given is not None and not all(torch.equal(a, b) for a, b in zip(cache, given, strict=True)):
                     raise Mistake(CACHE_CHANGED.format(what=what))
                 y_t, cache = decoded(what, out)
@@ -1392,6 +1424,8 @@ def check_cache(
         raise Mistake(f"{what}: {SWAPPED_CACHE}")
     if t and max_error(k, keys.roll(1, 1)) <= 1e-10:
         raise Mistake(f"{what}: {PREPENDED}")
+    if max_error(k, keys / math.sqrt(k.shape[-1])) <= 1e-10:
+        raise Mistake(f"{what}: {PRESCALED}")
     compare(f"the cache's k from {what}", k, keys, [], 1e-10)
     compare(f"the cache's v from {what}", v, values, [], 1e-10)
 

@@ -525,6 +525,12 @@ def one_pass(x):  # the textbook's shortcut: E[x^2] - E[x]^2, and x - mean besid
     return x - x.mean(-1, keepdim=True), x.square().mean(-1) - x.mean(-1).square()
 
 
+def shifted_then_centred_by_the_mean(x):  # the mean rebuilt as shift + mean(s): right, but still held in float32
+    s = x - x[..., :1]
+    xc = x - (x[..., :1] + s.mean(-1, keepdim=True))
+    return xc, (s - s.mean(-1, keepdim=True)).square().mean(-1)
+
+
 def two_passes_unshifted(x):
     xc = x - x.mean(-1, keepdim=True)
     return xc, xc.square().mean(-1)
@@ -608,6 +614,7 @@ EX3_WRONG = [
     (one_pass, (f"{check.MEAN_FAR} (x - mean is off by", f"; and {check.ONE_PASS} (the variance is off by")),
     (two_passes_unshifted, f"{check.MEAN_FAR} (x - mean is off by"),
     (torch_var_unshifted, f"{check.MEAN_FAR} (x - mean is off by"),
+    (shifted_then_centred_by_the_mean, f"{check.MEAN_FAR} (x - mean is off by"),
     (shift_by_the_first_number, f"{check.ONE_SHIFT} (x - mean is off by"),
     (shift_by_the_batch_mean, check.ONE_SHIFT),
     (shift_by_the_first_row, check.FIRST_ROW),
@@ -1358,6 +1365,31 @@ def kv_softmax_over_the_batch(layer, x_t, cache):
     return x_t + layer.proj((weights @ values)[:, 0]), (keys, values)
 
 
+def kv_mask_row_off_by_one(layer, x_t, cache):  # row T - 2 of the causal mask: the new token's own key masked
+    _, (k, v) = kv_step(layer, x_t, cache)
+    T = k.shape[1]
+    keep = torch.ones(T, T, dtype=torch.bool).tril()[T - 2]
+    q = layer.qkv(layer.norm(x_t)).chunk(3, dim=-1)[0]
+    scores = (q[:, None] @ k.transpose(-2, -1) / math.sqrt(x_t.shape[-1])).masked_fill(~keep, float("-inf"))
+    return x_t + layer.proj((scores.softmax(-1) @ v)[:, 0]), (k, v)
+
+
+def kv_prescaled_keys(layer, x_t, cache):  # k / sqrt(C) cached once, the scores then left undivided
+    y, (k, v) = kv_step(layer, x_t, cache)
+    scaled = k / math.sqrt(x_t.shape[-1])
+    return y, (scaled if cache is None else torch.cat([cache[0], scaled[:, -1:]], 1), v)
+
+
+def kv_window_of_4(layer, x_t, cache):  # the cache kept bounded
+    _, (k, v) = kv_step(layer, x_t, cache)
+    return kv_step(layer, x_t, None if cache is None else (k[:, -4:-1], v[:, -4:-1]))
+
+
+def kv_switches_to_eval(layer, x_t, cache):  # "decoding is inference"
+    layer.eval()
+    return kv_step(layer, x_t, cache)
+
+
 def kv_not_appended(layer, x_t, cache):
     y, _ = kv_step(layer, x_t, cache)
     return y, cache if cache is not None else kv_step(layer, x_t, None)[1]
@@ -1381,7 +1413,11 @@ def kv_in_place(layer, x_t, cache):
 
 
 EX8_WRONG = [
-    (kv_softmax_over_the_batch, "y_t from decode_step on x [2, 6, 16] float64, LayerNorm, token 0 is off by"),
+    (kv_softmax_over_the_batch, "the softmax is taken over the batch (dim 0)"),
+    (kv_mask_row_off_by_one, check.NO_SELF),
+    (kv_prescaled_keys, check.PRESCALED),
+    (kv_window_of_4, "the new token attends to the last 4 tokens only (a cache cut short)"),
+    (kv_switches_to_eval, "decode_step switched the layer to eval mode"),
     (lambda layer, x_t, cache: kv_step(layer, x_t, cache, self_attend=False), check.NO_SELF),
     (kv_not_appended, "the cache returned holds 1 positions after token 1; it holds 2"),
     (lambda layer, x_t, cache: kv_step(layer, x_t, cache, order="start"), check.PREPENDED),
