@@ -51,7 +51,10 @@ VIEW = "view needs memory laid out in order, and this input is not (a transpose 
 ONE_PASS = (
     "the one-pass E[x^2] - E[x]^2 cancels far from 0 (squares near 1e8, where float32 steps by 8): take two passes"
 )
-MEAN_FAR = "float32's mean of numbers near 1e4 is off by about 1e-3; shift each row by its first element first"
+MEAN_FAR = (
+    "x - mean subtracts a mean near 1e4 held in float32, off by up to 5e-4 however it is computed (float32 steps by "
+    "1e-3 there): centre the shifted row instead, s - s.mean(-1, keepdim=True) with s = x - x[..., :1]"
+)
 ONE_SHIFT = "right when all rows sit at one offset, wrong when they differ: shift each row by its own x[..., :1]"
 FIRST_ROW = "x - x[:1] subtracts the first row from every row; the shift is each row's first element, x[..., :1]"
 STAY_FLOAT32 = "it computes in torch.float64 (a .double() or dtype=torch.float64 inside): stay in float32"
@@ -115,6 +118,10 @@ EXAMPLE = "<the statement's example>"  # the file name of an example's code, run
 
 class Mistake(Exception):
     """The first mistake found, in words: what a grading function returns instead of PASS."""
+
+
+class WrongShape(Mistake):
+    """An output of the wrong shape: it says why the statement's examples fail, so it is reported alone."""
 
 
 def reduced_over(dim: int, norm: str = "LayerNorm") -> str:
@@ -273,6 +280,8 @@ def graded(statement: str) -> Callable[[Callable[[ModuleType], None]], Callable[
             example = failing_example(module, statement)
             try:
                 check(module)
+            except WrongShape as mistake:
+                return str(mistake)
             except Mistake as mistake:
                 found = str(mistake)
             except NotImplementedError:
@@ -318,7 +327,7 @@ def check_tensor(name: str, got: Any, want: torch.Tensor) -> None:
     if not isinstance(got, torch.Tensor):
         raise Mistake(f"{name} must be a tensor, got {type(got).__name__}")
     if got.shape != want.shape:
-        raise Mistake(f"{name} has shape {list(got.shape)}; expected {list(want.shape)}")
+        raise WrongShape(f"{name} has shape {list(got.shape)}; expected {list(want.shape)}")
     if got.dtype != want.dtype:
         raise Mistake(
             f"{name} is {got.dtype}; expected {want.dtype}, the input's (a .float() or .double(), or a tensor made "
@@ -982,6 +991,23 @@ class LeaksTheBatch(LayerNorm):
         return super().forward(x) + 1e-3 * x.reshape(-1, x.shape[-1]).mean(0)
 
 
+class BatchRMS(LayerNorm):
+    """Each feature divided by its root mean square over the batch: not per token, but even in x, so a batch of a
+    token and its negative has each token's own statistics."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return x * torch.rsqrt(rows.square().mean(0) + self.eps) * self.weight + self.bias
+
+
+class BatchAbsMax(LayerNorm):
+    """Each feature divided by its largest magnitude over the batch: not per token, and even in x."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return x / (rows.abs().amax(0) + self.eps) * self.weight + self.bias
+
+
 @dataclass(frozen=True)
 class Judged:
     """A norm is_per_token is asked about: what it is, whether it is per token, and why a test says otherwise."""
@@ -1027,7 +1053,28 @@ NORMS = [
         False,
         "a row alone and in the batch differ by a few 1e-3: a tolerance that loose hides it; use 1e-6 or torch.equal",
     ),
+    *(
+        Judged(
+            what,
+            make,
+            False,
+            "a batch of a token and its negative cannot show a norm that mixes tokens through even statistics "
+            "(x^2 and |x| are the same for t and -t): use N different random tokens",
+        )
+        for what, make in [
+            ("a norm that divides each feature by its root mean square over the batch", BatchRMS),
+            ("a norm that divides each feature by its largest magnitude over the batch", BatchAbsMax),
+        ]
+    ),
 ]
+SUB_BATCH = (
+    "it never ran a token alone: a sub-batch such as x[:4] still has batch statistics (and its tokens keep their "
+    "positions): run each token alone, norm(x[i:i+1]), and compare it with norm(x)[i] for every row i"
+)
+SIGNED_MEAN = (
+    "it ran each token alone and got rows up to {gap:.1e} from the batch's, yet said True: the signed differences "
+    "cancel in a mean; compare the largest absolute difference, (a - b).abs().max()"
+)
 
 
 def judged_norm(judged: Judged, dim: int) -> torch.nn.Module:
@@ -1048,6 +1095,7 @@ def check_ex6(module: ModuleType) -> None:
     for judged, dim in [*((j, 16) for j in NORMS), (NORMS[0], 12), (NORMS[4], 12)]:
         norm = judged_norm(judged, dim)
         mode, weights = norm.training, [p.detach().clone() for p in norm.parameters()]
+        runs = recorded(norm, dim)
         what = judged.what if dim == 16 else f"{judged.what} of dim {dim}"
         try:
             said = call(f"is_per_token on {what}", module.is_per_token, {"norm": norm, "dim": dim})
@@ -1065,7 +1113,38 @@ def check_ex6(module: ModuleType) -> None:
         if not isinstance(said, bool):
             raise Mistake(f"is_per_token must return True or False, got {type(said).__name__} {said!r:.40}")
         if said != judged.per_token:
-            raise Mistake(f"is_per_token said {said} for {what}; it is {judged.per_token}: {judged.why}")
+            why = judged.why if judged.per_token else why_not_seen(runs, judged.why)
+            raise Mistake(f"is_per_token said {said} for {what}; it is {judged.per_token}: {why}")
+
+
+def recorded(norm: torch.nn.Module, dim: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The list into which each call of norm puts its input and output rows, to say what a test did."""
+    runs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    norm.register_forward_hook(lambda _, args, y: runs.append(rows_of(args[0], y, dim)))
+    return runs
+
+
+def rows_of(x: Any, y: Any, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A call's input and output as rows of dim features (empty for what is not a tensor of dim features)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape[-1:] == y.shape[-1:] == (dim,)):
+        return torch.empty(0, dim), torch.empty(0, dim)
+    return x.detach().reshape(-1, dim).clone(), y.detach().reshape(-1, dim).clone()
+
+
+def why_not_seen(runs: list[tuple[torch.Tensor, torch.Tensor]], why: str) -> str:
+    """Why a test said True for a norm that is not per token, read from the calls it made: sub-batches and no token
+    alone, or each token alone and differences it averaged away; else the norm's own why."""
+    sizes = [len(x) for x, _ in runs]
+    if not sizes or max(sizes) < 2:
+        return why
+    if 1 not in sizes:
+        return SUB_BATCH if any(1 < n < max(sizes) for n in sizes) else why
+    batch_x, batch_y = runs[sizes.index(max(sizes))]
+    gaps = [batch_y[(batch_x == x).all(1)] - y for x, y in runs if len(x) == 1]
+    gaps = torch.cat([g for g in gaps if len(g)]) if any(len(g) for g in gaps) else torch.empty(0)
+    if len(gaps) and gaps.abs().max() > 1e-2 and gaps.mean().abs() < 1e-3 * gaps.abs().max():
+        return SIGNED_MEAN.format(gap=gaps.abs().max().item())
+    return why
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1208,10 +1287,17 @@ EX8_CASES = [
     Decoded((3, 4, 20), "RMSNorm"),
     Decoded((3, 4, 12), "BatchNorm in training mode"),
 ]
-NO_SELF = "the new token does not attend to itself: append its key and value to the cache before attending"
+NO_SELF = (
+    "the new token does not attend to its own key: append its key and value to the cache before attending, and mask "
+    "none of them (its row of the causal mask is the last, all True)"
+)
 NOT_APPENDED = "the cache returned holds {got} positions after token {t}; it holds {want}: append the new key and value"
 PREPENDED = "the new key and value are put first in the cache; append them at the end, torch.cat([k, k_t], dim=1)"
 SWAPPED_CACHE = "the cache is returned as (v, k); it is (k, v)"
+PRESCALED = (
+    "the cache holds k / sqrt(C): cache the keys as the full pass computes them (a cache is read by other code) and "
+    "divide the scores, q . k / sqrt(C)"
+)
 CACHE_CHANGED = "decode_step changed the cache it was given ({what}): return a new one, torch.cat makes new tensors"
 
 
@@ -1222,7 +1308,7 @@ def attend(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, values:
     q = layer.qkv(h).chunk(3, dim=-1)[0]
     scale = how.get("scale", math.sqrt(x_t.shape[-1]))
     scores = (q[:, None] @ keys.transpose(-2, -1)) / scale
-    a = (scores.softmax(-1) @ values)[:, 0]
+    a = (scores.softmax(how.get("softmax_dim", -1)) @ values)[:, 0]
     return how.get("residual", x_t) + layer.proj(a)
 
 
@@ -1254,6 +1340,17 @@ def step_variants(layer: AttentionLayer, x_t: torch.Tensor, keys: torch.Tensor, 
             "the new token attends to the first token only (a causal mask's first row); it sees every cached token",
             attend(layer, x_t, keys[:, :1], values[:, :1]),
         ),
+        (
+            "the softmax is taken over the batch (dim 0); it is over the keys, the last dim of the scores [B, T]",
+            attend(layer, x_t, keys, values, softmax_dim=0),
+        ),
+    ]
+    variants += [
+        (
+            f"the new token attends to the last {w} tokens only (a cache cut short); it attends to every token so far",
+            attend(layer, x_t, keys[:, -w:], values[:, -w:]),
+        )
+        for w in range(2, T)
     ]
     return variants
 
@@ -1287,6 +1384,11 @@ def check_ex8(module: ModuleType) -> None:
                 what = f"decode_step on {case}, token {t}"
                 given = None if cache is None else tuple(c.clone() for c in cache)
                 out = call(what, module.decode_step, {"layer": layer, "x_t": x[:, t], "cache": cache})
+                if not layer.training:
+                    raise Mistake(
+                        f"decode_step switched the layer to eval mode ({what}): use it as it is given (layer.eval() "
+                        "makes BatchNorm use its running averages)"
+                    )
                 if given is not None and not all(torch.equal(a, b) for a, b in zip(cache, given, strict=True)):
                     raise Mistake(CACHE_CHANGED.format(what=what))
                 y_t, cache = decoded(what, out)
@@ -1322,6 +1424,8 @@ def check_cache(
         raise Mistake(f"{what}: {SWAPPED_CACHE}")
     if t and max_error(k, keys.roll(1, 1)) <= 1e-10:
         raise Mistake(f"{what}: {PREPENDED}")
+    if max_error(k, keys / math.sqrt(k.shape[-1])) <= 1e-10:
+        raise Mistake(f"{what}: {PRESCALED}")
     compare(f"the cache's k from {what}", k, keys, [], 1e-10)
     compare(f"the cache's v from {what}", v, values, [], 1e-10)
 

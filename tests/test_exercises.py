@@ -525,6 +525,12 @@ def one_pass(x):  # the textbook's shortcut: E[x^2] - E[x]^2, and x - mean besid
     return x - x.mean(-1, keepdim=True), x.square().mean(-1) - x.mean(-1).square()
 
 
+def shifted_then_centred_by_the_mean(x):  # the mean rebuilt as shift + mean(s): right, but still held in float32
+    s = x - x[..., :1]
+    xc = x - (x[..., :1] + s.mean(-1, keepdim=True))
+    return xc, (s - s.mean(-1, keepdim=True)).square().mean(-1)
+
+
 def two_passes_unshifted(x):
     xc = x - x.mean(-1, keepdim=True)
     return xc, xc.square().mean(-1)
@@ -608,6 +614,7 @@ EX3_WRONG = [
     (one_pass, (f"{check.MEAN_FAR} (x - mean is off by", f"; and {check.ONE_PASS} (the variance is off by")),
     (two_passes_unshifted, f"{check.MEAN_FAR} (x - mean is off by"),
     (torch_var_unshifted, f"{check.MEAN_FAR} (x - mean is off by"),
+    (shifted_then_centred_by_the_mean, f"{check.MEAN_FAR} (x - mean is off by"),
     (shift_by_the_first_number, f"{check.ONE_SHIFT} (x - mean is off by"),
     (shift_by_the_batch_mean, check.ONE_SHIFT),
     (shift_by_the_first_row, check.FIRST_ROW),
@@ -1273,8 +1280,31 @@ def numpy_answer(norm, dim):  # numpy's bool, not Python's
         return (norm(x) - torch.cat([norm(x[i : i + 1]) for i in range(8)])).abs().max().numpy() < 1e-6
 
 
+def token_and_its_negative(norm, dim):  # t and -t: as different as two tokens get, yet alike in x^2 and |x|
+    t = torch.randn(1, dim)
+    x = torch.cat([t, -t])
+    with torch.no_grad():
+        return torch.allclose(norm(x), torch.cat([norm(x[:1]), norm(x[1:])]), rtol=0, atol=1e-6)
+
+
+def first_half_alone(norm, dim):  # the first half of the batch run on its own: still a batch
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        return torch.allclose(norm(x)[:4], norm(x[:4]), rtol=0, atol=1e-6)
+
+
+def signed_mean_gap(norm, dim):  # every token alone, but the differences averaged with their signs
+    x = torch.randn(8, dim)
+    with torch.no_grad():
+        gap = norm(x) - torch.cat([norm(x[i : i + 1]) for i in range(8)])
+    return bool(gap.mean().abs() < 1e-6)
+
+
 EX6_NEW = [
     (numpy_answer, "is_per_token must return True or False, got bool"),
+    (token_and_its_negative, "a batch of a token and its negative cannot show a norm that mixes tokens through even"),
+    (first_half_alone, "it never ran a token alone: a sub-batch such as x[:4] still has batch statistics"),
+    (signed_mean_gap, "the signed differences cancel in a mean; compare the largest absolute difference"),
     (sixteen_features, "it runs at dim 16 and not at 12: make x of dim features, not 16"),
     (forces_training, "is_per_token switched BatchNorm in eval mode to training mode"),
 ]
@@ -1335,6 +1365,31 @@ def kv_softmax_over_the_batch(layer, x_t, cache):
     return x_t + layer.proj((weights @ values)[:, 0]), (keys, values)
 
 
+def kv_mask_row_off_by_one(layer, x_t, cache):  # row T - 2 of the causal mask: the new token's own key masked
+    _, (k, v) = kv_step(layer, x_t, cache)
+    T = k.shape[1]
+    keep = torch.ones(T, T, dtype=torch.bool).tril()[T - 2]
+    q = layer.qkv(layer.norm(x_t)).chunk(3, dim=-1)[0]
+    scores = (q[:, None] @ k.transpose(-2, -1) / math.sqrt(x_t.shape[-1])).masked_fill(~keep, float("-inf"))
+    return x_t + layer.proj((scores.softmax(-1) @ v)[:, 0]), (k, v)
+
+
+def kv_prescaled_keys(layer, x_t, cache):  # k / sqrt(C) cached once, the scores then left undivided
+    y, (k, v) = kv_step(layer, x_t, cache)
+    scaled = k / math.sqrt(x_t.shape[-1])
+    return y, (scaled if cache is None else torch.cat([cache[0], scaled[:, -1:]], 1), v)
+
+
+def kv_window_of_4(layer, x_t, cache):  # the cache kept bounded
+    _, (k, v) = kv_step(layer, x_t, cache)
+    return kv_step(layer, x_t, None if cache is None else (k[:, -4:-1], v[:, -4:-1]))
+
+
+def kv_switches_to_eval(layer, x_t, cache):  # "decoding is inference"
+    layer.eval()
+    return kv_step(layer, x_t, cache)
+
+
 def kv_not_appended(layer, x_t, cache):
     y, _ = kv_step(layer, x_t, cache)
     return y, cache if cache is not None else kv_step(layer, x_t, None)[1]
@@ -1358,7 +1413,11 @@ def kv_in_place(layer, x_t, cache):
 
 
 EX8_WRONG = [
-    (kv_softmax_over_the_batch, "y_t from decode_step on x [2, 6, 16] float64, LayerNorm, token 0 is off by"),
+    (kv_softmax_over_the_batch, "the softmax is taken over the batch (dim 0)"),
+    (kv_mask_row_off_by_one, check.NO_SELF),
+    (kv_prescaled_keys, check.PRESCALED),
+    (kv_window_of_4, "the new token attends to the last 4 tokens only (a cache cut short)"),
+    (kv_switches_to_eval, "decode_step switched the layer to eval mode"),
     (lambda layer, x_t, cache: kv_step(layer, x_t, cache, self_attend=False), check.NO_SELF),
     (kv_not_appended, "the cache returned holds 1 positions after token 1; it holds 2"),
     (lambda layer, x_t, cache: kv_step(layer, x_t, cache, order="start"), check.PREPENDED),
@@ -1497,6 +1556,14 @@ def per_token_everywhere(norm, dim):  # two tokens are enough to tell, compared 
     return bool(torch.allclose(together, alone))
 
 
+def per_token_row_by_row(norm, dim):  # rows at different scales and offsets, under inference_mode, early return
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(8, dim, generator=g) * torch.linspace(0.5, 4.0, 8)[:, None] + torch.arange(8.0)[:, None]
+    with torch.inference_mode():
+        full = norm(x)
+        return all(torch.allclose(full[i : i + 1], norm(x[i : i + 1]), rtol=0, atol=1e-6) for i in range(8))
+
+
 def per_token_by_max_gap(norm, dim):
     x = torch.randn(5, dim) * 3
     with torch.no_grad():
@@ -1547,6 +1614,7 @@ RIGHT = [
     (4, SimpleNamespace(LayerNormFunction=SavesXhatOnCtx)),
     (6, SimpleNamespace(is_per_token=per_token_everywhere)),
     (6, SimpleNamespace(is_per_token=per_token_by_max_gap)),
+    (6, SimpleNamespace(is_per_token=per_token_row_by_row)),
     (7, SimpleNamespace(RMSNormFunction=RMSWithSums)),
     (8, "kv_step_einsum"),
     (8, "kv_step_masked"),
