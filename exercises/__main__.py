@@ -101,6 +101,7 @@ def graded_apart(n: int, package: str, time_limit: float) -> str:
         finally:
             if child.returncode is None:  # past the time limit, or Ctrl-C
                 kill(child)
+            kill_orphans()
         if path.exists():  # graded, even if the child then failed to end
             return path.read_text(encoding="utf-8")
     if status is None:
@@ -111,6 +112,28 @@ def graded_apart(n: int, package: str, time_limit: float) -> str:
     if status < 0:
         return f"crashed ({signal_name(-status)}) while your code ran: not graded"
     return f"your code ended the grader's process (exit status {status}) before it was graded: not graded"
+
+
+def adopt_orphans() -> bool:
+    """Linux: make this process the one a grandchild is handed to when its parent ends (a child subreaper), so that
+    a process the learner's code starts in a session of its own, out of reach of kill's process group, is still
+    ours to end (kill_orphans). Elsewhere nothing: such a process may outlive the grader."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def kill_orphans() -> None:
+    """Every process this one has been handed (adopt_orphans) since the child it started ended: killed and reaped."""
+    while pids := [int(p) for f in Path("/proc/self/task").glob("*/children") for p in f.read_text().split()]:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def kill(child: subprocess.Popen) -> None:
@@ -168,6 +191,8 @@ def main(argv: Sequence[str] | None = None, package: str = "exercises", in_proce
             print(f"exercise {n} ({FILES[n]}.py): {check.explain(n)}")
         return 0
     failed = 0
+    if not in_process:
+        adopt_orphans()
     for n in chosen:
         try:
             result = grade(n, package) if in_process else graded_apart(n, package, time_limit)

@@ -9,6 +9,7 @@ import ast
 import doctest
 import importlib
 import math
+import os
 import re
 import runpy
 import shutil
@@ -248,6 +249,23 @@ def test_ctrl_c_while_grading_ends_in_one_line_and_status_130(tmp_path: Path) ->
 def test_code_that_ends_the_graders_process_is_not_graded_and_fails(tmp_path: Path, body: str, line: str) -> None:
     proc = python("-m", "exercises", "2", cwd=learners_tree(tmp_path, body))
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, f"exercise 2 (ex2_layer_norm.py): {line}\n", "")
+
+
+@pytest.mark.slow  # `python -m exercises 2` and its child
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the grader adopts orphans on Linux only")
+def test_a_process_the_learners_code_starts_in_a_session_of_its_own_ends_with_the_grading(tmp_path: Path) -> None:
+    """Out of reach of the child's process group, it is handed to the grader when the child ends, which kills it."""
+    pid_file = tmp_path / "pid"
+    tree = learners_tree(
+        tmp_path,
+        f"import pathlib, subprocess, sys\n\ndef layer_norm(x, gamma, beta, eps):\n"
+        f"    p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+        f"    pathlib.Path({str(pid_file)!r}).write_text(str(p.pid))\n    return x\n",
+    )
+    proc = python("-m", "exercises", "2", cwd=tree, timeout=120)
+    assert proc.returncode == 1 and pid_file.exists(), proc.stdout + proc.stderr
+    with pytest.raises(ProcessLookupError):  # gone, not left sleeping
+        os.kill(int(pid_file.read_text()), 0)
 
 
 @pytest.mark.slow  # `python -m exercises 2` and its child, which runs until its 25 s are up
