@@ -55,6 +55,7 @@ LONG = {
     'python sample.py --init_from=gpt2 --norm=custom --temperature=0 --start="To be, or not to be"': "test_gpt2.py",
     "python batch_independence.py --init_from=gpt2 --norms=custom,builtin": "test_gpt2.py",
     "python train.py configs/finetune_shakespeare.json": "test_gpt2.py",
+    "python export_gpt2.py --out_dir=out-finetune-shakespeare --to=gpt2-shakespeare": "test_gpt2.py",
     # out-ln-free is what experiments/remove_layernorm.py leaves: test_remove_layernorm.py runs both on its smoke run's
     'python sample.py --out_dir=out-ln-free --start="ROMEO:" --max_new_tokens=200': "test_remove_layernorm.py",
     "python batch_independence.py --out_dir=out-ln-free --norms=frozen": "test_remove_layernorm.py",
