@@ -42,6 +42,7 @@ NO_SQRT = "you divided by var + eps; LayerNorm divides by its square root, sqrt(
 ALL_DIMS = "you reduced over every dim; LayerNorm reduces over the last dim only"
 SWAPPED = "gamma and beta are swapped: y = xhat * gamma + beta"
 NO_AFFINE = "your output ignores gamma and beta: y = xhat * gamma + beta"
+NO_BETA = "beta is never added: y = xhat * gamma + beta"
 IN_PLACE = "changed its input {name} in place ({name} -= ..., {name}.sub_(...)): compute into new tensors"
 BROADCAST = (
     "did you keep the reduced dim? x.mean(-1, keepdim=True) is [..., 1], which broadcasts against x [..., C]; or does "
@@ -441,6 +442,7 @@ def ln_variants(
         (NO_SQRT, ln(x, gamma, beta, eps, root=False)),
         (SWAPPED, ln(x, beta, gamma, eps)),
         (NO_AFFINE, ln(x, 1.0, 0.0, eps)),
+        (NO_BETA, ln(x, gamma, 0.0, eps)),
         (AFFINE_FIRST, ln(x * gamma + beta, 1.0, 0.0, eps)),
     ]
     if eps != 1e-5:

@@ -1050,6 +1050,11 @@ class NoAffine1d(Textbook):
         return (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
 
 
+class NoBeta(Textbook):
+    def __call__(self, x):
+        return self.gamma * (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
+
+
 EX1_NEW = [
     (EpsHardCoded, check.EPS_FIXED.format(eps="self.eps")),
     (EpsNotKept, "LayerNorm1d(16, eps=0.01).eps is 1e-05: keep the eps it is given"),
@@ -1062,6 +1067,7 @@ EX1_NEW = [
     (EveryElement, check.ALL_DIMS),
     (StdPlusEps1d, check.EPS_OUTSIDE),
     (NoAffine1d, check.NO_AFFINE),
+    (NoBeta, check.NO_BETA),
 ]
 
 
