@@ -1055,6 +1055,13 @@ class NoBeta(Textbook):
         return self.gamma * (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
 
 
+class KeepsFirstScale(Textbook):  # a scale from the first batch's mean variance, kept "to save work": wrong at once
+    def __call__(self, x):
+        if not hasattr(self, "scale"):
+            self.scale = torch.sqrt(x.var(1, correction=0).mean() + self.eps)
+        return self.gamma * (x - x.mean(1, keepdim=True)) / self.scale + self.beta
+
+
 EX1_NEW = [
     (EpsHardCoded, check.EPS_FIXED.format(eps="self.eps")),
     (EpsNotKept, "LayerNorm1d(16, eps=0.01).eps is 1e-05: keep the eps it is given"),
@@ -1068,6 +1075,7 @@ EX1_NEW = [
     (StdPlusEps1d, check.EPS_OUTSIDE),
     (NoAffine1d, check.NO_AFFINE),
     (NoBeta, check.NO_BETA),
+    (KeepsFirstScale, "from a fresh layer's output on that batch): __call__ keeps something from an earlier call"),
 ]
 
 
