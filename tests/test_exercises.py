@@ -1142,6 +1142,10 @@ def ln_var_without_keepdim(x, gamma, beta, eps):  # keepdim on the mean, not on 
     return centred(x) / torch.sqrt(x.var(-1, correction=0) + eps) * gamma + beta
 
 
+def ln_float32_cast_back(x, gamma, beta, eps):  # "float32 statistics, as the kernels do", whatever x's dtype
+    return ln_right(x.float(), gamma.float(), beta.float(), eps).to(x.dtype)
+
+
 EX2_NEW = [
     (ln_var_without_keepdim, check.BROADCAST),
     (ln_one_pass, check.ONE_PASS_FAR),
@@ -1155,6 +1159,7 @@ EX2_NEW = [
     (ln_in_float32, f"{SHAPE_0} is torch.float32; expected torch.float64"),
     (ln_dim_2, ("layer_norm on x [8] float64, eps 1e-5: a dim that x of this rank does not have", "IndexError")),
     (ln_nn_module, "layer_norm calls torch's own layer_norm (F.layer_norm)"),
+    (ln_float32_cast_back, (check.FLOAT32_PRECISION, f"({SHAPE_0} is off by")),
 ]
 
 
