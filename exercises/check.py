@@ -104,6 +104,10 @@ LEADING_DIMS = (
     "you reduced over every dim but the last (each feature's statistics over the batch, as BatchNorm); LayerNorm "
     "reduces over the last dim only"
 )
+PER_SAMPLE = (
+    "you reduced over every dim but the first (each sample's features flattened, x.reshape(x.shape[0], -1)); "
+    "LayerNorm reduces over each token's last dim only"
+)
 WRONG_RANK = (
     "a dim that x of this rank does not have: for x [..., C] of any rank, reduce over dim -1 (or reshape(-1, C))"
 )
@@ -452,8 +456,9 @@ def ln_variants(
     if eps != 1e-5:
         variants += [(EPS_FIXED.format(eps=eps_name), ln(x, gamma, beta, 1e-5))]
     variants += [(FIXED_WIDTH.format(width=w), ln(x, gamma, beta, eps, width=w)) for w in widths if w != x.shape[-1]]
-    if x.dim() > 2:  # every leading dim: BatchNorm's statistics over a batch of sequences
+    if x.dim() > 2:  # every leading dim: BatchNorm's statistics over a batch of sequences; every dim but the first
         variants += [(LEADING_DIMS, ln(x, gamma, beta, eps, dims=tuple(range(x.dim() - 1))))]
+        variants += [(PER_SAMPLE, ln(x, gamma, beta, eps, dims=tuple(range(1, x.dim()))))]
     if x.dim() > 1:  # for a 1-D x the last dim is every dim: nothing else to reduce over
         variants += [(reduced_over(d), ln(x, gamma, beta, eps, dims=(d,))) for d in range(x.dim() - 1)]
         variants += [(ALL_DIMS, ln(x, gamma, beta, eps, dims=tuple(range(x.dim()))))]

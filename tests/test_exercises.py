@@ -1146,6 +1146,12 @@ def ln_float32_cast_back(x, gamma, beta, eps):  # "float32 statistics, as the ke
     return ln_right(x.float(), gamma.float(), beta.float(), eps).to(x.dtype)
 
 
+def ln_per_sample(x, gamma, beta, eps):  # each sample's features flattened: a token's statistics are its sequence's
+    rows = x.reshape(x.shape[0], -1) if x.dim() > 1 else x[None]
+    xhat = centred(rows) / torch.sqrt(rows.var(-1, keepdim=True, correction=0) + eps)
+    return xhat.reshape(x.shape) * gamma + beta
+
+
 EX2_NEW = [
     (ln_var_without_keepdim, check.BROADCAST),
     (ln_one_pass, check.ONE_PASS_FAR),
@@ -1160,6 +1166,7 @@ EX2_NEW = [
     (ln_dim_2, ("layer_norm on x [8] float64, eps 1e-5: a dim that x of this rank does not have", "IndexError")),
     (ln_nn_module, "layer_norm calls torch's own layer_norm (F.layer_norm)"),
     (ln_float32_cast_back, (check.FLOAT32_PRECISION, f"({SHAPE_0} is off by")),
+    (ln_per_sample, check.PER_SAMPLE),
 ]
 
 
