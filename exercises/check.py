@@ -721,6 +721,11 @@ def ex3_variants(x64: torch.Tensor) -> dict[str, list[tuple[str, torch.Tensor]]]
         shifted = x64 - shift
         variants["x - mean"].append((why, shifted - shifted.mean(-1, keepdim=True)))
         variants["the variance"].append((why, shifted.var(-1, correction=0)))
+    shifted = x64 - x64[..., :1]
+    for width in (w for w in (4, 384) if w != x64.shape[-1]):  # the statement's widths, written in
+        xc = shifted - shifted.sum(-1, keepdim=True) / width
+        variants["x - mean"].append((FIXED_WIDTH.format(width=width), xc))
+        variants["the variance"].append((FIXED_WIDTH.format(width=width), xc.square().sum(-1) / width))
     return variants
 
 
