@@ -926,6 +926,11 @@ def ln_grads(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: floa
                 ("dx leaves out the factor rstd = 1 / sqrt(var + eps)", g - mean_g - along),
                 ("dx leaves out gamma: the gradient reaching xhat is g = dy * gamma", dx_no_gamma),
                 (
+                    "dx's xhat * mean(g * xhat) term divides the sum by C-1; the mean divides by C, as the "
+                    "forward's variance does",
+                    rstd * (g - mean_g - xhat * (g * xhat).sum(-1, keepdim=True) / (x.shape[-1] - 1)),
+                ),
+                (
                     BACKWARD_NO_EPS,
                     rstd_no_eps * (g - mean_g - xhat_no_eps * (g * xhat_no_eps).mean(-1, keepdim=True)),
                 ),

@@ -1268,6 +1268,12 @@ def dx_mean_over_everything(xhat, rstd, gamma, dy):  # the means over every row 
     return rstd * (g - g.mean() - xhat * (g * xhat).mean()), rows_sum(dy * xhat), rows_sum(dy), None
 
 
+def dx_divides_by_c_minus_1(xhat, rstd, gamma, dy):  # "d var / d x_j = 2 (x_j - mean) / (C - 1)"
+    g = dy * gamma
+    along = xhat * (g * xhat).sum(-1, keepdim=True) / (dy.shape[-1] - 1)
+    return rstd * (g - g.mean(-1, keepdim=True) - along), rows_sum(dy * xhat), rows_sum(dy), None
+
+
 EX4_NEW = [
     (forward_saving_x, backward_from_x_without_eps, check.BACKWARD_NO_EPS),
     (ln_forward, lambda xh, r, g, dy: backward_without_eps(xh, r, g, dy), check.BACKWARD_NO_EPS),
@@ -1281,6 +1287,7 @@ EX4_NEW = [
     (forward_eps_fixed, ln_backward, check.EPS_FIXED.format(eps="the eps argument")),
     (ln_forward, summed_over_dim_0_keepdim, "dbeta has shape [1, 4, 8]; expected [8]: sum it over every row"),
     (ln_forward, dx_mean_over_everything, "dx on x [3, 4, 8] float64, eps 0.01 is off by"),
+    (ln_forward, dx_divides_by_c_minus_1, "dx's xhat * mean(g * xhat) term divides the sum by C-1"),
 ]
 
 
