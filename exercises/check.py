@@ -1264,6 +1264,10 @@ def rms_grads(x: torch.Tensor, gamma: torch.Tensor, eps: float, dy: torch.Tensor
                 ("dx adds the term from rrms's dependence on x; it is subtracted", rrms * (g + along)),
                 ("dx's second term lacks a factor rrms: both terms are multiplied by it", rrms * g - along),
                 (
+                    "dx's second term takes the sum of g * xn where the mean belongs: xn * mean(g * xn)",
+                    rrms * (g - xn * (g * xn).sum(-1, keepdim=True)),
+                ),
+                (
                     "dx leaves out gamma: the gradient reaching xn is g = dy * gamma",
                     rrms * (dy - xn * (dy * xn).mean(-1, keepdim=True)),
                 ),

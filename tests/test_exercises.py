@@ -1367,11 +1367,17 @@ def rms_dgamma_dim_0_keepdim(xn, rrms, gamma, dy):
     return rms_dx(xn, rrms, gamma, dy), (dy * xn).sum(0, keepdim=True), None
 
 
+def rms_dx_sum_not_mean(xn, rrms, gamma, dy):
+    g = dy * gamma
+    return rrms * (g - xn * (g * xn).sum(-1, keepdim=True)), rows_sum(dy * xn), None
+
+
 EX7_NEW = [
     (rms_forward, rms_dgamma_dim_0_keepdim, "dgamma has shape [1, 4, 8]; expected [8]: sum it over every row"),
     (rms_forward, rms_backward_dgamma_from_y, "dgamma sums dy * y, the output; it sums dy * xn"),
     (rms_with_f, rms_grads(), "forward calls torch's own rms_norm (F.rms_norm)"),
     (rms_forward, rms_sums_over_dims_0_1, "dgamma has shape []; expected [12]: it is summed over the features too"),
+    (rms_forward, rms_dx_sum_not_mean, "dx's second term takes the sum of g * xn where the mean belongs"),
 ]
 
 
