@@ -1068,6 +1068,18 @@ class NoAffine1d(Textbook):
         return (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
 
 
+class NoBeta(Textbook):
+    def __call__(self, x):
+        return self.gamma * (x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, keepdim=True, correction=0) + self.eps)
+
+
+class KeepsFirstScale(Textbook):  # a scale from the first batch's mean variance, kept "to save work": wrong at once
+    def __call__(self, x):
+        if not hasattr(self, "scale"):
+            self.scale = torch.sqrt(x.var(1, correction=0).mean() + self.eps)
+        return self.gamma * (x - x.mean(1, keepdim=True)) / self.scale + self.beta
+
+
 EX1_NEW = [
     (EpsHardCoded, check.EPS_FIXED.format(eps="self.eps")),
     (EpsNotKept, "LayerNorm1d(16, eps=0.01).eps is 1e-05: keep the eps it is given"),
@@ -1080,6 +1092,8 @@ EX1_NEW = [
     (EveryElement, check.ALL_DIMS),
     (StdPlusEps1d, check.EPS_OUTSIDE),
     (NoAffine1d, check.NO_AFFINE),
+    (NoBeta, check.NO_BETA),
+    (KeepsFirstScale, "from a fresh layer's output on that batch): __call__ keeps something from an earlier call"),
 ]
 
 
@@ -1146,6 +1160,16 @@ def ln_var_without_keepdim(x, gamma, beta, eps):  # keepdim on the mean, not on 
     return centred(x) / torch.sqrt(x.var(-1, correction=0) + eps) * gamma + beta
 
 
+def ln_float32_cast_back(x, gamma, beta, eps):  # "float32 statistics, as the kernels do", whatever x's dtype
+    return ln_right(x.float(), gamma.float(), beta.float(), eps).to(x.dtype)
+
+
+def ln_per_sample(x, gamma, beta, eps):  # each sample's features flattened: a token's statistics are its sequence's
+    rows = x.reshape(x.shape[0], -1) if x.dim() > 1 else x[None]
+    xhat = centred(rows) / torch.sqrt(rows.var(-1, keepdim=True, correction=0) + eps)
+    return xhat.reshape(x.shape) * gamma + beta
+
+
 EX2_NEW = [
     (ln_var_without_keepdim, check.BROADCAST),
     (ln_one_pass, check.ONE_PASS_FAR),
@@ -1159,6 +1183,8 @@ EX2_NEW = [
     (ln_in_float32, f"{SHAPE_0} is torch.float32; expected torch.float64"),
     (ln_dim_2, ("layer_norm on x [8] float64, eps 1e-5: a dim that x of this rank does not have", "IndexError")),
     (ln_nn_module, "layer_norm calls torch's own layer_norm (F.layer_norm)"),
+    (ln_float32_cast_back, (check.FLOAT32_PRECISION, f"({SHAPE_0} is off by")),
+    (ln_per_sample, check.PER_SAMPLE),
 ]
 
 
@@ -1195,6 +1221,12 @@ def sample_variance_shifted(x):
     return s - s.mean(-1, keepdim=True), s.var(-1)
 
 
+def divides_by_384(x):  # the statement's width written in
+    s = x - x[..., :1]
+    xc = s - s.sum(-1, keepdim=True) / 384
+    return xc, xc.square().sum(-1) / 384
+
+
 EX3_NEW = [
     (shift_then_one_pass, (check.ONE_PASS_SHIFTED, "relative, allowed 1e-05")),
     (shift_then_one_pass_var_mean, check.ONE_PASS_SHIFTED),
@@ -1202,6 +1234,7 @@ EX3_NEW = [
     (shifted_row_as_centred, check.SHIFTED_NOT_CENTRED),
     (shift_by_the_last_row, "x - mean on x [64, 384] float32, rows at offset 0 is off by"),  # told where, not why
     (sample_variance_shifted, check.SAMPLE_VARIANCE),
+    (divides_by_384, check.FIXED_WIDTH.format(width=384)),
 ]
 
 
@@ -1253,6 +1286,12 @@ def dx_mean_over_everything(xhat, rstd, gamma, dy):  # the means over every row 
     return rstd * (g - g.mean() - xhat * (g * xhat).mean()), rows_sum(dy * xhat), rows_sum(dy), None
 
 
+def dx_divides_by_c_minus_1(xhat, rstd, gamma, dy):  # "d var / d x_j = 2 (x_j - mean) / (C - 1)"
+    g = dy * gamma
+    along = xhat * (g * xhat).sum(-1, keepdim=True) / (dy.shape[-1] - 1)
+    return rstd * (g - g.mean(-1, keepdim=True) - along), rows_sum(dy * xhat), rows_sum(dy), None
+
+
 EX4_NEW = [
     (forward_saving_x, backward_from_x_without_eps, check.BACKWARD_NO_EPS),
     (ln_forward, lambda xh, r, g, dy: backward_without_eps(xh, r, g, dy), check.BACKWARD_NO_EPS),
@@ -1266,6 +1305,7 @@ EX4_NEW = [
     (forward_eps_fixed, ln_backward, check.EPS_FIXED.format(eps="the eps argument")),
     (ln_forward, summed_over_dim_0_keepdim, "dbeta has shape [1, 4, 8]; expected [8]: sum it over every row"),
     (ln_forward, dx_mean_over_everything, "dx on x [3, 4, 8] float64, eps 0.01 is off by"),
+    (ln_forward, dx_divides_by_c_minus_1, "dx's xhat * mean(g * xhat) term divides the sum by C-1"),
 ]
 
 
@@ -1345,11 +1385,17 @@ def rms_dgamma_dim_0_keepdim(xn, rrms, gamma, dy):
     return rms_dx(xn, rrms, gamma, dy), (dy * xn).sum(0, keepdim=True), None
 
 
+def rms_dx_sum_not_mean(xn, rrms, gamma, dy):
+    g = dy * gamma
+    return rrms * (g - xn * (g * xn).sum(-1, keepdim=True)), rows_sum(dy * xn), None
+
+
 EX7_NEW = [
     (rms_forward, rms_dgamma_dim_0_keepdim, "dgamma has shape [1, 4, 8]; expected [8]: sum it over every row"),
     (rms_forward, rms_backward_dgamma_from_y, "dgamma sums dy * y, the output; it sums dy * xn"),
     (rms_with_f, rms_grads(), "forward calls torch's own rms_norm (F.rms_norm)"),
     (rms_forward, rms_sums_over_dims_0_1, "dgamma has shape []; expected [12]: it is summed over the features too"),
+    (rms_forward, rms_dx_sum_not_mean, "dx's second term takes the sum of g * xn where the mean belongs"),
 ]
 
 
