@@ -368,16 +368,19 @@ def train(
             stop_reason="eval_only" if cfg.eval_only else stop_reason or "max_iters",
         )
         log(summary)
-    # The sample at the end, past StopRequest: Ctrl-C stops it, the run being done (evaluated, saved). A signal
-    # during the last evaluation skips it.
-    if cfg.sample_at_end and dist.master and not cfg.eval_only and stop.signum is None:
-        try:
-            print_sample(run)
-        except KeyboardInterrupt:
-            saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
-            where = f"the run is done ({it} iterations) and {saved}"
-            raise Interrupted(f"interrupted (SIGINT) during the sample at the end; {where}", signal.SIGINT) from None
+    if cfg.sample_at_end and dist.master and not cfg.eval_only and stop.signum is None:  # (a signal: no sample)
+        sample_at_end(run, it)
     return summary
+
+
+def sample_at_end(run: Run, it: int) -> None:
+    """The sample once the run is done (evaluated, saved), past StopRequest: Ctrl-C stops it, saying so."""
+    try:
+        print_sample(run)
+    except KeyboardInterrupt:
+        saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
+        where = f"the run is done ({it} iterations) and {saved}"
+        raise Interrupted(f"interrupted (SIGINT) during the sample at the end; {where}", signal.SIGINT) from None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
