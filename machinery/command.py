@@ -1,9 +1,9 @@
 """Every command's front door: train.py, sample.py, batch_independence.py, export_gpt2.py, the prepare scripts, the
 benchmarks and the experiments end through run_command (the grader, python -m exercises, keeps its own: a learner's
-tree holds exercises/ alone). An expected failure is a Failure whose message is one line that
-says what to do; run_command prints it on stderr and exits with its status (2 for a bad option, 1 for the rest,
-128 + signal for a signal). Ctrl-C is 130 and a closed pipe (`| head`) ends quietly. Standard library only, so that
-a command can import it before torch (see quiet_until_started)."""
+tree holds exercises/ and the two LayerNorm files, not machinery/). An expected failure is a Failure whose message
+is one line that says what to do; run_command prints it on stderr and exits with its status (2 for a bad option, 1
+for the rest, 128 + signal for a signal). Ctrl-C is 130 and a closed pipe (`| head`) ends quietly. Standard library
+only, so that a command can import it before torch (see quiet_until_started)."""
 
 from __future__ import annotations
 
