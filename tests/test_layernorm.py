@@ -419,16 +419,3 @@ NOT_A_FLOAT = (torch.int64, torch.int32, torch.bool, torch.uint8)
 def test_bad_arguments_are_refused_in_one_line(x, weight, bias, eps, correction, error, message):
     with pytest.raises(error, match=message):
         layer_norm(x, weight, bias, eps, correction)
-
-
-@pytest.mark.parametrize("name", norm_params(["custom", "triton"]))
-def test_modules_check_their_input_once_per_call(name, monkeypatch):
-    """The module checks x itself (its weight, bias and eps were checked when it was built): check_args, which
-    layer_norm runs for a caller with arbitrary arguments, does not run a second time."""
-    monkeypatch.setattr(layernorm, "check_args", lambda *a: pytest.fail("check_args ran inside a module"))
-    m = make_norm(name, 8)
-    calls = []
-    check = m._check_input
-    monkeypatch.setattr(m, "_check_input", lambda x: calls.append(x.shape) or check(x))
-    m(torch.randn(2, 8))
-    assert calls == [(2, 8)]
