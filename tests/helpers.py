@@ -1,9 +1,9 @@
 """Helpers for several test files: the one tiny model, LayerNorms in float64, norms that can't run here, tiny runs.
 
 Training runs use the tiny model TINY (2 layers, 32 wide, block 16) with batch 4 on a tiny character dataset written
-by `make_dataset`, in-process through `train_cli` where a process adds nothing. Subprocesses run with one thread:
-on a machine busy with other work torch's multi-threaded kernels slow down badly, and one thread keeps results
-identical between processes.
+by `make_dataset`, in-process through `command(capsys, train.cli, argv)` where a process adds nothing. Subprocesses
+run with one thread: on a machine busy with other work torch's multi-threaded kernels slow down badly, and one
+thread keeps results identical between processes.
 """
 
 from __future__ import annotations
@@ -259,16 +259,6 @@ def command(capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], obje
     (machinery.command.run_command): the exit status, and what it printed."""
     capsys.readouterr()
     code = run_command(lambda: main(list(argv)))
-    out, err = capsys.readouterr()
-    return Run(code, out, err)
-
-
-def train_cli(capsys: pytest.CaptureFixture[str], argv: Sequence[str]) -> Run:
-    """train.py ARGV in this process: train.cli, the function `python train.py` exits with, and what it printed."""
-    import train
-
-    capsys.readouterr()
-    code = train.cli(list(argv))
     out, err = capsys.readouterr()
     return Run(code, out, err)
 

@@ -10,7 +10,8 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from helpers import ROOT, TINY, assert_one_line_error, save_with_payload, tiny_model, train_cli
+import train
+from helpers import ROOT, TINY, assert_one_line_error, command, save_with_payload, tiny_model
 from machinery import checkpoint
 from machinery import run as run_state
 from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
@@ -157,7 +158,7 @@ def test_a_payload_that_would_run_code_is_refused_and_never_runs(tmp_path, paylo
     # is not this project's.
     path, marker = tmp_path / "out" / "ckpt.pt", tmp_path / "marker"
     save_with_payload(path, _checkpoint(), marker, payload)
-    proc = train_cli(capsys, [f"--out_dir={path.parent}", "--init_from=resume"])
+    proc = command(capsys, train.cli, [f"--out_dir={path.parent}", "--init_from=resume"])
     assert not marker.exists()
     assert_one_line_error(
         proc,
@@ -270,7 +271,7 @@ def test_a_sealed_checkpoint_that_cannot_be_resumed_is_one_line_naming_it(tmp_pa
     damage(ckpt)
     save_checkpoint(out / "ckpt.pt", ckpt)
     before = (out / "ckpt.pt").read_bytes()
-    proc = train_cli(capsys, [f"--out_dir={out}", "--init_from=resume", "--max_iters=14"])
+    proc = command(capsys, train.cli, [f"--out_dir={out}", "--init_from=resume", "--max_iters=14"])
     assert_one_line_error(proc, 1, f"{out / 'ckpt.pt'} cannot be resumed")
     assert (out / "ckpt.pt").read_bytes() == before and sorted(os.listdir(out)) == ["ckpt.pt"]
 

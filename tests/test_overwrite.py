@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import train
-from helpers import assert_one_line_error, records, tiny_args, train_cli
+from helpers import assert_one_line_error, command, records, tiny_args
 from machinery.checkpoint import CheckpointError, load_checkpoint
 
 
@@ -21,7 +21,7 @@ def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless
     (out / "notes.txt").write_text("mine", encoding="utf-8")  # a folder without a checkpoint: not refused
     train.main(tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=4"))
     before = (out / "ckpt.pt").read_bytes()
-    proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=2"))
+    proc = command(capsys, train.cli, tiny_args(tiny_data, out, "--max_iters=2"))
     assert_one_line_error(
         proc,
         1,
@@ -49,7 +49,7 @@ def test_a_resume_from_another_folders_checkpoint_is_a_new_run_where_it_writes(
     train.main(tiny_args(tiny_data, other, "--max_iters=2", "--eval_interval=2"))
     before = (other / "ckpt.pt").read_bytes()
     resume = ["--init_from=resume", f"--resume_from={source / 'ckpt.pt'}", "--max_iters=4"]
-    proc = train_cli(capsys, [f"--out_dir={other}", *resume])
+    proc = command(capsys, train.cli, [f"--out_dir={other}", *resume])
     assert_one_line_error(proc, 1, f"error: {other / 'ckpt.pt'} holds another run's checkpoint", "--out_dir")
     assert (other / "ckpt.pt").read_bytes() == before
     train.main([f"--out_dir={tmp_path / 'new'}", *resume])
