@@ -318,6 +318,11 @@ def train_losses(out_dir: Path) -> dict[int, float]:
     return {r["iter"]: r["loss"] for r in records(out_dir, "train")}
 
 
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root` and its bytes: what 'nothing on disk changed' compares."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess[str] | Run, code: int, *needles: str) -> str:
     assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     err = proc.stderr.strip()

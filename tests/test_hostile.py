@@ -34,6 +34,7 @@ from helpers import (
     subprocess_env,
     tiny_args,
     tiny_model,
+    tree,
 )
 from machinery.checkpoint import load_checkpoint, save_checkpoint
 from machinery.device import TORCHRUN_VARIABLES
@@ -41,11 +42,6 @@ from machinery.runlog import read_metrics
 from model import gpt2_export
 
 SAMPLE = ["--device=cpu", "--max_new_tokens=5"]
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file under `root` and its bytes: what 'nothing on disk changed' compares."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
