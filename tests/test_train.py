@@ -191,8 +191,9 @@ def test_compile_mode_reaches_torch_compile(tmp_path: Path, tiny_data: Path, mon
         ("taken", "is a file, not a folder"),
         ("/proc/x", "cannot be created (No such file or directory)"),
         ("taken/out", "cannot be created (Not a directory)"),
+        ("x" * 300, "cannot be created (File name too long)"),
     ],
-    ids=["a-file", "cannot-be-made", "in-a-file"],
+    ids=["a-file", "cannot-be-made", "in-a-file", "name-too-long"],
 )
 def test_an_out_dir_that_is_a_file_or_cannot_be_created_is_a_one_line_error(
     tmp_path: Path, tiny_data: Path, out_dir: str, error: str, capsys: pytest.CaptureFixture[str]
