@@ -175,8 +175,8 @@ def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir
 @pytest.mark.parametrize(
     ("args", "status", "culprit"),
     [
-        (["--out_dir", "/nowhere"], 1, "/nowhere"),
-        (["--ckpt", "/nowhere/other.pt"], 1, "other.pt"),
+        (["--out_dir", "/nowhere"], 1, "no checkpoint at /nowhere/ckpt.pt"),
+        (["--ckpt", "/nowhere/other.pt"], 1, "no checkpoint at /nowhere/other.pt"),
         (["--start", "FILE:/nonexistent/prompt.txt"], 1, "/nonexistent/prompt.txt"),
         (["--num_samples", "0"], 2, "--num_samples"),
         (["--max_new_tokens", "-1"], 2, "--max_new_tokens"),  # GPT.stream's checks, named as flags
