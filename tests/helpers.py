@@ -1,9 +1,9 @@
 """Helpers for several test files: the one tiny model, LayerNorms in float64, norms that can't run here, tiny runs.
 
 Training runs use the tiny model TINY (2 layers, 32 wide, block 16) with batch 4 on a tiny character dataset written
-by `make_dataset`, in-process through `train_cli` where a process adds nothing. Subprocesses run with one thread:
-on a machine busy with other work torch's multi-threaded kernels slow down badly, and one thread keeps results
-identical between processes.
+by `make_dataset`, in-process through `command(capsys, train.cli, argv)` where a process adds nothing. Subprocesses
+run with one thread: on a machine busy with other work torch's multi-threaded kernels slow down badly, and one
+thread keeps results identical between processes.
 """
 
 from __future__ import annotations
@@ -263,16 +263,6 @@ def command(capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], obje
     return Run(code, out, err)
 
 
-def train_cli(capsys: pytest.CaptureFixture[str], argv: Sequence[str]) -> Run:
-    """train.py ARGV in this process: train.cli, the function `python train.py` exits with, and what it printed."""
-    import train
-
-    capsys.readouterr()
-    code = train.cli(list(argv))
-    out, err = capsys.readouterr()
-    return Run(code, out, err)
-
-
 def diverge_at(monkeypatch: pytest.MonkeyPatch, at: int, factor: float) -> None:
     """The model's training loss multiplied by `factor` (nan, inf) at its `at`-th training forward pass (counted
     from 0: iteration `at` of a run from scratch with one micro-step). Everything after the loss (backward, the
@@ -326,6 +316,11 @@ def records(out_dir: Path, kind: str) -> list[dict]:
 
 def train_losses(out_dir: Path) -> dict[int, float]:
     return {r["iter"]: r["loss"] for r in records(out_dir, "train")}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root` and its bytes: what 'nothing on disk changed' compares."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str] | Run, code: int, *needles: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +28,6 @@ BAD_URL = "file:///nonexistent-dir-for-tests/input.txt"  # a download that fails
 
 def load_bin(path: Path) -> np.ndarray:
     return np.fromfile(path, dtype=np.uint16)
-
-
-def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    """A failed run: exit 1, a one-line 'error: ...' message on stderr holding each fragment, no traceback."""
-    assert assert_one_line_error(proc, 1, *fragments).startswith("error: ")
 
 
 def write_bytes(tmp_path: Path, name: str, data: bytes) -> Path:
@@ -94,7 +88,9 @@ def test_a_download_is_saved_as_input_txt_which_the_next_run_uses(tmp_path: Path
 def test_missing_input_and_failed_download_says_how_to_supply_it(script: Path, tmp_path: Path) -> None:
     out = tmp_path / "empty"
     proc = python(script, "--out_dir", out, "--url", BAD_URL, cwd=tmp_path)
-    assert_clean_error(proc, "no input text", BAD_URL, "--input path/to/tinyshakespeare.txt", "input.txt")
+    assert_one_line_error(
+        proc, 1, "error: ", "no input text", BAD_URL, "--input path/to/tinyshakespeare.txt", "input.txt"
+    )
     assert not (out / "train.bin").exists()
 
 
@@ -120,7 +116,7 @@ def test_an_input_that_is_not_text_is_named_in_one_line(
     if data is not None:
         path.write_bytes(data)
     proc = python(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, name, *fragments)
+    assert_one_line_error(proc, 1, "error: ", name, *fragments)
 
 
 @pytest.mark.parametrize(
@@ -138,7 +134,7 @@ def test_text_too_short_for_two_splits(
         request.getfixturevalue("gpt2_bpe")  # skips where tiktoken cannot load GPT-2's ranks
     path = write_bytes(tmp_path, "short.txt", text.encode())
     proc = python(script, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "short.txt", "too short", fragment, "at least 2", "block_size")
+    assert_one_line_error(proc, 1, "error: ", "short.txt", "too short", fragment, "at least 2", "block_size")
 
 
 @pytest.mark.slow
@@ -148,7 +144,7 @@ def test_char_vocabulary_too_large_for_uint16(tmp_path: Path) -> None:
     assert len(set(chars)) == 70_000 > UINT16_IDS
     path = write_bytes(tmp_path, "babel.txt", "".join(chars).encode("utf-8"))
     proc = python(CHAR, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path)
-    assert_clean_error(proc, "babel.txt", "70,000 distinct characters", "65,536", "np.uint16")
+    assert_one_line_error(proc, 1, "error: ", "babel.txt", "70,000 distinct characters", "65,536", "np.uint16")
     # The same text is fine for BPE, whose ids never depend on the text.
     proc = python(BPE, "--input", path, "--out_dir", tmp_path / "bpe", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -161,7 +157,7 @@ def test_bpe_without_tiktoken_cache_mentions_tiktoken_cache_dir(tmp_path: Path) 
     proc = python(
         BPE, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path, TIKTOKEN_CACHE_DIR=no_cache, **NO_DOWNLOADS
     )
-    assert_clean_error(proc, "r50k_base", "TIKTOKEN_CACHE_DIR")
+    assert_one_line_error(proc, 1, "error: ", "r50k_base", "TIKTOKEN_CACHE_DIR")
 
 
 # --- tokenizers ----------------------------------------------------------------------------------------------------

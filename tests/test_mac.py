@@ -17,7 +17,7 @@ import torch
 import train
 from bench import common, decoding
 from data.common import run_prepare
-from helpers import ROOT, assert_one_line_error, command, tiny_args, train_cli
+from helpers import ROOT, assert_one_line_error, command, tiny_args
 from machinery.checkpoint import load_checkpoint
 from machinery.device import peak_memory
 from machinery.tokenizer import CharTokenizer
@@ -40,7 +40,9 @@ def test_triton_missing_is_one_line_naming_the_cause_on_every_device(
 ) -> None:
     monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
     out = tmp_path / "out"
-    err = assert_one_line_error(train_cli(capsys, [f"--out_dir={out}", f"--device={device}", "--norm=triton"]), 2)
+    err = assert_one_line_error(
+        command(capsys, train.cli, [f"--out_dir={out}", f"--device={device}", "--norm=triton"]), 2
+    )
     assert err.startswith("error: norm 'triton' needs the triton package"), err
     assert "Linux only" in err and "'custom' or 'builtin'" in err, err
     assert "TRITON_INTERPRET" not in err, err  # the interpreter needs triton too: no circle

@@ -9,34 +9,27 @@ from pathlib import Path
 import pytest
 
 import train
-from helpers import assert_one_line_error, records, tiny_args, train_cli
-from machinery.checkpoint import CheckpointError, load_checkpoint
+from helpers import assert_one_line_error, command, records, tiny_args, tree
+from machinery.checkpoint import load_checkpoint
 
 
-def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused_in_one_line_unless_it_overwrites(
-    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("culprit", ["ckpt.pt", "ckpt_interrupted.pt", "metrics.jsonl"])
+def test_a_new_run_into_a_folder_holding_another_runs_files_is_refused_unless_it_overwrites(
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str], culprit: str
 ) -> None:
+    """Refused before any data is read (--data_dir names none here), in one line naming the file; a file of no run's
+    (notes.txt) is not in the way, and --overwrite=True replaces the other run's files."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "notes.txt").write_text("mine", encoding="utf-8")  # a folder without a checkpoint: not refused
-    train.main(tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=4"))
-    before = (out / "ckpt.pt").read_bytes()
-    proc = train_cli(capsys, tiny_args(tiny_data, out, "--max_iters=2"))
-    assert_one_line_error(
-        proc,
-        1,
-        f"error: {out / 'ckpt.pt'} holds another run's checkpoint",
-        "--out_dir",
-        "--init_from=resume",
-        "--overwrite=True",
-    )
-    assert (out / "ckpt.pt").read_bytes() == before  # untouched
-    with pytest.raises(CheckpointError):  # the same from train.main, before any data or model is loaded
-        train.main(tiny_args(tmp_path / "missing", out, "--max_iters=2"))
-    # --overwrite=True replaces it with the new run's (of 2 iterations, not 4), and the old run's interrupted state
-    (out / "ckpt_interrupted.pt").write_bytes(before)
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    (out / culprit).write_text("another run's", encoding="utf-8")
+    before = tree(out)
+    proc = command(capsys, train.cli, tiny_args(tmp_path / "missing", out, "--max_iters=2"))
+    assert_one_line_error(proc, 1, culprit)
+    assert tree(out) == before
     train.main(tiny_args(tiny_data, out, "--max_iters=2", "--eval_interval=2", "--overwrite=True"))
-    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 2 and not (out / "ckpt_interrupted.pt").exists()
+    assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 2 and [r["iter"] for r in records(out, "train")] == [0, 1]
+    assert not (out / "ckpt_interrupted.pt").exists() and (out / "notes.txt").read_text(encoding="utf-8") == "mine"
 
 
 def test_a_resume_from_another_folders_checkpoint_is_a_new_run_where_it_writes(
@@ -49,7 +42,7 @@ def test_a_resume_from_another_folders_checkpoint_is_a_new_run_where_it_writes(
     train.main(tiny_args(tiny_data, other, "--max_iters=2", "--eval_interval=2"))
     before = (other / "ckpt.pt").read_bytes()
     resume = ["--init_from=resume", f"--resume_from={source / 'ckpt.pt'}", "--max_iters=4"]
-    proc = train_cli(capsys, [f"--out_dir={other}", *resume])
+    proc = command(capsys, train.cli, [f"--out_dir={other}", *resume])
     assert_one_line_error(proc, 1, f"error: {other / 'ckpt.pt'} holds another run's checkpoint", "--out_dir")
     assert (other / "ckpt.pt").read_bytes() == before
     train.main([f"--out_dir={tmp_path / 'new'}", *resume])
