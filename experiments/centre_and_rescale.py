@@ -28,9 +28,10 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
-from bench.common import markdown_table
 from layernorm import Norm
 from machinery.command import run_command
+from machinery.dataset import PreparedData
+from machinery.measure import markdown_table
 from machinery.options import TrainConfig
 from machinery.step import get_lr, train_step
 
@@ -72,7 +73,7 @@ def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
 
 
 def new_row_run(row: str, cfg: TrainConfig) -> Any:
-    """The row's run as train.py sets it up (bench.common.new_run), from cfg.seed; the centre row's norms swapped
+    """The row's run as train.py sets it up (common.new_run), from cfg.seed; the centre row's norms swapped
     for CentreOnly after construction, and its optimizer built again over their parameters."""
     run = common.new_run(cfg)
     if row == "centre":
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir = results / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = row_config("layernorm", args.seeds[0], args)
-    data = common.open_data(args.data_dir, common.DATASET, base.block_size)
+    data = PreparedData(args.data_dir, common.DATASET, base.block_size)
     val = common.fixed_batches(data, "val", base.batch_size, args.eval_batches, seed=0)  # the same for every run
     data.close()
     todo = [
