@@ -31,7 +31,7 @@ import torch
 from layernorm import Norm
 from machinery.command import run_command
 from machinery.dataset import PreparedData
-from machinery.measure import markdown_table
+from machinery.measure import markdown_table, progress
 from machinery.options import TrainConfig
 from machinery.step import get_lr, train_step
 
@@ -101,9 +101,8 @@ def train_row(row: str, cfg: TrainConfig, val: list, args: argparse.Namespace, c
             if not math.isfinite(evals[-1][1]):
                 break
             done = clock["done"] + it  # iterations of this invocation so far
-            left = (time.perf_counter() - clock["t0"]) / max(done, 1) * (clock["total"] - done)
             where = f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f}"
-            print(f"{where} (about {left / 60:.1f} min left in all)", flush=True)
+            print(f"{where}; iterations {progress(done, clock['total'], clock['t0'])}", flush=True)
         if it == cfg.max_iters:
             break
         for group in optimizer.param_groups:
