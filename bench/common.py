@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -19,11 +18,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from machinery.command import ArgumentParser, Failure
+from machinery.command import ArgumentParser
+from machinery.measure import machine_info, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKED = ("summary.md", "results.json", "gpu_results.tar.gz")  # what bench/gpu.sh leaves in its output folder
@@ -148,43 +147,6 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
     return args
 
 
-def train_config(config: str, sets: Sequence[str], *flags: str) -> Any:
-    """train.py's options (an options.TrainConfig) from a config file, KEY=VALUE items and --key=value flags on top,
-    typed and checked by machinery/options.py (a ConfigError, one line through the front door, if one is wrong)."""
-    from machinery import options
-
-    return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
-
-
-def open_data(data_dir: str | None, dataset: str, block_size: int, hint: str = "") -> Any:
-    """The prepared dataset (a machinery.dataset.PreparedData) in data_dir, else data/<dataset>; a missing or broken
-    one is a Failure, `hint` at its end."""
-    from machinery.dataset import DataError, PreparedData
-
-    try:
-        return PreparedData(data_dir, dataset, block_size)
-    except DataError as e:
-        raise Failure(f"{e}{hint}") from None
-
-
-def new_run(cfg: Any, device: str = "cpu") -> Any:
-    """A new run as train.py sets it up (train.setup: the data, the model from cfg.seed, the optimizer, the data
-    stream), in this one process; a missing or broken dataset is a DataError."""
-    import torch
-
-    import train
-    from machinery.device import Dist, resolve_dtype
-
-    return train.setup(cfg, {}, None, device, resolve_dtype(cfg.dtype, torch.device(device).type), Dist())
-
-
-def progress(done: int, total: int, t0: float) -> str:
-    """'3/9 done, 42 s in, about 84 s left' (the rest estimated at the mean pace so far; none before the first)."""
-    spent = time.perf_counter() - t0
-    left = f", about {spent / done * (total - done):.0f} s left" if done else ""
-    return f"{done}/{total} done, {spent:.0f} s in{left}"
-
-
 def timed(fn: Callable[[], Any], device: str, calls: int = 1) -> float:
     """Seconds per call of fn, over `calls` calls; on a GPU (CUDA, MPS), the queued work included (synchronize)."""
     import torch
@@ -240,53 +202,13 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows])
-
-
 def write_results(args: argparse.Namespace, module: str, result: dict[str, Any], table: str) -> None:
     """With --out: the result as JSON there, with the machine and the command (python -m module); the table beside."""
     if not args.out:
         return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"command": ["python", "-m", module, *args.argv], "machine": machine_info(), **result}
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
     args.out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
-
-
-def machine_info() -> dict[str, Any]:
-    """The commit measured (BENCH_COMMIT, as bench/gpu.sh passes it to a copy of the tree without git; else git's,
-    '+changes' if the files differ from it; else None), CPU, GPU and the versions behind the figures."""
-    import torch
-
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
-    try:  # without importing it (importing triton fixes TRITON_INTERPRET)
-        triton = metadata.version("triton")
-    except metadata.PackageNotFoundError:
-        triton = None
-    commit = os.environ.get("BENCH_COMMIT") or output_of(
-        "git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"
-    )
-    info = {"commit": commit, "platform": platform.platform(), "python": platform.python_version()}
-    info |= {"cpu": cpu[0] if cpu else platform.processor(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
-    info |= {"torch_threads": torch.get_num_threads(), "triton": triton}
-    info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    if info["gpu"]:
-        query = "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version"
-        info["nvidia_smi"] = output_of("nvidia-smi", query, "--format=csv,noheader") or ""
-        info["cuda"] = torch.version.cuda
-    return info
-
-
-def output_of(*cmd: str) -> str | None:
-    """cmd's output, or None where it fails or is not installed (no git, no nvidia-smi: the figures still count)."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
 
 
 def pack(res: Path, out: Path) -> None:

@@ -19,11 +19,9 @@ from bench.common import (
     at_least,
     comma_list,
     fmt,
-    markdown_table,
     median,
     parse,
     parser,
-    progress,
     spread,
     timed,
     write_results,
@@ -33,6 +31,7 @@ from machinery import options
 from machinery.checkpoint import resolve_weights
 from machinery.command import Failure, first_line, run_command
 from machinery.device import check_norm_device
+from machinery.measure import markdown_table, progress
 from model import GPT, GPTConfig
 
 SIZES = ("configs/shakespeare_char_cpu.json", "configs/shakespeare_char.json")
@@ -43,16 +42,15 @@ MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
 def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
     """(label, model): a random model per --sizes config, or the checkpoint (--out_dir, --ckpt) or GPT-2's weights
     (args.init_from) with each of --norms."""
-    norms = args.norms.split(",")
-    for norm in norms:
+    for norm in args.norms:
         check_norm_device(norm, device)  # one line saying what to do, before a model is loaded
     if args.checkpoint or args.init_from:
         ckpt, source = resolve_weights(args.out_dir or "out", args.ckpt, args.init_from)
-        loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in norms]
-        return [(f"{source} norm={norm}", model) for norm, model in zip(norms, loaded, strict=True)]
+        loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in args.norms]
+        return [(f"{source} norm={norm}", model) for norm, model in zip(args.norms, loaded, strict=True)]
     out = []
     for path in args.sizes.split(","):
-        config = GPTConfig.from_options(options.read_config_file(path), norm=norms[0])
+        config = GPTConfig.from_options(options.read_config_file(path), norm=args.norms[0])
         out.append((Path(path).stem, GPT.from_seed(config, 1337).to(device).eval()))
     return out
 
@@ -186,7 +184,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out_dir", help="decode the checkpoint <out_dir>/ckpt.pt instead, with each of --norms")
     p.add_argument("--ckpt", help="decode this checkpoint file instead; overrides --out_dir")
     p.add_argument("--init_from", help="decode GPT-2's weights instead: gpt2 ... gpt2-xl, or a folder")
-    p.add_argument("--norms", default="builtin", help="comma list of norms (default builtin)")
+    p.add_argument("--norms", default=["builtin"], type=comma_list(NORMS), help="comma list of norms (default builtin)")
     p.add_argument("--paths", default=list(PATHS), type=comma_list(PATHS), help=f"comma list from {', '.join(PATHS)}")
     p.add_argument("--batches", default=[1, 8], type=comma_list(), help="comma list of batch sizes (default 1,8)")
     p.add_argument("--prompt_len", type=at_least(1), default=16)
@@ -195,8 +193,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--matmul", action="store_true", help="the matrix product alone instead of decoding")
     p.add_argument("--widths", default=[384, 1536], type=comma_list(), help="--matmul's K = N (default 384,1536)")
     args = parse(p, argv)
-    if bad := [n for n in args.norms.split(",") if n not in NORMS]:
-        p.error(f"--norms: {', '.join(map(repr, bad))} is not a norm; choose from {', '.join(NORMS)}")
     args.checkpoint = args.out_dir or args.ckpt  # (else random models of --sizes)
     return args
 
@@ -227,13 +223,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"{label}, batch {batch}: {run['tokens_per_s']}; {progress(done + 1, len(todo), t0)}", flush=True)
                 write_results(args, "bench.decoding", result, decode_table(result))  # a run cut short keeps these
             table = decode_table(result)
+    except Failure:  # already one line, with its exit status (a ConfigError is a ValueError too)
+        raise
     except ValueError as e:  # a norm that computes another function than the weights', weights that do not fit
-        if isinstance(e, Failure):  # already one line, with its exit status
-            raise
         raise Failure(first_line(e)) from None
     print(table)
-    if args.matmul:
-        write_results(args, "bench.decoding", result, table)
+    write_results(args, "bench.decoding", result, table)
     return result
 
 

@@ -44,7 +44,7 @@ OUT_DIR=$(cd "$OUT_DIR" && pwd) WORK=$(mktemp -d) && RES=$WORK/gpu_results && mk
 trap '[[ -s $WORK/step.pid ]] && kill -KILL -- "-$(<"$WORK/step.pid")" 2>/dev/null; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT && trap 'exit 143' TERM
 # One python for the checks: the machine (commit, versions, GPU), and exit 3 where CUDA is needed and absent.
-CHECK="import json, sys; from bench.common import machine_info; m = machine_info(); print(json.dumps(m))
+CHECK="import json, sys; from machinery.measure import machine_info; m = machine_info(); print(json.dumps(m))
 sys.exit(3 if not m['gpu'] and not $DRY else 0)"
 "$PY" -c "$CHECK" >"$RES/machine.json" 2>"$WORK/check.log"
 case $? in

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 import layernorm
-from bench.common import at_least, comma_list, fmt, markdown_table, median, parse, parser, spread, timed, write_results
+from bench.common import at_least, comma_list, fmt, median, parse, parser, spread, timed, write_results
 from machinery.command import run_command
+from machinery.measure import markdown_table
 
 IMPLS = ("custom", "builtin", "triton", "naive")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -16,20 +16,20 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 from torch.profiler import profile as torch_profile
 
+import train
 from bench.common import (
     comma_list,
     fmt,
-    markdown_table,
     median,
-    new_run,
     parse,
     parser,
     timed,
-    train_config,
     write_results,
 )
 from layernorm import NORMS, Norm
 from machinery.command import run_command
+from machinery.device import Dist, resolve_dtype
+from machinery.measure import markdown_table, train_config
 from machinery.options import TrainConfig
 from machinery.step import train_step
 
@@ -76,9 +76,10 @@ def matmul_rate(shapes: dict[tuple, list[float]], device: str, dtype: torch.dtyp
 
 def profile_norm(norm: str, cfg: TrainConfig, device: str, data_dir: str | None) -> dict[str, Any]:
     """STEPS training steps of one norm under torch.profiler, after 3 unprofiled ones."""
-    run = new_run(replace(cfg, norm=norm, data_dir=data_dir or cfg.data_dir), device)
-    model, data = run.model, run.data
+    cfg = replace(cfg, norm=norm, data_dir=data_dir or cfg.data_dir)
     device_type = torch.device(device).type
+    run = train.setup(cfg, {}, None, device, resolve_dtype(cfg.dtype, device_type), Dist())  # train.py's set-up
+    model, data = run.model, run.data
     for module in model.modules():  # each norm's forward as a range of its own (its backward is an autograd node)
         if isinstance(module, Norm):
             module.register_forward_pre_hook(lambda m, _: setattr(m, "_range", record_function("norm").__enter__()))

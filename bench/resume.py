@@ -9,8 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import at_least, fmt, markdown_table, parse, parser, run_child, write_results
+from bench.common import at_least, fmt, parse, parser, run_child, write_results
 from machinery.command import Failure, run_command
+from machinery.measure import markdown_table
 from machinery.runlog import read_metrics
 
 ITERS = 4

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import Child, comma_list, fmt, markdown_table, median, spread
+from bench.common import Child, comma_list, fmt, median, spread
 from layernorm import NO_NORM, NORMS
 from machinery.command import BadOption, run_command
+from machinery.measure import markdown_table, output_of, progress, train_config
 from machinery.options import TrainConfig
 from machinery.runlog import read_metrics
 
@@ -192,7 +193,7 @@ def write_curves(out: Path, result: dict[str, Any]) -> None:
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every planned run, the sides alternating; with --out, the results written after every run, so that a
     benchmark cut short keeps what it measured."""
-    cfg = common.train_config(args.config, args.set)
+    cfg = train_config(args.config, args.set)
     sides, skipped = plan_sides(args)
     sched = schedule(args, cfg)
     names = [f"{n} {m}" for n, m in sides] + (["nanogpt"] if args.nanogpt else [])
@@ -201,7 +202,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     result |= {"repeats": args.repeats, "target_val": args.target_val, "skipped": skipped}
     result |= {"sides": {}, "runs": {name: [] for name in names}}  # filled run by run
     if args.nanogpt:
-        result["nanogpt_commit"] = common.output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
+        result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
     t0 = time.perf_counter()
@@ -219,7 +220,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             result["sides"][name] = summarise(result["runs"][name])
             failed = "" if run["ok"] else ", FAILED: " + " | ".join(run["tail"])
             figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
-            print(f"   {name}: {figures}; {common.progress(done + 1, len(plan), t0)}", flush=True)
+            print(f"   {name}: {figures}; {progress(done + 1, len(plan), t0)}", flush=True)
             common.write_results(args, "bench.training", result, table(result))
             if child.interrupted:  # (its figures so far are in its record)
                 between.seen = True

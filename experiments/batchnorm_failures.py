@@ -28,6 +28,7 @@ import torch
 
 from machinery.checkpoint import load_checkpoint
 from machinery.command import Failure, run_command
+from machinery.dataset import PreparedData
 from model import GPT
 
 LAYERNORM = "builtin"
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     flags += [f"--eval_interval={iters}", f"--warmup_iters={min(100, iters // 2)}"]
     flags += common.SMOKE_FLAGS if args.smoke else []
     block_size = common.cpu_config(*flags[1:]).block_size
-    data = common.open_data(args.data_dir, common.DATASET, block_size)  # a missing dataset: one line, before training
+    data = PreparedData(args.data_dir, common.DATASET, block_size)  # a missing dataset: one line, before training
     with tempfile.TemporaryDirectory() as out:
         proc = common.train("batchnorm", flags, args.data_dir, Path(out))
         if proc.returncode != 0:

@@ -28,9 +28,10 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
-from bench.common import markdown_table
 from layernorm import Norm
 from machinery.command import run_command
+from machinery.dataset import PreparedData
+from machinery.measure import markdown_table, progress
 from machinery.options import TrainConfig
 from machinery.step import get_lr, train_step
 
@@ -72,7 +73,7 @@ def row_config(row: str, seed: int, args: argparse.Namespace) -> TrainConfig:
 
 
 def new_row_run(row: str, cfg: TrainConfig) -> Any:
-    """The row's run as train.py sets it up (bench.common.new_run), from cfg.seed; the centre row's norms swapped
+    """The row's run as train.py sets it up (common.new_run), from cfg.seed; the centre row's norms swapped
     for CentreOnly after construction, and its optimizer built again over their parameters."""
     run = common.new_run(cfg)
     if row == "centre":
@@ -100,9 +101,8 @@ def train_row(row: str, cfg: TrainConfig, val: list, args: argparse.Namespace, c
             if not math.isfinite(evals[-1][1]):
                 break
             done = clock["done"] + it  # iterations of this invocation so far
-            left = (time.perf_counter() - clock["t0"]) / max(done, 1) * (clock["total"] - done)
             where = f"  {row} seed {cfg.seed}: iter {it}, val loss {evals[-1][1]:.4f}"
-            print(f"{where} (about {left / 60:.1f} min left in all)", flush=True)
+            print(f"{where}; iterations {progress(done, clock['total'], clock['t0'])}", flush=True)
         if it == cfg.max_iters:
             break
         for group in optimizer.param_groups:
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir = results / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     base = row_config("layernorm", args.seeds[0], args)
-    data = common.open_data(args.data_dir, common.DATASET, base.block_size)
+    data = PreparedData(args.data_dir, common.DATASET, base.block_size)
     val = common.fixed_batches(data, "val", base.batch_size, args.eval_batches, seed=0)  # the same for every run
     data.close()
     todo = [

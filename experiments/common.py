@@ -21,8 +21,9 @@ matplotlib.use("Agg")  # figures are written to files; no window opens
 
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
-from bench.common import machine_info, new_run, open_data, train_config  # noqa: E402, F401 (the root is on sys.path from here)
-from machinery.dataset import PreparedData  # noqa: E402
+from machinery.dataset import PreparedData  # noqa: E402 (the root is on sys.path from here)
+from machinery.device import Dist, resolve_dtype  # noqa: E402
+from machinery.measure import machine_info, train_config  # noqa: E402
 
 CPU_CONFIG = "configs/shakespeare_char_cpu.json"  # as the results name it; read from ROOT
 DATASET = "shakespeare_char"
@@ -44,6 +45,14 @@ def parser(description: str, name: str, smoke_help: str, data_dir: bool = True) 
 def cpu_config(*flags: str) -> Any:
     """train.py's options (an options.TrainConfig) for CPU_CONFIG with these flags."""
     return train_config(str(ROOT / CPU_CONFIG), [], *flags)
+
+
+def new_run(cfg: Any) -> Any:
+    """A new run on the CPU as train.py sets it up (train.setup: the data, the model from cfg.seed, the optimizer,
+    the data stream), in this one process; a missing or broken dataset is a DataError."""
+    from train import setup  # (train below is train.py as a child process)
+
+    return setup(cfg, {}, None, "cpu", resolve_dtype(cfg.dtype, "cpu"), Dist())
 
 
 def fixed_batches(data: PreparedData, split: str, batch_size: int, count: int, seed: int) -> list[tuple[Any, Any]]:

@@ -24,9 +24,10 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
-from bench.common import progress
 from machinery.checkpoint import load_checkpoint
 from machinery.command import BadOption, Failure, run_command
+from machinery.dataset import PreparedData
+from machinery.measure import progress
 from model import GPT
 
 CONFIG = common.CPU_CONFIG
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     results_dir = Path(args.results_dir)
     base = common.cpu_config(*args.extra)  # the batches' shape: the configuration's
-    data = common.open_data(args.data_dir, common.DATASET, base.block_size)
+    data = PreparedData(args.data_dir, common.DATASET, base.block_size)
     batches = common.fixed_batches(data, "train", base.batch_size, args.batches, seed=0)
     data.close()
     results = {}

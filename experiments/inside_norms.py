@@ -22,6 +22,7 @@ import torch
 
 from machinery.checkpoint import resolve_weights
 from machinery.command import BadOption, Failure, first_line, run_command
+from machinery.dataset import DataError, PreparedData
 from model import GPT
 
 
@@ -55,7 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = model.config
     train_cfg = ckpt.get("config") or {}
     data_dir = args.data_dir or train_cfg.get("data_dir")  # the checkpoint's dataset, unless --data_dir names another
-    data = common.open_data(data_dir, train_cfg.get("dataset", ""), cfg.block_size, "; or give --data_dir")
+    try:
+        data = PreparedData(data_dir, train_cfg.get("dataset", ""), cfg.block_size)
+    except DataError as e:
+        raise Failure(f"{e}; or give --data_dir") from None
     if ckpt.get("tokenizer") is not None and data.meta.get("tokenizer") != ckpt["tokenizer"]:
         raise Failure(f"{data.dir} is not tokenized as the checkpoint's dataset was: give --data_dir")
     sizes = f"{cfg.n_layer} layers, {cfg.n_embd} wide, norm {cfg.norm}"

@@ -24,6 +24,7 @@ import torch
 from torch.nn.utils import get_total_norm
 
 from machinery.command import Failure, run_command
+from machinery.dataset import PreparedData
 from machinery.runlog import read_metrics
 from model import GPT, GPTConfig
 
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def grad_norms_at_init(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """(a): {position: {"attn": [per block], "mlp": [per block]}}, each the mean over seeds and batches of the
     gradient norm over that sublayer's parameters."""
-    data = common.open_data(args.data_dir, common.DATASET, args.block_size)
+    data = PreparedData(args.data_dir, common.DATASET, args.block_size)
     batches = common.fixed_batches(data, "train", args.batch_size, args.grad_batches, args.seed)
     data.close()
     out = {}

@@ -45,10 +45,11 @@ import torch
 from torch import nn
 
 import batch_independence
-from bench.common import markdown_table
 from layernorm import FROZEN, LAYERNORMS, FrozenLayerNorm, LayerNorm
 from machinery.checkpoint import FORMAT, resolve_weights, save_checkpoint
 from machinery.command import BadOption, Failure, first_line, run_command
+from machinery.dataset import PreparedData
+from machinery.measure import markdown_table
 from machinery.step import get_lr, train_step
 from model import GPT
 
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     args.weight_decay, args.beta2, args.grad_clip = (
         run.get(k, d) for k, d in (("weight_decay", 0.1), ("beta2", 0.99), ("grad_clip", 1.0))
     )
-    data = common.open_data(args.data_dir or run.get("data_dir"), run.get("dataset", ""), args.block_size)
+    data = PreparedData(args.data_dir or run.get("data_dir"), run.get("dataset", ""), args.block_size)
     if data.meta.get("tokenizer") != ckpt["tokenizer"]:
         raise Failure(f"{data.dir} is not tokenized as {where}'s data was: give --data_dir")
     batches = {

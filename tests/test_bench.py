@@ -33,6 +33,7 @@ from helpers import (
     save_model,
     tiny_model,
 )
+from machinery import measure
 from machinery.device import maxrss_bytes
 
 # A config file for the benchmarks: the tests' model, a short schedule.
@@ -118,7 +119,7 @@ def test_whole_runs_each_config_as_its_command_does(bench_files, tmp_path):
         args = training.parse_args(
             ["--config", bench_files["config"], "--nanogpt", str(bench_files["nanogpt"])] + ["--whole"] * whole
         )
-        cfg = common.train_config(args.config, args.set)
+        cfg = measure.train_config(args.config, args.set)
         sched = training.schedule(args, cfg)
         ours, _ = training.commands(("builtin", "eager"), cfg, tmp_path, args)
         nano, _ = training.commands(None, cfg, tmp_path, args)
@@ -140,7 +141,7 @@ def test_measure_takes_our_figures_from_metrics_jsonl(bench_files, tmp_path):
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tr')
     child = common.Child(0, [], 1.0, 2**20, False)
-    cfg = common.train_config(bench_files["config"], [])
+    cfg = measure.train_config(bench_files["config"], [])
     run = training.measure(("builtin", "eager"), child, tmp_path, cfg, SimpleNamespace(warmup=3, target_val=3.0))
     assert run["ok"] and run["steps_timed"] == 3 and run["ms_per_iter"] == 70.0  # iters 4, 6, 8; not 0 nor 2
     assert run["best_val_loss"] == 2.5
@@ -389,9 +390,9 @@ def test_machine_info_needs_no_git(monkeypatch, tmp_path):
     """A copy of the tree without git (or without .git): the commit passed in BENCH_COMMIT, else None."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no git, no nvidia-smi on it
     monkeypatch.setenv("BENCH_COMMIT", "abc1234+changes")
-    assert common.machine_info()["commit"] == "abc1234+changes"
+    assert measure.machine_info()["commit"] == "abc1234+changes"
     monkeypatch.delenv("BENCH_COMMIT")
-    info = common.machine_info()
+    info = measure.machine_info()
     assert info["commit"] is None and info["torch"] == torch.__version__
 
 

@@ -161,7 +161,7 @@ def test_centre_and_rescale_smoke(tmp_path, tiny_data, monkeypatch, capsys):
     common = ["--smoke", f"--data_dir={tiny_data}", f"--results_dir={out}"]
     first = run_experiment(monkeypatch, capsys, "centre_and_rescale", *common)
     run_experiment(monkeypatch, capsys, "centre_and_rescale", *common, "--rows", "rmsnorm", "--seeds", "1337", "7")
-    assert "5 runs of 6 iterations to go" in first and "min left" in first
+    assert "5 runs of 6 iterations to go" in first and "s left" in first
     result = json.loads((out / "centre_and_rescale.json").read_text())
     assert len(result["runs"]) == 6 and {r["row"] for r in result["runs"]} == set(result["table"])
     for run in result["runs"]:
