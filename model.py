@@ -193,20 +193,14 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """mask: None (causal), or which keys each query may see, [B, 1, T, keys] (padding_mask)."""
+        """mask: None (causal), or which keys each query may see, [T, keys] or [B, 1, T, keys] (padding_mask)."""
         B, T, C = x.size()
         # [B, T, 3C] -> three views of shape [B, n_head, T, head_size] (one reshape, no copies)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
-        is_causal = mask is None
         if kv_cache is not None:
-            past = kv_cache.length
             k, v = kv_cache.append(layer, k, v)
-            if past > 0 and mask is None:
-                # Query i sits at position past + i and may see keys 0..past + i. A single new token sees every
-                # key, so it needs no mask at all.
-                is_causal = False
-                if T > 1:
-                    mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        # Without a mask, the T queries are causal among themselves alone, or one new token sees every cached key
+        is_causal = mask is None and k.size(2) == T
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )
@@ -339,6 +333,8 @@ class GPT(nn.Module):
         if pad is not None:
             pos = (pos - pad[:, None]).clamp(min=0)  # [B, T]; padding at 0 (it is seen by nothing)
             mask = padding_mask(pad, start, T)
+        elif start > 0 and T > 1:  # query i sits at position start + i and may see keys 0..start + i
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=idx.device).tril(diagonal=start)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         x = self.transformer.drop(x if self.embed_scale is None else x * self.embed_scale)
         for layer, block in enumerate(self.transformer.h):
