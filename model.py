@@ -385,8 +385,9 @@ class GPT(nn.Module):
         [B, steps, vocab_size]: steps is max_new_tokens unless every row reached stop_token before."""
         tokens = [idx]
         all_logits = []
-        mask = attention_mask
-        steps = self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, mask, stop_token)
+        steps = self.stream(
+            idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, attention_mask, stop_token
+        )
         for next_tokens, logits in steps:
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
