@@ -246,10 +246,23 @@ def ragged(greedy: Callable[..., tuple[Any, str | None]], prompts: Tensor) -> di
     }
 
 
+def show_diff(d: float | None) -> str:
+    """A check's max |difference| as a table shows it."""
+    return "error" if d is None else "bit-exact" if d == 0 else f"{d:.1e}"
+
+
+def aligned(cells: list[tuple[str, ...]], rule: bool = False) -> list[str]:
+    """Rows of cells as text lines, each column as wide as its widest cell; rule: a line of dashes under the first."""
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    if rule:
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """One world's rows as aligned text lines."""
     cells = [HEADER]
-    diff = lambda d: "error" if d is None else "bit-exact" if d == 0 else f"{d:.1e}"
     for r in rows:
         ab = r["alone_vs_batch"]
         steps = len(ab["per_step_max_abs_diff"])
@@ -259,11 +272,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         elif not ab["tokens_agree"]:
             tokens = f"{'alone' if ab['error'].startswith('alone') else 'batch'} fails"
         verdict = ("PASS" if r["passed"] else "FAIL") + ("" if r["required"] else "  (not required)")
-        diffs = [diff(r[c]["max_abs_diff"]) for c in CHECKS]
+        diffs = [show_diff(r[c]["max_abs_diff"]) for c in CHECKS]
         cells.append((r["name"], r["statistics"], diffs[0], tokens, *diffs[1:], verdict))
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    cells.insert(1, ["-" * w for w in widths])  # the rule under the header
-    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return aligned(cells, rule=True)
 
 
 def ragged_table(result: dict[str, Any]) -> list[str]:
@@ -275,16 +286,11 @@ def ragged_table(result: dict[str, Any]) -> list[str]:
     lengths = ", ".join(map(str, result[worlds[0]][0]["ragged_vs_alone"]["lengths"]))
     cells = [("row", *(RAGGED_COLUMNS[w] for w in worlds))]
     for i, name in enumerate(names):
-        cell = []
-        for w in worlds:
-            check = result[w][i]["ragged_vs_alone"]
-            d = check["max_abs_diff"]
-            diff = "error" if d is None else "bit-exact" if d == 0 else f"{d:.1e}"
-            cell.append(f"{diff}, tokens {'agree' if check['tokens_agree'] else 'differ'}")
-        cells.append((name, *cell))
-    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+        checks = [result[w][i]["ragged_vs_alone"] for w in worlds]
+        shown = [f"{show_diff(c['max_abs_diff'])}, tokens {'agree' if c['tokens_agree'] else 'differ'}" for c in checks]
+        cells.append((name, *shown))
     title = f"(4) ragged: prompts of {lengths} tokens left padded into one batch, each row vs alone:"
-    return [title, *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)]
+    return [title, *aligned(cells)]
 
 
 def report(result: dict[str, Any]) -> str:

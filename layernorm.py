@@ -194,6 +194,11 @@ class Norm(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"{type(self).__name__} expects a floating-point input, got {x.dtype}")
 
+    def _scale_shift(self, xhat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """xhat * weight (+ bias), the learned scale and shift every norm here ends with, rounded to x's dtype."""
+        y = xhat * self.weight
+        return (y if self.bias is None else y + self.bias).to(x.dtype)
+
 
 class LayerNorm(Norm):
     """LayerNorm over the last dimension, from scratch (`layer_norm`'s autograd Function)."""
@@ -294,10 +299,7 @@ class RMSNorm(Norm):
         self._check_input(x)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         rms_inv = torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
-        y = xf * rms_inv * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return self._scale_shift(xf * rms_inv, x)
 
 
 class BatchNorm(Norm):
@@ -337,8 +339,7 @@ class BatchNorm(Norm):
         mean = x2.mean(dim=0, keepdim=True)
         xc = x2 - mean
         var = (xc * xc).mean(dim=0, keepdim=True)
-        y = xc * torch.rsqrt(var + self.eps) * self.weight
-        return y if self.bias is None else y + self.bias
+        return self._scale_shift(xc * torch.rsqrt(var + self.eps), x2)
 
 
 class DyT(Norm):
@@ -370,10 +371,7 @@ class DyT(Norm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        y = torch.tanh(self.alpha * xf) * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return self._scale_shift(torch.tanh(self.alpha * xf), x)
 
 
 class FrozenLayerNorm(Norm):
@@ -390,10 +388,7 @@ class FrozenLayerNorm(Norm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        y = (xf - xf.mean(-1, keepdim=True)) / self.scale * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return self._scale_shift((xf - xf.mean(-1, keepdim=True)) / self.scale, x)
 
 
 _CLASSES = {

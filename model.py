@@ -193,20 +193,14 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """mask: None (causal), or which keys each query may see, [B, 1, T, keys] (padding_mask)."""
+        """mask: None (causal), or which keys each query may see, [T, keys] or [B, 1, T, keys] (padding_mask)."""
         B, T, C = x.size()
         # [B, T, 3C] -> three views of shape [B, n_head, T, head_size] (one reshape, no copies)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
-        is_causal = mask is None
         if kv_cache is not None:
-            past = kv_cache.length
             k, v = kv_cache.append(layer, k, v)
-            if past > 0 and mask is None:
-                # Query i sits at position past + i and may see keys 0..past + i. A single new token sees every
-                # key, so it needs no mask at all.
-                is_causal = False
-                if T > 1:
-                    mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        # Without a mask, the T queries are causal among themselves alone, or one new token sees every cached key
+        is_causal = mask is None and k.size(2) == T
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )
@@ -296,17 +290,9 @@ class GPT(nn.Module):
             config = replace(config, norm=norm)
         with nothing_drawn():  # the model's shape, without weights: no memory, no random init drawn
             model = cls(config)
-        state = checkpoint["model"]
-        missing = sorted(model.state_dict().keys() - state.keys())
-        unexpected = sorted(state.keys() - model.state_dict().keys())
-        if missing or unexpected:
-            raise ValueError(
-                f"the checkpoint's weights do not fit the model it describes (missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]})"
-            )
         try:  # the model takes the checkpoint's tensors themselves (assign): the weights are in memory once
-            model.load_state_dict({k: own_storage(v) for k, v in state.items()}, assign=True)
-        except RuntimeError as e:  # a shape that differs: torch's second line names the first such tensor
+            model.load_state_dict({k: own_storage(v) for k, v in checkpoint["model"].items()}, assign=True)
+        except RuntimeError as e:  # keys missing or unexpected, a shape that differs: torch's second line names them
             why = (str(e).splitlines()[1:] or [str(e)])[0].strip()
             raise ValueError(f"the checkpoint's weights do not fit its model: {why}") from None
         model.transformer.wte.weight = model.lm_head.weight  # assign replaced both Parameters: tie them again
@@ -347,6 +333,8 @@ class GPT(nn.Module):
         if pad is not None:
             pos = (pos - pad[:, None]).clamp(min=0)  # [B, T]; padding at 0 (it is seen by nothing)
             mask = padding_mask(pad, start, T)
+        elif start > 0 and T > 1:  # query i sits at position start + i and may see keys 0..start + i
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=idx.device).tril(diagonal=start)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         x = self.transformer.drop(x if self.embed_scale is None else x * self.embed_scale)
         for layer, block in enumerate(self.transformer.h):
@@ -397,8 +385,9 @@ class GPT(nn.Module):
         [B, steps, vocab_size]: steps is max_new_tokens unless every row reached stop_token before."""
         tokens = [idx]
         all_logits = []
-        mask = attention_mask
-        steps = self.stream(idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, mask, stop_token)
+        steps = self.stream(
+            idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, attention_mask, stop_token
+        )
         for next_tokens, logits in steps:
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
@@ -667,30 +656,13 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
 
 
 def check_gpt2_weights(state: dict[str, torch.Tensor], config: GPTConfig, folder: Path) -> None:
-    """A ValueError naming the file at fault if GPT-2's weights read from `folder` lack a tensor of the model that
-    its config.json describes, have another shape (a vocab_size that is not the weights' named as such), or hold
-    NaN or inf: the weights are checked here, where they enter, not blamed later on the data or the learning rate."""
-    with nothing_drawn():
-        wanted = {name: tuple(t.shape) for name, t in GPT(config).state_dict().items()}
-    rows = tuple(state["transformer.wte.weight"].shape)[:1] if "transformer.wte.weight" in state else None
-    if rows and rows[0] != config.vocab_size:
-        raise ValueError(
-            f"{folder / 'config.json'} has vocab_size={config.vocab_size}, but the weights' token embedding "
-            f"(wte) has {rows[0]} rows: the config and the weights do not belong together"
-        )
-    if missing := [k.removeprefix("transformer.") for k in wanted if k not in state and k != "lm_head.weight"]:
-        raise ValueError(
-            f"the weights in {folder} lack {len(missing)} of GPT-2's tensors ({', '.join(missing[:3])}"
-            f"{', ...' if len(missing) > 3 else ''}): they are not a GPT-2 of the shape its config.json describes"
-        )
-    if wrong := [
-        f"{k.removeprefix('transformer.')} {tuple(state[k].shape)} (not {v})"
-        for k, v in wanted.items()
-        if tuple(state[k].shape) != v
-    ]:
-        raise ValueError(
-            f"the weights in {folder} do not have the shapes its config.json describes: {', '.join(wrong[:3])}"
-        )
+    """A ValueError naming the folder if GPT-2's weights read from it do not build the model that its config.json
+    describes (a tensor missing, another shape: GPT.from_checkpoint names it), or hold NaN or inf: the weights are
+    checked here, where they enter, not blamed later on the data or the learning rate."""
+    try:
+        GPT.from_checkpoint({"model_args": asdict(config), "model": state})
+    except ValueError as e:
+        raise ValueError(f"{folder}: {e}") from None
     if bad := [k.removeprefix("transformer.") for k, t in state.items() if not bool(t.isfinite().all())]:
         raise ValueError(
             f"the weights in {folder} are not finite (NaN or inf) in {len(bad)} tensors ({', '.join(bad[:3])}"

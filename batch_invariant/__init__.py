@@ -82,16 +82,20 @@ def triton_kernels(device: torch.device, kernels: str) -> ModuleType | None:
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernels: str = "auto"
 ) -> torch.Tensor:
-    """F.linear whose rows do not depend on how many rows came (on the CPU: ROWS rows at a time)."""
+    """F.linear whose rows do not depend on how many rows came (on the CPU: ROWS rows at a time, in_blocks)."""
     if triton := triton_kernels(x.device, kernels):
         return triton.linear(x, weight, bias)
     rows = x.reshape(-1, x.size(-1)).contiguous()  # [M, K]
+    return in_blocks(rows, lambda block: _STOCK_LINEAR(block, weight, bias)).view(*x.shape[:-1], weight.size(0))
+
+
+def in_blocks(rows: torch.Tensor, compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """compute(block) over rows [M, ...] ROWS at a time, zero rows padding the last block, so that a row is computed
+    among the same number of rows however many came; the results of the M rows, concatenated."""
     padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows  # zero rows up to k * ROWS
-    if len(padded) <= ROWS:  # one block (the usual decoding step): no split, no cat
-        out = _STOCK_LINEAR(padded, weight, bias)
-    else:
-        out = torch.cat([_STOCK_LINEAR(block, weight, bias) for block in padded.split(ROWS)])
-    return out[: len(rows)].view(*x.shape[:-1], weight.size(0))
+    if len(padded) <= ROWS:  # one block (the usual decoding step), or none: no split, no cat
+        return compute(padded)[: len(rows)]
+    return torch.cat([compute(block) for block in padded.split(ROWS)])[: len(rows)]
 
 
 def visible_keys(
@@ -152,16 +156,14 @@ def attention(
 
 
 def row_sum(x: torch.Tensor, *, kernels: str = "auto") -> torch.Tensor:
-    """x [..., C] -> [...]: each row's sum, added in one order whatever the number of rows (on the CPU: ROWS rows at
-    a time, zero rows padding the last block, as linear)."""
+    """x [..., C] -> [...]: each row's sum, added in one order whatever the number of rows (on the CPU: in_blocks,
+    as linear)."""
     if triton := triton_kernels(x.device, kernels):
         if torch.is_grad_enabled() and x.requires_grad:
             raise ValueError("batch_invariant()'s Triton row sums record no gradient: run under torch.no_grad()")
         return triton.row_sum(x)
     rows = x.reshape(-1, x.size(-1))  # [M, C]
-    padded = F.pad(rows, (0, 0, 0, -len(rows) % ROWS)) if len(rows) % ROWS else rows
-    sums = torch.cat([_STOCK_SUM(block, -1) for block in padded.split(ROWS)]) if len(padded) else _STOCK_SUM(rows, -1)
-    return sums[: len(rows)].view(x.shape[:-1])
+    return in_blocks(rows, lambda block: _STOCK_SUM(block, -1)).view(x.shape[:-1])
 
 
 def _reduction(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> tuple[Any, bool] | None:

@@ -281,12 +281,12 @@ GPT2_DAMAGE = {
     ),
     "no-gpt2-tensors": (
         lambda f: write_tensors(f, {"encoder.weight": torch.zeros(2, 2)}),
-        "lack 28 of GPT-2's tensors (wte.weight, wpe.weight, h.0.ln_1.weight, ...)",
+        'Missing key(s) in state_dict: "transformer.wte.weight"',
     ),
     "nan-weight": (nan_weight, "are not finite (NaN or inf) in 1 tensors (h.0.ln_1.weight): the weights are damaged"),
     "vocab-disagrees": (
         lambda f: set_config(f, vocab_size=VOCAB + 1),
-        f"config.json has vocab_size={VOCAB + 1}, but the weights' token embedding (wte) has {VOCAB} rows",
+        "size mismatch for transformer.wte.weight",
     ),
 }
 
