@@ -207,7 +207,7 @@ def test_a_checkpoint_loads_with_its_checksum_verified_and_dropped_and_one_witho
     torch.save(loaded, tmp_path / "unsealed.pt")  # as a tool that rebuilds the dict would
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(tmp_path / "unsealed.pt")
-    assert str(e.value).startswith(f"{tmp_path / 'unsealed.pt'} has no checksum, so a change to it cannot be seen")
+    assert str(e.value).startswith(f"{tmp_path / 'unsealed.pt'} is damaged: its contents no longer match the checksum")
     assert "seal it again with save_checkpoint (docs/06-running.md" in str(e.value)
 
 
