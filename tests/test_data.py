@@ -272,7 +272,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         (lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:4000]), "train.bin holds 4,000 bytes"),
         (lambda d: (d / "val.bin").write_bytes((d / "val.bin").read_bytes() + b"\x00"), "val.bin holds 2,961 bytes"),
         (lambda d: _set_meta(d, val_bytes=100), "has val_bytes=100 for val_tokens=1480: each token is at least one"),
-        (lambda d: _set_meta(d, train_sha256="abc"), "has train_sha256='abc': it must be 64 hex digits"),
+        (lambda d: _set_meta(d, train_sha256="abc"), "train.bin is not the file prepared with"),
     ],
     ids=[
         "vocab-0",
