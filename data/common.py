@@ -68,11 +68,7 @@ def read_text_file(path: Path) -> str:
         )
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise Failure(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise Failure(f"{path} is a directory, not a text file") from None
-    except OSError as e:
+    except OSError as e:  # no such file, a directory, no permission
         raise Failure(f"cannot read {path}: {e.strerror or e}") from None
     except MemoryError:
         raise Failure(f"{path} is too large to read into memory here; give a smaller text") from None

@@ -105,7 +105,7 @@ NOT_UTF8 = ["not UTF-8", "byte 0xe7 at byte offset 16"]
 @pytest.mark.parametrize(
     ("script", "name", "data", "fragments"),
     [
-        (CHAR, "nope.txt", None, ["does not exist"]),
+        (CHAR, "nope.txt", None, ["cannot read", "nope.txt: No such file or directory"]),
         (CHAR, "empty.txt", b"", ["is empty"]),
         (CHAR, "model.bin", b"PK\x03\x04" + b"plain-looking text" * 10 + b"\x00", ["binary", "byte offset 184"]),
         (CHAR, "latin1.txt", LATIN1, NOT_UTF8),

@@ -183,7 +183,7 @@ def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir
 @pytest.mark.parametrize(
     ("args", "status", "fragments"),
     [
-        (["--start", "FILE:/nonexistent/prompt.txt"], 1, ["/nonexistent/prompt.txt does not exist"]),
+        (["--start", "FILE:/nonexistent/prompt.txt"], 1, ["cannot read /nonexistent/prompt.txt: No such file"]),
         (["--num_samples", "0"], 2, ["--num_samples"]),
         (["--max_new_tokens", "-1"], 2, ["--max_new_tokens must be >= 0"]),  # GPT.stream's checks, named as flags
         (["--temperature", "-1"], 2, ["--temperature must be >= 0"]),
