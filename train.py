@@ -209,15 +209,11 @@ def diverged(what: str, run: Run) -> TrainError:
         kept = f"the last good checkpoint, {run.ckpt_path} (iteration {run.last_saved}), was kept"
         how = "To go on from it, resume (--init_from=resume) with a lower --learning_rate or a longer --warmup_iters"
     else:
-        again = [*run.argv, "--overwrite=True", f"--learning_rate={run.cfg.learning_rate / 2:g}"]
+        # the same command line with two flags added (later flags win: parse_args), as a shell reads it back
+        again = ["python", "train.py", *run.argv, "--overwrite=True", f"--learning_rate={run.cfg.learning_rate / 2:g}"]
         kept = "no checkpoint had been written by this run"
-        how = f"To start it again with a lower learning rate (or a longer --warmup_iters): {command_line(again)}"
+        how = f"To start it again with a lower learning rate (or a longer --warmup_iters): {shlex.join(again)}"
     return TrainError(f"{what}: training stopped; {kept}. {how}")
-
-
-def command_line(argv: Sequence[str]) -> str:
-    """`python train.py ARGV`, as a shell reads it back (later flags win: parse_args)."""
-    return shlex.join(["python", "train.py", *argv])
 
 
 def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, float, float]]:

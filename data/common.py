@@ -40,8 +40,6 @@ CERTIFICATE_FIX = (
 
 def decode_text(data: bytes, name: str) -> str:
     """UTF-8 bytes -> text (newlines as they are: no universal-newline translation), refusing empty and binary."""
-    if not data:
-        raise Failure(f"{name} is empty (0 bytes); give a UTF-8 text file with some text in it")
     nul = data.find(b"\x00")
     if nul != -1:
         raise Failure(f"{name} looks binary (NUL byte at byte offset {nul}); give a UTF-8 text file")
@@ -54,7 +52,10 @@ def decode_text(data: bytes, name: str) -> str:
         ) from None
     text = text.removeprefix("\ufeff")  # a byte-order mark (some Windows editors add one) is not text
     if not text:
-        raise Failure(f"{name} holds no text (only a byte-order mark); give a UTF-8 text file with some text in it")
+        raise Failure(
+            f"{name} holds no text (it is empty, or a byte-order mark alone); give a UTF-8 text file with some "
+            f"text in it"
+        )
     return text
 
 
@@ -67,11 +68,7 @@ def read_text_file(path: Path) -> str:
         )
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise Failure(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise Failure(f"{path} is a directory, not a text file") from None
-    except OSError as e:
+    except OSError as e:  # no such file, a directory, no permission
         raise Failure(f"cannot read {path}: {e.strerror or e}") from None
     except MemoryError:
         raise Failure(f"{path} is too large to read into memory here; give a smaller text") from None
@@ -167,11 +164,7 @@ def prepare(
     input_path: Path | None, out_dir: Path, url: str, script: str, make_tokenizer: Callable[[str], Any]
 ) -> None:
     """run_prepare's work, once its arguments are read."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise Failure(f"cannot create --out_dir {out_dir}: {e.strerror or e}") from None
-
+    out_dir.mkdir(parents=True, exist_ok=True)  # (an OSError names the folder: one line at the front door)
     text, source = read_text_source(input_path, out_dir, url, script)
     try:
         tok = make_tokenizer(text)

@@ -22,6 +22,7 @@ import glob
 import hashlib
 import os
 import pickle
+import resource
 import tempfile
 import warnings
 from pathlib import Path
@@ -105,8 +106,9 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
         Path(tmp).unlink(missing_ok=True)
         if interrupted(e):  # a second Ctrl-C, which torch's writer turns into a RuntimeError ("unexpected pos"):
             raise KeyboardInterrupt from None  # quit, `path` as it was
-        limit = file_size_limit()  # (torch's writer reports EFBIG as "file write failed", without the errno)
-        if isinstance(e, (OSError, RuntimeError)) and limit is not None and written >= limit:
+        # past this process's file size limit (`ulimit -f`)? torch's writer reports EFBIG without the errno
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if isinstance(e, (OSError, RuntimeError)) and limit != resource.RLIM_INFINITY and written >= limit:
             raise CheckpointError(
                 f"cannot save {path}: it is larger than this process's file size limit ({limit:,} bytes, "
                 f"`ulimit -f`); any checkpoint there before is kept; raise the limit (`ulimit -f unlimited` in the "
@@ -118,16 +120,6 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
                 f"is kept; free some space or give an --out_dir you can write to"
             ) from None
         raise
-
-
-def file_size_limit() -> int | None:
-    """This process's limit on the size of a file it writes (RLIMIT_FSIZE, `ulimit -f`), in bytes; None if none."""
-    try:
-        import resource  # (POSIX only)
-    except ImportError:
-        return None
-    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -168,16 +160,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
         )
     saved = None if is_nanogpt else checkpoint.pop("checksum", None)
-    if not is_nanogpt and saved is None:  # a tool that rebuilt the dict would make every later change invisible
-        raise CheckpointError(
-            f"{path} has no checksum, so a change to it cannot be seen: it was not saved by save_checkpoint (an older "
-            f"version, or a tool that rebuilt it); if you made or edited it on purpose, {RESEAL}"
-        )
-    if not is_nanogpt and saved != checksum(checkpoint):
+    if not is_nanogpt and saved != checksum(checkpoint):  # (None, from a tool that rebuilt the dict, never matches)
         raise CheckpointError(
             f"{path} is damaged: its contents no longer match the checksum saved with them (changed on disk or in a "
-            f"copy); copy it again from where it came from, use another checkpoint, or train again. If you edited it "
-            f"on purpose, {RESEAL}"
+            f"copy, or saved without one: an older version, or a tool that rebuilt it); copy it again from where it "
+            f"came from, use another checkpoint, or train again. If you made or edited it on purpose, {RESEAL}"
         )
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:

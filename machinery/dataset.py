@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +69,6 @@ class PreparedData:
                     f"{meta_path} has {split}_bytes={n_bytes} for {split}_tokens={n_tokens}: each token is at least "
                     f"one byte of text, so bits per byte would be wrong; {how}"
                 )
-            digest = self.meta.get(f"{split}_sha256")
-            if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
-                raise DataError(f"{meta_path} has {split}_sha256={digest!r}: it must be 64 hex digits; {how}")
         self.vocab_size = vocab
         sizes = {s: (self.dir / f"{s}.bin").stat().st_size for s in ("train", "val")}
         self.tokens = {s: size // 2 for s, size in sizes.items()}

@@ -106,10 +106,14 @@ def joining(dist: Dist) -> Iterator[None]:
     handlers): Ctrl-C ends the process at once (SIGINT's default action; there is nothing to save yet), and a wait
     past JOIN_NOTE_S is said on stderr, with how to stop it or avoid it."""
     world, at = f"(WORLD_SIZE={dist.world_size})", f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    how = f"start all of them (torchrun starts them for you), or unset {', '.join(TORCHRUN_VARIABLES)} to train in one"
-    how += " process"
-    note = f"rank {dist.rank}: still waiting, after {JOIN_NOTE_S:g} s, for the other processes of this run {world} "
-    note += f"at {at}: {how}; Ctrl-C stops this one\n"
+    how = (
+        f"start all of them (torchrun starts them for you), or unset {', '.join(TORCHRUN_VARIABLES)} to train in one "
+        f"process"
+    )
+    note = (
+        f"rank {dist.rank}: still waiting, after {JOIN_NOTE_S:g} s, for the other processes of this run {world} at "
+        f"{at}: {how}; Ctrl-C stops this one\n"
+    )
     timer = threading.Timer(JOIN_NOTE_S, lambda: os.write(2, note.encode()))
     timer.daemon = True
     in_main = threading.current_thread() is threading.main_thread()

@@ -24,7 +24,6 @@ class ConfigError(BadOption, ValueError):
 VALID_NORMS = (*layernorm.NORMS, layernorm.NO_NORM)  # and "none": no normalization, the comparison's baseline
 # What torch.manual_seed takes is below 2**64; train.py adds the rank and an offset for the eval batches to it.
 SEEDS = range(2**63)
-NOT_INHERITED = ("resume_from",)  # where this resume reads from: never a saved run's default
 
 
 def opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
@@ -212,7 +211,8 @@ def build_config(
 ) -> TrainConfig:
     """TrainConfig from `base` (defaults when None; a checkpoint's saved options on resume) updated by `explicit`,
     checked for a run of that many processes: the checks GPTConfig does not make, then GPTConfig's own."""
-    known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES and k not in NOT_INHERITED}
+    # (resume_from, where this resume reads from, is never a saved run's default)
+    known = {k: _typed(k, v, source) for k, v in (base or {}).items() if k in TYPES and k != "resume_from"}
     if "dataset" in explicit and "data_dir" not in explicit:  # --dataset names data/<dataset>/, over a saved data_dir
         known.pop("data_dir", None)
     cfg = replace(TrainConfig(), **{**known, **explicit})

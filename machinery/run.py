@@ -5,6 +5,7 @@ cut. The file itself (atomic write, checksum, load) is checkpoint.py's."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 from collections.abc import Iterator
@@ -21,11 +22,6 @@ from machinery.dataset import PreparedData
 from machinery.device import Dist
 from machinery.options import TrainConfig
 from model import GPT, GPTConfig
-
-try:  # POSIX (Linux, macOS); on Windows there is no fcntl, and a run holds no lock on its folder
-    import fcntl
-except ImportError:
-    fcntl = None
 
 # model_args that fix the weights' shapes or where the norms sit: a resume may change dropout and the norm, not these
 MODEL_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "norm_position", "embed_scale")
@@ -179,8 +175,6 @@ def make_out_dir(path: str | Path, new_run: bool = False) -> None:
     A new run is refused a folder that holds another run's files (RUN_FILES): it would replace them without a word."""
     out = Path(path)
     try:
-        if out.exists() and not out.is_dir():
-            raise CheckpointError(f"out_dir {str(out)!r} is a file, not a folder: give a folder for ckpt.pt")
         found = [name for name in RUN_FILES if (out / name).exists()] if new_run else []
         if found:
             what = f"{out / 'ckpt.pt'} holds another run's checkpoint"
@@ -190,7 +184,7 @@ def make_out_dir(path: str | Path, new_run: bool = False) -> None:
                 f"with --overwrite=True"
             )
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    except OSError as e:  # a file of that name (File exists), a parent that is a file, no permission
         raise CheckpointError(
             f"out_dir {str(out)!r} cannot be created ({e.strerror or e}): give a folder you can write to"
         ) from None
@@ -201,9 +195,9 @@ def hold_out_dir(path: str | Path, master: bool = True) -> Iterator[None]:
     """Create out_dir and hold it for the duration: one run per folder. The lock is flock's on out_dir/.lock, which
     the operating system releases when the process ends, however it ends: a kill -9 leaves the file, never a lock.
     Another run into a held folder is a CheckpointError naming the holder's process id. Under torchrun only rank 0
-    (`master`) takes it, for the whole run; where fcntl is missing (Windows) nothing is locked."""
+    (`master`) takes it, for the whole run."""
     make_out_dir(path)
-    if not master or fcntl is None:
+    if not master:
         yield
         return
     lock = Path(path) / LOCK_FILE

@@ -180,7 +180,7 @@ def no_checksum(path: Path) -> str:
     unsealed = torch.load(path, weights_only=True)
     del unsealed["checksum"]  # as a tool that rebuilds the dict would: every later change would go unseen
     torch.save(unsealed, path)
-    return "has no checksum, so a change to it cannot be seen"
+    return "is damaged: its contents no longer match the checksum saved with them"
 
 
 @pytest.mark.parametrize("damage", [nan_weight, no_checksum], ids=["nan-weight", "no-checksum"])

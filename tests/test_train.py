@@ -188,7 +188,7 @@ def test_compile_mode_reaches_torch_compile(tmp_path: Path, tiny_data: Path, mon
 @pytest.mark.parametrize(
     ("out_dir", "error"),
     [
-        ("taken", "is a file, not a folder"),
+        ("taken", "cannot be created (File exists)"),
         ("/proc/x", "cannot be created (No such file or directory)"),
         ("taken/out", "cannot be created (Not a directory)"),
         ("x" * 300, "cannot be created (File name too long)"),
