@@ -34,6 +34,7 @@ import json
 import math
 import os
 import re
+import textwrap
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -293,7 +294,8 @@ class GPT(nn.Module):
         try:  # the model takes the checkpoint's tensors themselves (assign): the weights are in memory once
             model.load_state_dict({k: own_storage(v) for k, v in checkpoint["model"].items()}, assign=True)
         except RuntimeError as e:  # keys missing or unexpected, a shape that differs: torch's second line names them
-            why = (str(e).splitlines()[1:] or [str(e)])[0].strip()
+            # the second line names the keys: all of them, for weights of another model; the first few tell it
+            why = textwrap.shorten((str(e).splitlines()[1:] or [str(e)])[0], 240, placeholder=" ...")
             raise ValueError(f"the checkpoint's weights do not fit its model: {why}") from None
         model.transformer.wte.weight = model.lm_head.weight  # assign replaced both Parameters: tie them again
         return model.eval()
