@@ -111,6 +111,15 @@ def test_sampled_text_is_nanogpts_for_its_seed_past_block_size_and_within_it_wit
     assert "".join(CHARS[i] for i in drawn[0].tolist()) == expected[0]
 
 
+def test_the_checkpoints_weights_are_loaded_as_saved(nanogpt_run: tuple[Path, GPT]) -> None:
+    out_dir, model = nanogpt_run
+    ckpt = load_checkpoint(out_dir / "ckpt.pt")
+    assert ckpt["format"] == nanogpt.FORMAT and ckpt["model_args"]["norm"] == "builtin"
+    loaded = sample.load(sample.parse_args(["--out_dir", str(out_dir)]), "cpu")[0]
+    for name, tensor in model.state_dict().items():  # (loaded strictly: no mask buffers, no prefixes)
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
 def test_meta_beside_the_checkpoint_comes_first_and_meta_names_one(nanogpt_run: tuple[Path, GPT], tmp_path: Path):
     out_dir, model = nanogpt_run
     folder = tmp_path / "copied"
