@@ -397,3 +397,14 @@ def write_meta(path: Path, chars: list[str] = CHARS, protocol: int | None = None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(meta, protocol))
     return path
+
+
+def make_bpe_dataset(folder: Path, ids: np.ndarray) -> Path:
+    """Token ids of GPT-2's BPE as a prepared dataset in the data/<name>/ format, the first 9/10 to train on."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(ids) * 9 // 10
+    ids[:n].astype(np.uint16).tofile(folder / "train.bin")
+    ids[n:].astype(np.uint16).tofile(folder / "val.bin")
+    meta = {"vocab_size": 50257, "tokenizer": {"kind": "tiktoken", "encoding": "r50k_base"}}
+    (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    return folder

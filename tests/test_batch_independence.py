@@ -13,21 +13,13 @@ import pytest
 import torch
 
 import batch_independence
-from helpers import ROOT, TRITON_SKIP, Run, assert_one_line_error, command, save_model, tiny_model
+from helpers import ROOT, TRITON_SKIP, assert_one_line_error, command, save_model, tiny_model
 from layernorm import TritonUnavailableError
 from machinery.command import Failure
 from model import GPT
 
 SMALL = ["--device", "cpu", "--prompt_len", "6", "--new_tokens", "6"]  # on the CPU; a few steps are enough
 TRITON_ON_CPU = TRITON_SKIP is None and os.environ.get("TRITON_INTERPRET") == "1"  # the kernels take CPU tensors
-
-
-def run_script(capsys: pytest.CaptureFixture[str], *args: str) -> Run:
-    """batch_independence.py ARGS in this process: its exit status and what it printed."""
-    capsys.readouterr()
-    status = batch_independence.main(list(args))
-    out, err = capsys.readouterr()
-    return Run(status, out, err)
 
 
 MODE_TITLE = "In the batch-invariant mode, batch_invariant/ (tolerance 0):"
@@ -76,7 +68,7 @@ def test_out_holds_the_rows_so_far_when_a_run_is_cut_and_the_whole_result_at_the
 def test_default_run_decodes_every_norm_in_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
     """The default rows, each in both tables (triton where it can run), and exit 0: every required row (all but
     batchnorm) passes, in the mode bit-exact. What the rows and the report say: the test below."""
-    proc = run_script(capsys, *SMALL)
+    proc = command(capsys, batch_independence.main, SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expected = ["custom", "builtin", "rmsnorm", "batchnorm", "dyt", "batchnorm-eval"]
     if TRITON_ON_CPU:
@@ -163,15 +155,15 @@ def test_the_verdict_is_the_tolerance_and_the_tokens(capsys: pytest.CaptureFixtu
 
 
 def test_from_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere;
-    --out_dir takes the checkpoint file itself as well as its folder."""
-    for trained_with, file in (("builtin", ""), ("batchnorm", "ckpt.pt")):
+    """Every row gets the checkpoint's weights; a BatchNorm checkpoint's running buffers are left over elsewhere.
+    Read from --out_dir or --ckpt (which file each names: resolve_weights, in test_sample.py and test_nanogpt.py)."""
+    for trained_with, flag in (("builtin", "--out_dir"), ("batchnorm", "--ckpt")):
         model = tiny_model(trained_with, vocab_size=20)
         with torch.no_grad():
             model.transformer.ln_f.weight.mul_(1.5)
         save_model(tmp_path / trained_with / "ckpt.pt", model, {"kind": "char", "itos": list("abc")})
         norms = ("--norms", "custom", "rmsnorm", "batchnorm")
-        status, result = run_json(capsys, "--out_dir", str(tmp_path / trained_with / file), "--device", "cpu", *norms)
+        status, result = run_json(capsys, flag, str(tmp_path / trained_with / "ckpt.pt"), "--device", "cpu", *norms)
         assert status == 0, result
         assert f"trained with norm={trained_with}" in result["source"] and "strict=False" in result["source"]
         assert result["model"] == {k: getattr(model.config, k) for k in result["model"]} and len(result["model"]) == 5
@@ -271,7 +263,7 @@ def test_triton_is_skipped_with_a_reason_when_it_cannot_run(
     capsys: pytest.CaptureFixture[str], triton_compiled_for_a_gpu: None
 ) -> None:
     """On the CPU without Triton's interpreter (kernels defined for a GPU), or without triton at all."""
-    proc = run_script(capsys, "--norms", "triton", "custom", *SMALL)
+    proc = command(capsys, batch_independence.main, ["--norms", "triton", "custom", *SMALL])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "skipped triton" in proc.stdout
     assert ("TRITON_INTERPRET" in proc.stdout) == (TRITON_SKIP is None)  # with triton, the interpreter is the fix

@@ -16,7 +16,7 @@ from test_experiments import load_script
 from torch import nn
 
 import sample
-from helpers import TINY, randomize_norms, save_model, tiny_model
+from helpers import TINY, make_bpe_dataset, randomize_norms, save_model, tiny_model
 from layernorm import FROZEN, FrozenLayerNorm, LayerNorm
 from machinery.checkpoint import load_checkpoint
 from machinery.command import Failure
@@ -138,13 +138,7 @@ def test_smoke_run_on_a_random_gpt2_folder(tmp_path, capsys) -> None:
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, n_positions=32))
     hf.save_pretrained(tmp_path / "gpt2")
-    data = tmp_path / "bpe"
-    data.mkdir()
-    ids = np.random.default_rng(0).integers(0, 50257, 4000, dtype=np.uint16)
-    ids[:3600].tofile(data / "train.bin")
-    ids[3600:].tofile(data / "val.bin")
-    meta = {"vocab_size": 50257, "tokenizer": {"kind": "tiktoken", "encoding": "r50k_base"}}
-    (data / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    data = make_bpe_dataset(tmp_path / "bpe", np.random.default_rng(0).integers(0, 50257, 4000))
     ln_free = tmp_path / "ln_free"
     args = [f"--init_from={tmp_path / 'gpt2'}", f"--data_dir={data}", "--smoke", f"--results_dir={tmp_path / 'r'}"]
     result = run([*args, f"--ln_free_dir={ln_free}"], capsys)
