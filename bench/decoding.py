@@ -107,11 +107,16 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
         return bool(torch.equal(new[a][:, :n], new[b][:, :n])) if {a, b} <= new.keys() else None
 
     sizes = {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "block_size")}
-    record = {"model": label, **sizes, "batch": batch, "tokens_per_s": {k: median(v) for k, v in rates.items()}}
-    record["spread"] = {k: spread(v) for k, v in rates.items()}
-    record["cached_equals_uncached_up_to_block"] = agree("cached", "uncached", block)
-    record["mode_equals_cached"] = agree("mode", "cached")
-    return record | {"tokens": next(iter(new.values())).tolist() if new else None}
+    return {
+        "model": label,
+        **sizes,
+        "batch": batch,
+        "tokens_per_s": {k: median(v) for k, v in rates.items()},
+        "spread": {k: spread(v) for k, v in rates.items()},
+        "cached_equals_uncached_up_to_block": agree("cached", "uncached", block),
+        "mode_equals_cached": agree("mode", "cached"),
+        "tokens": next(iter(new.values())).tolist() if new else None,
+    }
 
 
 def ratio(a: float | None, b: float | None, unit: str = "") -> str:
@@ -134,13 +139,23 @@ def decode_table(result: dict[str, Any]) -> str:
     for r in result["runs"]:
         tps = r["tokens_per_s"]
         cached = tps.get("cached")
-        rates = [f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths]
-        ratios = [ratio(cached, tps.get("uncached"), "x"), ratio(cached, tps.get("mode"), "x")]
-        checks = [r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]]
-        model = f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})"
-        rows.append([model, r["batch"], *rates, *ratios, ratio(cached, tps.get("linears")), *checks])
-    title = f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
-    title += f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
+        rows.append(
+            [
+                f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})",
+                r["batch"],
+                *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
+                ratio(cached, tps.get("uncached"), "x"),
+                ratio(cached, tps.get("mode"), "x"),
+                ratio(cached, tps.get("linears")),
+                r["cached_equals_uncached_up_to_block"],
+                r["mode_equals_cached"],
+                r["same_tokens_as_first"],
+            ]
+        )
+    title = (
+        f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
+        f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
+    )
     headers = ["model", "batch", *[f"{p} tok/s" for p in paths], *DECODE_HEADERS]
     return f"{title}\n\n{LINEARS_NOTE if 'linears' in paths else ''}{markdown_table(headers, rows)}"
 
@@ -209,9 +224,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             args.paths = paths_here(args.paths, device)
             settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}
-            result = {"device": device, **settings, "runs": []}
             todo = [(m, b) for m in models(args, device) for b in args.batches]
-            result["runs_planned"] = len(todo)
+            result = {"device": device, **settings, "runs": [], "runs_planned": len(todo)}
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):
                 run = decode(label, model, batch, args, device)

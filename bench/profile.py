@@ -144,11 +144,23 @@ def tables(rows: dict[str, dict[str, Any]], device: str) -> str:
         top = "; ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_step"].items())
         steps.append([n, fmt(r["ms_per_step"]), fmt(r["kernels_per_step"], ".0f"), busy, top])
         by_category = r["category_us_per_step"]
-        breakdown.append([n, *[fmt(by_category[c] / 1000) for c in COLUMNS], fmt(sum(by_category.values()) / 1000)])
-        breakdown[-1] += [fmt(r["matmul_gflop_per_step"], ".3f"), ", ".join(fmt(r[k], ".0f") for k in RATES)]
+        breakdown.append(
+            [
+                n,
+                *[fmt(by_category[c] / 1000) for c in COLUMNS],
+                fmt(sum(by_category.values()) / 1000),
+                fmt(r["matmul_gflop_per_step"], ".3f"),
+                ", ".join(fmt(r[k], ".0f") for k in RATES),
+            ]
+        )
     steps_headers = ["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"]
-    breakdown_headers = ["norm", *[f"{c} ms" for c in COLUMNS], "CPU ms", "matmul GFLOP/step"]
-    breakdown_headers.append("GFLOP/s: step, its products, alone")
+    breakdown_headers = [
+        "norm",
+        *[f"{c} ms" for c in COLUMNS],
+        "CPU ms",
+        "matmul GFLOP/step",
+        "GFLOP/s: step, its products, alone",
+    ]
     return (
         f"### torch.profiler, {STEPS} training steps per norm on {device}\n\n{markdown_table(steps_headers, steps)}"
         "\n\n### Where a step's CPU time goes (self time per category, per step)\n\n"

@@ -65,8 +65,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result = {"flags": flags, **compare(straight, resumed, args.rtol)}
     title = f"### {CUT} + {ITERS - CUT} iterations resumed against {ITERS} straight: {' '.join(flags[1:])}"
     verdict = "the same run" if result["same"] else "NOT the same run"
-    gaps = f"Largest relative loss gap {result['max_relative_loss_gap']:.1e} (allowed {args.rtol:g}); final weights'"
-    gaps += f" largest gap {result['max_weight_gap']:.1e}: {verdict}."
+    gaps = (
+        f"Largest relative loss gap {result['max_relative_loss_gap']:.1e} (allowed {args.rtol:g}); final weights'"
+        f" largest gap {result['max_weight_gap']:.1e}: {verdict}."
+    )
     cells = [[k, i, fmt(x, ".7f"), fmt(y, ".7f")] for k, i, x, y in result["losses"]]
     text = f"{title}\n\n{gaps}\n\n{markdown_table(['logged', 'iter', 'straight', 'resumed'], cells)}"
     print(text)

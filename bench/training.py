@@ -44,10 +44,6 @@ HEADERS = (
 ).split("|")
 
 
-def on_cuda(args: argparse.Namespace) -> bool:
-    return args.device.startswith("cuda")  # cuda, cuda:0, cuda:1 ...
-
-
 def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """[(norm, mode)] to run, and {side: why it is skipped}."""
     sides = []
@@ -58,9 +54,9 @@ def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[st
                 raise BadOption(f"--norms: {norm!r} is not a norm; choose from {', '.join(NORMS)}, {NO_NORM}")
             if only and only != mode:
                 continue
-            if mode != "eager" and not on_cuda(args):
+            if mode != "eager" and not args.device.startswith("cuda"):  # cuda, cuda:0, cuda:1 ...
                 skipped[f"{norm} {mode}"] = "needs a CUDA device"
-            elif norm == "triton" and not on_cuda(args) and os.environ.get("TRITON_INTERPRET") != "1":
+            elif norm == "triton" and not args.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
                 skipped[f"{norm} {mode}"] = "no CUDA device (on a CPU: TRITON_INTERPRET=1, Triton's slow interpreter)"
             else:
                 sides.append((norm, mode))
@@ -82,7 +78,7 @@ def commands(side: Side, cfg: TrainConfig, out_dir: Path, args: argparse.Namespa
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **both}
         if not args.whole:  # nanoGPT has no option to save nothing: a timed run saves its best checkpoint only
             values["always_save_checkpoint"] = False
-        if not on_cuda(args):
+        if not args.device.startswith("cuda"):
             values.update(compile=False, dtype="float32")  # on CUDA its own defaults: compile on, bfloat16
         flags = [f"--{k}={v}" for k, v in values.items()]
         return [sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], Path(args.nanogpt)
@@ -124,25 +120,39 @@ def measure(side: Side, child: Child, out_dir: Path, cfg: TrainConfig, args: arg
         timed = [r["ms_per_iter"] for r in kept]
         tok_s = [r["tokens_per_s"] for r in kept]
         steps = [(r["iter"], r["ms_per_iter"]) for r in train]
-    run = {"ok": child.ok and (side is None or bool(summary)), "returncode": child.returncode}
-    run |= {"interrupted": child.interrupted, "timed_out": child.timed_out, "steps_timed": len(timed)}
-    run |= {"ms_per_iter": median(timed), "ms_range": spread(timed), "tokens_per_s": median(tok_s)}
-    run |= {"max_rss_bytes": child.max_rss_bytes}
     cuda = summary.get("device", "").startswith("cuda")
-    run |= {"wall_s": child.wall_s, "cuda_peak_bytes": summary.get("peak_memory_bytes") if cuda else None}
     val = [e["val_loss"] for e in evals]
-    run |= {"evals": evals, "best_val_loss": min(val, default=None), "final_val_loss": val[-1] if val else None}
-    run |= {"train_s_to_target": to_target(steps, evals, args.target_val)}
-    return run | {"tail": [] if child.ok else child.lines[-5:]}
+    return {
+        "ok": child.ok and (side is None or bool(summary)),
+        "returncode": child.returncode,
+        "interrupted": child.interrupted,
+        "timed_out": child.timed_out,
+        "steps_timed": len(timed),
+        "ms_per_iter": median(timed),
+        "ms_range": spread(timed),
+        "tokens_per_s": median(tok_s),
+        "max_rss_bytes": child.max_rss_bytes,
+        "wall_s": child.wall_s,
+        "cuda_peak_bytes": summary.get("peak_memory_bytes") if cuda else None,
+        "evals": evals,
+        "best_val_loss": min(val, default=None),
+        "final_val_loss": val[-1] if val else None,
+        "train_s_to_target": to_target(steps, evals, args.target_val),
+        "tail": [] if child.ok else child.lines[-5:],
+    }
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     good = [r for r in runs if r["ok"] or r["steps_timed"]]  # a run cut by its time limit still timed its steps
     ms = [r["ms_per_iter"] for r in good if r["ms_per_iter"] is not None]
     medians = ("tokens_per_s", "cuda_peak_bytes", "final_val_loss", "best_val_loss", "train_s_to_target", "wall_s")
-    side = {"runs_ok": sum(r["ok"] for r in runs), "runs": len(runs), "ms_per_iter": median(ms)}
-    side["ms_spread"] = spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None
-    side["max_rss_mib"] = median([r["max_rss_bytes"] / 2**20 for r in good])
+    side = {
+        "runs_ok": sum(r["ok"] for r in runs),
+        "runs": len(runs),
+        "ms_per_iter": median(ms),
+        "ms_spread": spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None,
+        "max_rss_mib": median([r["max_rss_bytes"] / 2**20 for r in good]),
+    }
     return side | {k: median([r[k] for r in good if r[k] is not None]) for k in medians}
 
 
@@ -156,15 +166,28 @@ def table(result: dict[str, Any]) -> str:
     for name, v in sides.items():  # in HEADERS' order
         ms = v["ms_per_iter"]
         cuda = v["cuda_peak_bytes"]
-        figures = [fmt(ms), "-".join(fmt(x) for x in v["ms_spread"] or [None]), fmt(v["tokens_per_s"], ".0f")]
-        figures += [fmt(v["max_rss_mib"], ".0f"), fmt(cuda and cuda / 2**20, ".0f"), fmt(v["final_val_loss"], ".4f")]
-        figures += [fmt(v["best_val_loss"], ".4f"), fmt(v["train_s_to_target"], ".1f"), fmt(v["wall_s"], ".1f")]
-        figures += [fmt(ms and to and ms / to, ".3f") for to in (base, nano)]
-        rows.append([name, f"{v['runs_ok']}/{v['runs']}", *figures])
+        rows.append(
+            [
+                name,
+                f"{v['runs_ok']}/{v['runs']}",
+                fmt(ms),
+                "-".join(fmt(x) for x in v["ms_spread"] or [None]),
+                fmt(v["tokens_per_s"], ".0f"),
+                fmt(v["max_rss_mib"], ".0f"),
+                fmt(cuda and cuda / 2**20, ".0f"),
+                fmt(v["final_val_loss"], ".4f"),
+                fmt(v["best_val_loss"], ".4f"),
+                fmt(v["train_s_to_target"], ".1f"),
+                fmt(v["wall_s"], ".1f"),
+                *[fmt(ms and to and ms / to, ".3f") for to in (base, nano)],
+            ]
+        )
     rows += [[name, f"skipped: {why}", *[""] * 11] for name, why in result["skipped"].items()]
-    title = f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
-    title += f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every {s['eval_interval']} "
-    title += f"on {s['eval_iters']} batches, {result['repeats']} alternating repeats"
+    title = (
+        f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
+        f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every {s['eval_interval']} "
+        f"on {s['eval_iters']} batches, {result['repeats']} alternating repeats"
+    )
     headers = [h.format(result["target_val"] or "--target_val") for h in HEADERS]
     return f"{title}\n\n{markdown_table(headers, rows)}"
 
@@ -198,9 +221,16 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     sched = schedule(args, cfg)
     names = [f"{n} {m}" for n, m in sides] + (["nanogpt"] if args.nanogpt else [])
     plan = [(rep, name, side) for rep in range(args.repeats) for name, side in zip(names, [*sides, None], strict=False)]
-    result = {"device": args.device, "config": {"config": args.config, **dataclasses.asdict(cfg)}, "schedule": sched}
-    result |= {"repeats": args.repeats, "target_val": args.target_val, "skipped": skipped}
-    result |= {"sides": {}, "runs": {name: [] for name in names}}  # filled run by run
+    result = {
+        "device": args.device,
+        "config": {"config": args.config, **dataclasses.asdict(cfg)},
+        "schedule": sched,
+        "repeats": args.repeats,
+        "target_val": args.target_val,
+        "skipped": skipped,
+        "sides": {},  # filled run by run
+        "runs": {name: [] for name in names},
+    }
     if args.nanogpt:
         result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
