@@ -212,6 +212,13 @@ def write_results(args: argparse.Namespace, module: str, result: dict[str, Any],
     args.out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
 
 
+def report(args: argparse.Namespace, module: str, result: dict[str, Any], table: str) -> dict[str, Any]:
+    """A benchmark's end: its table printed after a blank line, written with the result (write_results); the result."""
+    print("\n" + table)
+    write_results(args, module, result, table)
+    return result
+
+
 def pack(res: Path, out: Path) -> None:
     """bench/gpu.sh's results so far as PACKED (bench/README.md). Each file is written beside its name and then
     renamed, so a run cut at any moment leaves whole files."""

@@ -22,6 +22,7 @@ from bench.common import (
     median,
     parse,
     parser,
+    report,
     spread,
     timed,
     write_results,
@@ -39,19 +40,19 @@ PATHS = ("uncached", "cached", "mode", "linears")
 MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
+def models(args: argparse.Namespace) -> list[tuple[str, GPT]]:
     """(label, model): a random model per --sizes config, or the checkpoint (--out_dir, --ckpt) or GPT-2's weights
     (args.init_from) with each of --norms."""
     for norm in args.norms:
-        check_norm_device(norm, device)  # one line saying what to do, before a model is loaded
+        check_norm_device(norm, args.device)  # one line saying what to do, before a model is loaded
     if args.checkpoint or args.init_from:
         ckpt, source = resolve_weights(args.out_dir or "out", args.ckpt, args.init_from)
-        loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in args.norms]
+        loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(args.device) for norm in args.norms]
         return [(f"{source} norm={norm}", model) for norm, model in zip(args.norms, loaded, strict=True)]
     out = []
     for path in args.sizes.split(","):
         config = GPTConfig.from_options(options.read_config_file(path), norm=args.norms[0])
-        out.append((Path(path).stem, GPT.from_seed(config, 1337).to(device).eval()))
+        out.append((Path(path).stem, GPT.from_seed(config, 1337).to(args.device).eval()))
     return out
 
 
@@ -81,10 +82,10 @@ def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
 
 
 @torch.no_grad()
-def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
+def decode(label: str, model: GPT, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
-    products = linears_alone(model, batch, device)
+    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(args.device)
+    products = linears_alone(model, batch, args.device)
 
     new = {}  # path -> the tokens its last run decoded
 
@@ -99,7 +100,7 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
     rates = {name: [] for name in args.paths}  # the paths take turns, A B C A B C: tokens/s of each, round by round
     for _ in range(args.repeats):
         for name in args.paths:
-            seconds = timed(lambda name=name: run(name, args.new_tokens), device)
+            seconds = timed(lambda name=name: run(name, args.new_tokens), args.device)
             rates[name].append(batch * args.new_tokens / seconds)
     block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
 
@@ -215,20 +216,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    device = args.device
     try:
         if args.matmul:
-            runs = matmul(device, args.widths)
-            result = {"device": device, "matmul": runs}
-            table = matmul_table(runs, device)
+            runs = matmul(args.device, args.widths)
+            result = {"device": args.device, "matmul": runs}
+            table = matmul_table(runs, args.device)
         else:
-            args.paths = paths_here(args.paths, device)
+            args.paths = paths_here(args.paths, args.device)
             settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}
-            todo = [(m, b) for m in models(args, device) for b in args.batches]
-            result = {"device": device, **settings, "runs": [], "runs_planned": len(todo)}
+            todo = [(m, b) for m in models(args) for b in args.batches]
+            result = {"device": args.device, **settings, "runs": [], "runs_planned": len(todo)}
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):
-                run = decode(label, model, batch, args, device)
+                run = decode(label, model, batch, args)
                 tokens = run.pop("tokens")
                 run["same_tokens_as_first"] = (
                     first.setdefault(batch, tokens) == tokens if args.checkpoint or args.init_from else None
@@ -241,9 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise
     except ValueError as e:  # a norm that computes another function than the weights', weights that do not fit
         raise Failure(first_line(e)) from None
-    print(table)
-    write_results(args, "bench.decoding", result, table)
-    return result
+    return report(args, "bench.decoding", result, table)
 
 
 if __name__ == "__main__":

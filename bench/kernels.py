@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import layernorm
-from bench.common import at_least, comma_list, fmt, median, parse, parser, spread, timed, write_results
+from bench.common import at_least, comma_list, fmt, median, parse, parser, report, spread, timed, write_results
 from machinery.command import run_command
 from machinery.measure import markdown_table
 
@@ -185,9 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = overhead(args.device, args.calls, args.repeats)
         result = {"device": args.device, "overhead": rows}
         table = overhead_table(rows, args.device, args.calls, args.repeats)
-        write_results(args, "bench.kernels", result, table)
-        print(table)
-        return result
+        return report(args, "bench.kernels", result, table)
     result = {"device": args.device, "malloc": "steady" if STEADY else "system default", "results": []}
     for dtype, rows, C in itertools.product(args.dtype, args.rows, args.sizes):
         result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, args.reps)

@@ -23,8 +23,8 @@ from bench.common import (
     median,
     parse,
     parser,
+    report,
     timed,
-    write_results,
 )
 from layernorm import NORMS, Norm
 from machinery.command import run_command
@@ -210,8 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"profile {norm}: {rows[norm]['ms_per_step']:.2f} ms/step", flush=True)
     result = {"device": args.device, "config": args.config, "set": args.set, "steps": STEPS, "norms": rows}
     text = tables(rows, args.device)
-    print("\n" + text)
-    write_results(args, "bench.profile", result, text)
+    report(args, "bench.profile", result, text)
     if args.out:  # and the figure beside it (.png)
         plot(args.out.with_suffix(".png"), rows, f"Where a training step goes: {args.config} on {args.device}")
     return result

@@ -15,8 +15,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common
-from bench.common import Child, comma_list, fmt, median, spread
+from bench.common import (
+    ROOT,
+    Child,
+    Interrupts,
+    at_least,
+    comma_list,
+    fmt,
+    median,
+    parse,
+    parser,
+    report,
+    run_child,
+    spread,
+    write_results,
+)
 from layernorm import NO_NORM, NORMS
 from machinery.command import BadOption, run_command
 from machinery.measure import markdown_table, output_of, progress, train_config
@@ -87,7 +100,7 @@ def commands(side: Side, cfg: TrainConfig, out_dir: Path, args: argparse.Namespa
     ours = {**both, "norm": norm, **timing}
     ours.update({"data_dir": args.data_dir} if args.data_dir else {})
     flags = [*(f"--{item}" for item in args.set), *(f"--{k}={v}" for k, v in ours.items()), *MODES[mode]]
-    return [sys.executable, "train.py", args.config, *flags], common.ROOT
+    return [sys.executable, "train.py", args.config, *flags], ROOT
 
 
 def to_target(steps: list[tuple[int, float]], evals: list[dict[str, Any]], target: float | None) -> float | None:
@@ -237,44 +250,44 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
     t0 = time.perf_counter()
     work = tempfile.TemporaryDirectory(prefix="bench_training_", ignore_cleanup_errors=True)
-    with work, common.Interrupts() as between:  # (a SIGINT during a run is its child's to see)
+    with work, Interrupts() as between:  # (a SIGINT during a run is its child's to see)
         for done, (rep, name, side) in enumerate(plan):
             if between.seen:
                 break
             out_dir = Path(work.name, f"{name.replace(' ', '_')}_{rep}")
             cmd, cwd = commands(side, cfg, out_dir, args)
             print(f"== {name}, repeat {rep + 1}/{args.repeats}: {' '.join(cmd[1:])}", flush=True)
-            child = common.run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
+            child = run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
             run = measure(side, child, out_dir, cfg, args)
             result["runs"][name].append(run)
             result["sides"][name] = summarise(result["runs"][name])
             failed = "" if run["ok"] else ", FAILED: " + " | ".join(run["tail"])
             figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
             print(f"   {name}: {figures}; {progress(done + 1, len(plan), t0)}", flush=True)
-            common.write_results(args, "bench.training", result, table(result))
+            write_results(args, "bench.training", result, table(result))
             if child.interrupted:  # (its figures so far are in its record)
                 between.seen = True
         if between.seen:  # what was measured is written, saying so; the runs not started are not
             finished = sum(not run["interrupted"] for runs in result["runs"].values() for run in runs)
             result["interrupted"] = f"after {finished} of {len(plan)} runs; the rest not started"
             print(f"interrupted {result['interrupted']}", flush=True)
-            common.write_results(args, "bench.training", result, table(result))
+            write_results(args, "bench.training", result, table(result))
     return result
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = common.parser(__doc__, config=True)
+    p = parser(__doc__, config=True)
     p.add_argument("--norms", default="custom,builtin", help="comma list of norms; NORM:MODE runs it in that mode only")
     p.add_argument("--modes", default=["eager"], type=comma_list(MODES), help=f"comma list from {', '.join(MODES)}")
     p.add_argument("--nanogpt", help="a nanoGPT checkout with data/shakespeare_char prepared, run beside ours")
-    p.add_argument("--repeats", type=common.at_least(1), default=5, help="alternating runs per side (default 5)")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="alternating runs per side (default 5)")
     p.add_argument(
-        "--warmup", type=common.at_least(0), default=10, help="iterations not timed at the start of a run (default 10)"
+        "--warmup", type=at_least(0), default=10, help="iterations not timed at the start of a run (default 10)"
     )
-    p.add_argument("--iters", type=common.at_least(1), default=200, help="timed iterations per run (default 200)")
+    p.add_argument("--iters", type=at_least(1), default=200, help="timed iterations per run (default 200)")
     p.add_argument(
         "--eval_iters",
-        type=common.at_least(1),
+        type=at_least(1),
         default=20,
         help="batches of the evals at 0 and at the end (default 20)",
     )
@@ -282,14 +295,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--whole", action="store_true", help="--curves, with each side's checkpoints and our sample")
     p.add_argument("--compare", action="store_true", help="every norm once, --curves; evals.csv, val_loss.png")
     p.add_argument(
-        "--target_val", type=common.at_least(0.0, float), default=None, help="report the training time to this val loss"
+        "--target_val", type=at_least(0.0, float), default=None, help="report the training time to this val loss"
     )
-    p.add_argument(
-        "--time_limit", type=common.at_least(1e-9, float), default=None, help="seconds before a run is killed"
-    )
+    p.add_argument("--time_limit", type=at_least(1e-9, float), default=None, help="seconds before a run is killed")
     p.add_argument("--data_dir", help="our train.py's --data_dir (default: the config's dataset)")
     p.add_argument("--verbose", action="store_true", help="echo every line of the runs")
-    args = common.parse(p, argv)
+    args = parse(p, argv)
     args.curves = args.curves or args.whole or args.compare
     if args.compare:
         args.repeats = 1
@@ -308,8 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run_all(args)
     if args.out and args.compare:
         write_curves(args.out, result)
-    print("\n" + table(result))
-    return result
+    return report(args, "bench.training", result, table(result))
 
 
 def all_ok(result: dict[str, Any]) -> int:
