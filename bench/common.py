@@ -155,7 +155,8 @@ def timed(fn: Callable[[], Any], device: str, calls: int = 1) -> float:
     """Seconds per call of fn, over `calls` calls; on a GPU (CUDA, MPS), the queued work included (synchronize)."""
     import torch
 
-    sync = (lambda: None) if torch.device(device).type == "cpu" else (lambda: torch.accelerator.synchronize(device))
+    kind = torch.device(device).type
+    sync = torch.cuda.synchronize if kind == "cuda" else torch.mps.synchronize if kind == "mps" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     for _ in range(calls):
