@@ -85,10 +85,15 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
     (bench/README.md)."""
     from machinery.device import maxrss_bytes
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with Interrupts() as interrupts:
         proc = subprocess.Popen(
-            list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+            list(cmd),
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
         )
         interrupts.child = proc
         if interrupts.seen:  # (a signal before it was named)
@@ -99,7 +104,6 @@ def run_child(cmd: Sequence[str], cwd: Path = ROOT, timeout_s: float | None = No
             timer.start()  # kills a child that has gone silent, too
         t0 = time.perf_counter()
         lines = []
-        assert proc.stdout is not None
         for raw in proc.stdout:  # (until the child ends, or is killed)
             lines.append(raw.rstrip("\n"))
             if echo is not None:
@@ -178,16 +182,14 @@ def comma_list(choices: Sequence[str] | None = None) -> Callable[[str], list]:
 def at_least(least: float, kind: type = int) -> Callable[[str], Any]:
     """An argparse type: a `kind` (int or float) that is >= least; NaN is refused too."""
 
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an int' if kind is int else 'a number'}") from None
+    def number(text: str) -> Any:
+        value = kind(text)  # (a text kind() refuses: argparse's "invalid int value: 'x'", as with type=int)
         if not value >= least:
             raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
         return value
 
-    return parse
+    number.__name__ = kind.__name__
+    return number
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -211,6 +213,13 @@ def write_results(args: argparse.Namespace, module: str, result: dict[str, Any],
     args.out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
 
 
+def report(args: argparse.Namespace, module: str, result: dict[str, Any], table: str) -> dict[str, Any]:
+    """A benchmark's end: its table printed after a blank line, written with the result (write_results); the result."""
+    print("\n" + table)
+    write_results(args, module, result, table)
+    return result
+
+
 def pack(res: Path, out: Path) -> None:
     """bench/gpu.sh's results so far as PACKED (bench/README.md). Each file is written beside its name and then
     renamed, so a run cut at any moment leaves whole files."""
@@ -230,8 +239,8 @@ def pack(res: Path, out: Path) -> None:
         versions,
         "",
         *([plan, ""] if plan else []),
+        markdown_table(["step", "exit", "seconds", "limit s"], steps),
     ]
-    summary.append(markdown_table(["step", "exit", "seconds", "limit s"], steps))
     for name, *_ in steps:
         if (res / f"{name}.md").exists():
             summary += ["", f"## {name}", "", (res / f"{name}.md").read_text(encoding="utf-8").strip()]

@@ -22,6 +22,7 @@ from bench.common import (
     median,
     parse,
     parser,
+    report,
     spread,
     timed,
     write_results,
@@ -39,19 +40,19 @@ PATHS = ("uncached", "cached", "mode", "linears")
 MATMUL_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def models(args: argparse.Namespace, device: str) -> list[tuple[str, GPT]]:
+def models(args: argparse.Namespace) -> list[tuple[str, GPT]]:
     """(label, model): a random model per --sizes config, or the checkpoint (--out_dir, --ckpt) or GPT-2's weights
     (args.init_from) with each of --norms."""
     for norm in args.norms:
-        check_norm_device(norm, device)  # one line saying what to do, before a model is loaded
+        check_norm_device(norm, args.device)  # one line saying what to do, before a model is loaded
     if args.checkpoint or args.init_from:
         ckpt, source = resolve_weights(args.out_dir or "out", args.ckpt, args.init_from)
-        loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(device) for norm in args.norms]
+        loaded = [GPT.from_checkpoint(ckpt, norm=norm).to(args.device) for norm in args.norms]
         return [(f"{source} norm={norm}", model) for norm, model in zip(args.norms, loaded, strict=True)]
     out = []
     for path in args.sizes.split(","):
         config = GPTConfig.from_options(options.read_config_file(path), norm=args.norms[0])
-        out.append((Path(path).stem, GPT.from_seed(config, 1337).to(device).eval()))
+        out.append((Path(path).stem, GPT.from_seed(config, 1337).to(args.device).eval()))
     return out
 
 
@@ -81,10 +82,10 @@ def linears_alone(model: GPT, batch: int, device: str) -> Callable[[int], None]:
 
 
 @torch.no_grad()
-def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device: str) -> dict[str, Any]:
+def decode(label: str, model: GPT, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(device)
-    products = linears_alone(model, batch, device)
+    prompts = torch.randint(model.config.vocab_size, (batch, args.prompt_len), generator=gen).to(args.device)
+    products = linears_alone(model, batch, args.device)
 
     new = {}  # path -> the tokens its last run decoded
 
@@ -99,7 +100,7 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
     rates = {name: [] for name in args.paths}  # the paths take turns, A B C A B C: tokens/s of each, round by round
     for _ in range(args.repeats):
         for name in args.paths:
-            seconds = timed(lambda name=name: run(name, args.new_tokens), device)
+            seconds = timed(lambda name=name: run(name, args.new_tokens), args.device)
             rates[name].append(batch * args.new_tokens / seconds)
     block = max(0, model.config.block_size - args.prompt_len)  # past it, cached and uncached keep other windows
 
@@ -107,11 +108,16 @@ def decode(label: str, model: GPT, batch: int, args: argparse.Namespace, device:
         return bool(torch.equal(new[a][:, :n], new[b][:, :n])) if {a, b} <= new.keys() else None
 
     sizes = {k: getattr(model.config, k) for k in ("n_layer", "n_embd", "block_size")}
-    record = {"model": label, **sizes, "batch": batch, "tokens_per_s": {k: median(v) for k, v in rates.items()}}
-    record["spread"] = {k: spread(v) for k, v in rates.items()}
-    record["cached_equals_uncached_up_to_block"] = agree("cached", "uncached", block)
-    record["mode_equals_cached"] = agree("mode", "cached")
-    return record | {"tokens": next(iter(new.values())).tolist() if new else None}
+    return {
+        "model": label,
+        **sizes,
+        "batch": batch,
+        "tokens_per_s": {k: median(v) for k, v in rates.items()},
+        "spread": {k: spread(v) for k, v in rates.items()},
+        "cached_equals_uncached_up_to_block": agree("cached", "uncached", block),
+        "mode_equals_cached": agree("mode", "cached"),
+        "tokens": next(iter(new.values())).tolist() if new else None,
+    }
 
 
 def ratio(a: float | None, b: float | None, unit: str = "") -> str:
@@ -134,13 +140,23 @@ def decode_table(result: dict[str, Any]) -> str:
     for r in result["runs"]:
         tps = r["tokens_per_s"]
         cached = tps.get("cached")
-        rates = [f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths]
-        ratios = [ratio(cached, tps.get("uncached"), "x"), ratio(cached, tps.get("mode"), "x")]
-        checks = [r["cached_equals_uncached_up_to_block"], r["mode_equals_cached"], r["same_tokens_as_first"]]
-        model = f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})"
-        rows.append([model, r["batch"], *rates, *ratios, ratio(cached, tps.get("linears")), *checks])
-    title = f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
-    title += f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
+        rows.append(
+            [
+                f"{r['model']} ({r['n_layer']} x {r['n_embd']}, block {r['block_size']})",
+                r["batch"],
+                *[f"{fmt(tps[p], '.1f')} ({'-'.join(fmt(v, '.1f') for v in r['spread'][p])})" for p in paths],
+                ratio(cached, tps.get("uncached"), "x"),
+                ratio(cached, tps.get("mode"), "x"),
+                ratio(cached, tps.get("linears")),
+                r["cached_equals_uncached_up_to_block"],
+                r["mode_equals_cached"],
+                r["same_tokens_as_first"],
+            ]
+        )
+    title = (
+        f"### Greedy decoding on {result['device']}, float32, {result['prompt_len']}-token prompts, "
+        f"{result['new_tokens']} new tokens, tokens/s over all rows, median (min-max) of {result['repeats']}"
+    )
     headers = ["model", "batch", *[f"{p} tok/s" for p in paths], *DECODE_HEADERS]
     return f"{title}\n\n{LINEARS_NOTE if 'linears' in paths else ''}{markdown_table(headers, rows)}"
 
@@ -200,21 +216,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    device = args.device
     try:
         if args.matmul:
-            runs = matmul(device, args.widths)
-            result = {"device": device, "matmul": runs}
-            table = matmul_table(runs, device)
+            runs = matmul(args.device, args.widths)
+            result = {"device": args.device, "matmul": runs}
+            table = matmul_table(runs, args.device)
         else:
-            args.paths = paths_here(args.paths, device)
+            args.paths = paths_here(args.paths, args.device)
             settings = {k: getattr(args, k) for k in ("paths", "prompt_len", "new_tokens", "repeats")}
-            result = {"device": device, **settings, "runs": []}
-            todo = [(m, b) for m in models(args, device) for b in args.batches]
-            result["runs_planned"] = len(todo)
+            todo = [(m, b) for m in models(args) for b in args.batches]
+            result = {"device": args.device, **settings, "runs": [], "runs_planned": len(todo)}
             first: dict[int, list] = {}  # batch -> the first model's tokens
             for done, ((label, model), batch) in enumerate(todo):
-                run = decode(label, model, batch, args, device)
+                run = decode(label, model, batch, args)
                 tokens = run.pop("tokens")
                 run["same_tokens_as_first"] = (
                     first.setdefault(batch, tokens) == tokens if args.checkpoint or args.init_from else None
@@ -227,9 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise
     except ValueError as e:  # a norm that computes another function than the weights', weights that do not fit
         raise Failure(first_line(e)) from None
-    print(table)
-    write_results(args, "bench.decoding", result, table)
-    return result
+    return report(args, "bench.decoding", result, table)
 
 
 if __name__ == "__main__":

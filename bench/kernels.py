@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import layernorm
-from bench.common import at_least, comma_list, fmt, median, parse, parser, spread, timed, write_results
+from bench.common import at_least, comma_list, fmt, median, parse, parser, report, spread, timed, write_results
 from machinery.command import run_command
 from machinery.measure import markdown_table
 
@@ -67,13 +67,20 @@ def bench_shape(rows: int, C: int, dtype: torch.dtype, device: str, impls: list[
     fwd_bwd = time_ms(grads, device, reps)
     size = rows * C * x.element_size() / 1e9  # GB per pass
     where = {"rows": rows, "C": C, "dtype": str(dtype).removeprefix("torch."), "device": device}
-    out = []
-    for name in impls:
-        row = {"impl": name, **where, "max_abs_err_vs_builtin": errors[name], "fwd_ms": fwd[name]}
-        row |= {"fwd_bwd_ms": fwd_bwd[name], "bwd_ms": fwd_bwd[name] - fwd[name]}
-        row |= {"fwd_gbps": 2 * size / (fwd[name] / 1e3), "fwd_bwd_gbps": 5 * size / (fwd_bwd[name] / 1e3)}
-        out.append(row | {"copy_gbps": 2 * size / (copy_ms / 1e3)})
-    return out
+    return [
+        {
+            "impl": name,
+            **where,
+            "max_abs_err_vs_builtin": errors[name],
+            "fwd_ms": fwd[name],
+            "fwd_bwd_ms": fwd_bwd[name],
+            "bwd_ms": fwd_bwd[name] - fwd[name],
+            "fwd_gbps": 2 * size / (fwd[name] / 1e3),
+            "fwd_bwd_gbps": 5 * size / (fwd_bwd[name] / 1e3),
+            "copy_gbps": 2 * size / (copy_ms / 1e3),
+        }
+        for name in impls
+    ]
 
 
 KERNELS_HEADERS = (
@@ -89,9 +96,21 @@ def kernels_table(rows: list[dict]) -> str:
         shape = (r["rows"], r["C"], r["dtype"])
         vs_builtin = fmt(r["fwd_bwd_ms"] / builtin[shape], ".2f") + "x" if shape in builtin else "n/a"
         fwd, fwd_bwd = (f"{r[k]:.1f} ({100 * r[k] / r['copy_gbps']:.0f}%)" for k in ("fwd_gbps", "fwd_bwd_gbps"))
-        times = [fmt(r[k], ".3f") for k in ("fwd_ms", "fwd_bwd_ms", "bwd_ms")]
-        cells.append([r["impl"], f"[{r['rows']}, {r['C']}]", r["dtype"], times[0], fwd, times[1], fwd_bwd, times[2]])
-        cells[-1] += [vs_builtin, fmt(r["copy_gbps"], ".1f"), f"{r['max_abs_err_vs_builtin']:.1e}"]
+        cells.append(
+            [
+                r["impl"],
+                f"[{r['rows']}, {r['C']}]",
+                r["dtype"],
+                fmt(r["fwd_ms"], ".3f"),
+                fwd,
+                fmt(r["fwd_bwd_ms"], ".3f"),
+                fwd_bwd,
+                fmt(r["bwd_ms"], ".3f"),
+                vs_builtin,
+                fmt(r["copy_gbps"], ".1f"),
+                f"{r['max_abs_err_vs_builtin']:.1e}",
+            ]
+        )
     return markdown_table(KERNELS_HEADERS, cells)
 
 
@@ -166,9 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = overhead(args.device, args.calls, args.repeats)
         result = {"device": args.device, "overhead": rows}
         table = overhead_table(rows, args.device, args.calls, args.repeats)
-        write_results(args, "bench.kernels", result, table)
-        print(table)
-        return result
+        return report(args, "bench.kernels", result, table)
     result = {"device": args.device, "malloc": "steady" if STEADY else "system default", "results": []}
     for dtype, rows, C in itertools.product(args.dtype, args.rows, args.sizes):
         result["results"] += bench_shape(rows, C, DTYPES[dtype], args.device, args.impls, args.reps)

@@ -4,13 +4,12 @@ decoded in a batch, for each norm, with PyTorch's kernels and in the batch-invar
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
-from machinery.command import Failure, run_command
+from machinery.command import ArgumentParser, Failure, run_command
 
 ZERO = 1e-9  # a difference of exactly 0 is drawn here, on the axis labelled "0" (a log scale has no 0)
 RESULT = Path("bench/results/batch_independence_cpu.json")  # the figure README.md and docs/03 show
@@ -53,7 +52,7 @@ def plot(result: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = ArgumentParser(description=__doc__)
     p.add_argument("--json", type=Path, default=RESULT, help=f"batch_independence.py's JSON (default {RESULT})")
     p.add_argument("--out", type=Path, help="the figure, .png, .svg or .pdf (default: the PNG beside --json)")
     args = p.parse_args(argv)

@@ -23,8 +23,8 @@ from bench.common import (
     median,
     parse,
     parser,
+    report,
     timed,
-    write_results,
 )
 from layernorm import NORMS, Norm
 from machinery.command import run_command
@@ -144,11 +144,23 @@ def tables(rows: dict[str, dict[str, Any]], device: str) -> str:
         top = "; ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_step"].items())
         steps.append([n, fmt(r["ms_per_step"]), fmt(r["kernels_per_step"], ".0f"), busy, top])
         by_category = r["category_us_per_step"]
-        breakdown.append([n, *[fmt(by_category[c] / 1000) for c in COLUMNS], fmt(sum(by_category.values()) / 1000)])
-        breakdown[-1] += [fmt(r["matmul_gflop_per_step"], ".3f"), ", ".join(fmt(r[k], ".0f") for k in RATES)]
+        breakdown.append(
+            [
+                n,
+                *[fmt(by_category[c] / 1000) for c in COLUMNS],
+                fmt(sum(by_category.values()) / 1000),
+                fmt(r["matmul_gflop_per_step"], ".3f"),
+                ", ".join(fmt(r[k], ".0f") for k in RATES),
+            ]
+        )
     steps_headers = ["norm", "ms/step (profiled)", "kernels/step", "GPU busy", "top CPU self time, us/step"]
-    breakdown_headers = ["norm", *[f"{c} ms" for c in COLUMNS], "CPU ms", "matmul GFLOP/step"]
-    breakdown_headers.append("GFLOP/s: step, its products, alone")
+    breakdown_headers = [
+        "norm",
+        *[f"{c} ms" for c in COLUMNS],
+        "CPU ms",
+        "matmul GFLOP/step",
+        "GFLOP/s: step, its products, alone",
+    ]
     return (
         f"### torch.profiler, {STEPS} training steps per norm on {device}\n\n{markdown_table(steps_headers, steps)}"
         "\n\n### Where a step's CPU time goes (self time per category, per step)\n\n"
@@ -198,8 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"profile {norm}: {rows[norm]['ms_per_step']:.2f} ms/step", flush=True)
     result = {"device": args.device, "config": args.config, "set": args.set, "steps": STEPS, "norms": rows}
     text = tables(rows, args.device)
-    print("\n" + text)
-    write_results(args, "bench.profile", result, text)
+    report(args, "bench.profile", result, text)
     if args.out:  # and the figure beside it (.png)
         plot(args.out.with_suffix(".png"), rows, f"Where a training step goes: {args.config} on {args.device}")
     return result

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import at_least, fmt, parse, parser, run_child, write_results
+from bench.common import at_least, fmt, parse, parser, report, run_child
 from machinery.command import Failure, run_command
 from machinery.measure import markdown_table
 from machinery.runlog import read_metrics
@@ -65,13 +65,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result = {"flags": flags, **compare(straight, resumed, args.rtol)}
     title = f"### {CUT} + {ITERS - CUT} iterations resumed against {ITERS} straight: {' '.join(flags[1:])}"
     verdict = "the same run" if result["same"] else "NOT the same run"
-    gaps = f"Largest relative loss gap {result['max_relative_loss_gap']:.1e} (allowed {args.rtol:g}); final weights'"
-    gaps += f" largest gap {result['max_weight_gap']:.1e}: {verdict}."
+    gaps = (
+        f"Largest relative loss gap {result['max_relative_loss_gap']:.1e} (allowed {args.rtol:g}); final weights'"
+        f" largest gap {result['max_weight_gap']:.1e}: {verdict}."
+    )
     cells = [[k, i, fmt(x, ".7f"), fmt(y, ".7f")] for k, i, x, y in result["losses"]]
     text = f"{title}\n\n{gaps}\n\n{markdown_table(['logged', 'iter', 'straight', 'resumed'], cells)}"
-    print(text)
-    write_results(args, "bench.resume", result, text)
-    return result
+    return report(args, "bench.resume", result, text)
 
 
 if __name__ == "__main__":

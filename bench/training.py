@@ -15,8 +15,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common
-from bench.common import Child, comma_list, fmt, median, spread
+from bench.common import (
+    ROOT,
+    Child,
+    Interrupts,
+    at_least,
+    comma_list,
+    fmt,
+    median,
+    parse,
+    parser,
+    report,
+    run_child,
+    spread,
+    write_results,
+)
 from layernorm import NO_NORM, NORMS
 from machinery.command import BadOption, run_command
 from machinery.measure import markdown_table, output_of, progress, train_config
@@ -44,10 +57,6 @@ HEADERS = (
 ).split("|")
 
 
-def on_cuda(args: argparse.Namespace) -> bool:
-    return args.device.startswith("cuda")  # cuda, cuda:0, cuda:1 ...
-
-
 def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """[(norm, mode)] to run, and {side: why it is skipped}."""
     sides = []
@@ -58,9 +67,9 @@ def plan_sides(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[st
                 raise BadOption(f"--norms: {norm!r} is not a norm; choose from {', '.join(NORMS)}, {NO_NORM}")
             if only and only != mode:
                 continue
-            if mode != "eager" and not on_cuda(args):
+            if mode != "eager" and not args.device.startswith("cuda"):  # cuda, cuda:0, cuda:1 ...
                 skipped[f"{norm} {mode}"] = "needs a CUDA device"
-            elif norm == "triton" and not on_cuda(args) and os.environ.get("TRITON_INTERPRET") != "1":
+            elif norm == "triton" and not args.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
                 skipped[f"{norm} {mode}"] = "no CUDA device (on a CPU: TRITON_INTERPRET=1, Triton's slow interpreter)"
             else:
                 sides.append((norm, mode))
@@ -82,7 +91,7 @@ def commands(side: Side, cfg: TrainConfig, out_dir: Path, args: argparse.Namespa
         values = {**{k: getattr(cfg, k) for k in NANOGPT_KEYS}, **both}
         if not args.whole:  # nanoGPT has no option to save nothing: a timed run saves its best checkpoint only
             values["always_save_checkpoint"] = False
-        if not on_cuda(args):
+        if not args.device.startswith("cuda"):
             values.update(compile=False, dtype="float32")  # on CUDA its own defaults: compile on, bfloat16
         flags = [f"--{k}={v}" for k, v in values.items()]
         return [sys.executable, "train.py", "config/train_shakespeare_char.py", *flags], Path(args.nanogpt)
@@ -91,7 +100,7 @@ def commands(side: Side, cfg: TrainConfig, out_dir: Path, args: argparse.Namespa
     ours = {**both, "norm": norm, **timing}
     ours.update({"data_dir": args.data_dir} if args.data_dir else {})
     flags = [*(f"--{item}" for item in args.set), *(f"--{k}={v}" for k, v in ours.items()), *MODES[mode]]
-    return [sys.executable, "train.py", args.config, *flags], common.ROOT
+    return [sys.executable, "train.py", args.config, *flags], ROOT
 
 
 def to_target(steps: list[tuple[int, float]], evals: list[dict[str, Any]], target: float | None) -> float | None:
@@ -124,25 +133,39 @@ def measure(side: Side, child: Child, out_dir: Path, cfg: TrainConfig, args: arg
         timed = [r["ms_per_iter"] for r in kept]
         tok_s = [r["tokens_per_s"] for r in kept]
         steps = [(r["iter"], r["ms_per_iter"]) for r in train]
-    run = {"ok": child.ok and (side is None or bool(summary)), "returncode": child.returncode}
-    run |= {"interrupted": child.interrupted, "timed_out": child.timed_out, "steps_timed": len(timed)}
-    run |= {"ms_per_iter": median(timed), "ms_range": spread(timed), "tokens_per_s": median(tok_s)}
-    run |= {"max_rss_bytes": child.max_rss_bytes}
     cuda = summary.get("device", "").startswith("cuda")
-    run |= {"wall_s": child.wall_s, "cuda_peak_bytes": summary.get("peak_memory_bytes") if cuda else None}
     val = [e["val_loss"] for e in evals]
-    run |= {"evals": evals, "best_val_loss": min(val, default=None), "final_val_loss": val[-1] if val else None}
-    run |= {"train_s_to_target": to_target(steps, evals, args.target_val)}
-    return run | {"tail": [] if child.ok else child.lines[-5:]}
+    return {
+        "ok": child.ok and (side is None or bool(summary)),
+        "returncode": child.returncode,
+        "interrupted": child.interrupted,
+        "timed_out": child.timed_out,
+        "steps_timed": len(timed),
+        "ms_per_iter": median(timed),
+        "ms_range": spread(timed),
+        "tokens_per_s": median(tok_s),
+        "max_rss_bytes": child.max_rss_bytes,
+        "wall_s": child.wall_s,
+        "cuda_peak_bytes": summary.get("peak_memory_bytes") if cuda else None,
+        "evals": evals,
+        "best_val_loss": min(val, default=None),
+        "final_val_loss": val[-1] if val else None,
+        "train_s_to_target": to_target(steps, evals, args.target_val),
+        "tail": [] if child.ok else child.lines[-5:],
+    }
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     good = [r for r in runs if r["ok"] or r["steps_timed"]]  # a run cut by its time limit still timed its steps
     ms = [r["ms_per_iter"] for r in good if r["ms_per_iter"] is not None]
     medians = ("tokens_per_s", "cuda_peak_bytes", "final_val_loss", "best_val_loss", "train_s_to_target", "wall_s")
-    side = {"runs_ok": sum(r["ok"] for r in runs), "runs": len(runs), "ms_per_iter": median(ms)}
-    side["ms_spread"] = spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None
-    side["max_rss_mib"] = median([r["max_rss_bytes"] / 2**20 for r in good])
+    side = {
+        "runs_ok": sum(r["ok"] for r in runs),
+        "runs": len(runs),
+        "ms_per_iter": median(ms),
+        "ms_spread": spread(ms) if len(ms) > 1 else good[0]["ms_range"] if good else None,
+        "max_rss_mib": median([r["max_rss_bytes"] / 2**20 for r in good]),
+    }
     return side | {k: median([r[k] for r in good if r[k] is not None]) for k in medians}
 
 
@@ -156,15 +179,28 @@ def table(result: dict[str, Any]) -> str:
     for name, v in sides.items():  # in HEADERS' order
         ms = v["ms_per_iter"]
         cuda = v["cuda_peak_bytes"]
-        figures = [fmt(ms), "-".join(fmt(x) for x in v["ms_spread"] or [None]), fmt(v["tokens_per_s"], ".0f")]
-        figures += [fmt(v["max_rss_mib"], ".0f"), fmt(cuda and cuda / 2**20, ".0f"), fmt(v["final_val_loss"], ".4f")]
-        figures += [fmt(v["best_val_loss"], ".4f"), fmt(v["train_s_to_target"], ".1f"), fmt(v["wall_s"], ".1f")]
-        figures += [fmt(ms and to and ms / to, ".3f") for to in (base, nano)]
-        rows.append([name, f"{v['runs_ok']}/{v['runs']}", *figures])
+        rows.append(
+            [
+                name,
+                f"{v['runs_ok']}/{v['runs']}",
+                fmt(ms),
+                "-".join(fmt(x) for x in v["ms_spread"] or [None]),
+                fmt(v["tokens_per_s"], ".0f"),
+                fmt(v["max_rss_mib"], ".0f"),
+                fmt(cuda and cuda / 2**20, ".0f"),
+                fmt(v["final_val_loss"], ".4f"),
+                fmt(v["best_val_loss"], ".4f"),
+                fmt(v["train_s_to_target"], ".1f"),
+                fmt(v["wall_s"], ".1f"),
+                *[fmt(ms and to and ms / to, ".3f") for to in (base, nano)],
+            ]
+        )
     rows += [[name, f"skipped: {why}", *[""] * 11] for name, why in result["skipped"].items()]
-    title = f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
-    title += f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every {s['eval_interval']} "
-    title += f"on {s['eval_iters']} batches, {result['repeats']} alternating repeats"
+    title = (
+        f"### {Path(c['config']).stem}: {c['n_layer']} x {c['n_embd']}, block {c['block_size']}, batch "
+        f"{c['batch_size']}, on {result['device']}; {s['max_iters']} iterations, eval every {s['eval_interval']} "
+        f"on {s['eval_iters']} batches, {result['repeats']} alternating repeats"
+    )
     headers = [h.format(result["target_val"] or "--target_val") for h in HEADERS]
     return f"{title}\n\n{markdown_table(headers, rows)}"
 
@@ -198,53 +234,60 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     sched = schedule(args, cfg)
     names = [f"{n} {m}" for n, m in sides] + (["nanogpt"] if args.nanogpt else [])
     plan = [(rep, name, side) for rep in range(args.repeats) for name, side in zip(names, [*sides, None], strict=False)]
-    result = {"device": args.device, "config": {"config": args.config, **dataclasses.asdict(cfg)}, "schedule": sched}
-    result |= {"repeats": args.repeats, "target_val": args.target_val, "skipped": skipped}
-    result |= {"sides": {}, "runs": {name: [] for name in names}}  # filled run by run
+    result = {
+        "device": args.device,
+        "config": {"config": args.config, **dataclasses.asdict(cfg)},
+        "schedule": sched,
+        "repeats": args.repeats,
+        "target_val": args.target_val,
+        "skipped": skipped,
+        "sides": {},  # filled run by run
+        "runs": {name: [] for name in names},
+    }
     if args.nanogpt:
         result["nanogpt_commit"] = output_of("git", "-C", args.nanogpt, "rev-parse", "--short", "HEAD")
     print(f"{len(plan)} runs of {sched['max_iters']} iterations: {', '.join(names)}", flush=True)
     print("".join(f"skipping {k}: {why}\n" for k, why in skipped.items()), end="", flush=True)
     t0 = time.perf_counter()
     work = tempfile.TemporaryDirectory(prefix="bench_training_", ignore_cleanup_errors=True)
-    with work, common.Interrupts() as between:  # (a SIGINT during a run is its child's to see)
+    with work, Interrupts() as between:  # (a SIGINT during a run is its child's to see)
         for done, (rep, name, side) in enumerate(plan):
             if between.seen:
                 break
             out_dir = Path(work.name, f"{name.replace(' ', '_')}_{rep}")
             cmd, cwd = commands(side, cfg, out_dir, args)
             print(f"== {name}, repeat {rep + 1}/{args.repeats}: {' '.join(cmd[1:])}", flush=True)
-            child = common.run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
+            child = run_child(cmd, cwd=cwd, timeout_s=args.time_limit, echo=name if args.verbose else None)
             run = measure(side, child, out_dir, cfg, args)
             result["runs"][name].append(run)
             result["sides"][name] = summarise(result["runs"][name])
             failed = "" if run["ok"] else ", FAILED: " + " | ".join(run["tail"])
             figures = f"{fmt(run['ms_per_iter'])} ms/iter, best val {fmt(run['best_val_loss'], '.4f')}{failed}"
             print(f"   {name}: {figures}; {progress(done + 1, len(plan), t0)}", flush=True)
-            common.write_results(args, "bench.training", result, table(result))
+            write_results(args, "bench.training", result, table(result))
             if child.interrupted:  # (its figures so far are in its record)
                 between.seen = True
         if between.seen:  # what was measured is written, saying so; the runs not started are not
             finished = sum(not run["interrupted"] for runs in result["runs"].values() for run in runs)
             result["interrupted"] = f"after {finished} of {len(plan)} runs; the rest not started"
             print(f"interrupted {result['interrupted']}", flush=True)
-            common.write_results(args, "bench.training", result, table(result))
+            write_results(args, "bench.training", result, table(result))
     return result
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = common.parser(__doc__, config=True)
+    p = parser(__doc__, config=True)
     p.add_argument("--norms", default="custom,builtin", help="comma list of norms; NORM:MODE runs it in that mode only")
     p.add_argument("--modes", default=["eager"], type=comma_list(MODES), help=f"comma list from {', '.join(MODES)}")
     p.add_argument("--nanogpt", help="a nanoGPT checkout with data/shakespeare_char prepared, run beside ours")
-    p.add_argument("--repeats", type=common.at_least(1), default=5, help="alternating runs per side (default 5)")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="alternating runs per side (default 5)")
     p.add_argument(
-        "--warmup", type=common.at_least(0), default=10, help="iterations not timed at the start of a run (default 10)"
+        "--warmup", type=at_least(0), default=10, help="iterations not timed at the start of a run (default 10)"
     )
-    p.add_argument("--iters", type=common.at_least(1), default=200, help="timed iterations per run (default 200)")
+    p.add_argument("--iters", type=at_least(1), default=200, help="timed iterations per run (default 200)")
     p.add_argument(
         "--eval_iters",
-        type=common.at_least(1),
+        type=at_least(1),
         default=20,
         help="batches of the evals at 0 and at the end (default 20)",
     )
@@ -252,14 +295,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--whole", action="store_true", help="--curves, with each side's checkpoints and our sample")
     p.add_argument("--compare", action="store_true", help="every norm once, --curves; evals.csv, val_loss.png")
     p.add_argument(
-        "--target_val", type=common.at_least(0.0, float), default=None, help="report the training time to this val loss"
+        "--target_val", type=at_least(0.0, float), default=None, help="report the training time to this val loss"
     )
-    p.add_argument(
-        "--time_limit", type=common.at_least(1e-9, float), default=None, help="seconds before a run is killed"
-    )
+    p.add_argument("--time_limit", type=at_least(1e-9, float), default=None, help="seconds before a run is killed")
     p.add_argument("--data_dir", help="our train.py's --data_dir (default: the config's dataset)")
     p.add_argument("--verbose", action="store_true", help="echo every line of the runs")
-    args = common.parse(p, argv)
+    args = parse(p, argv)
     args.curves = args.curves or args.whole or args.compare
     if args.compare:
         args.repeats = 1
@@ -278,8 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run_all(args)
     if args.out and args.compare:
         write_curves(args.out, result)
-    print("\n" + table(result))
-    return result
+    return report(args, "bench.training", result, table(result))
 
 
 def all_ok(result: dict[str, Any]) -> int:

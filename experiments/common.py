@@ -21,7 +21,8 @@ matplotlib.use("Agg")  # figures are written to files; no window opens
 
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
-from machinery.dataset import PreparedData  # noqa: E402 (the root is on sys.path from here)
+from machinery.command import ArgumentParser  # noqa: E402 (the root is on sys.path from here)
+from machinery.dataset import PreparedData  # noqa: E402
 from machinery.device import Dist, resolve_dtype  # noqa: E402
 from machinery.measure import machine_info, train_config  # noqa: E402
 
@@ -34,7 +35,7 @@ SMOKE_FLAGS = [f"--{key}={value}" for key, value in SMOKE_MODEL.items()]
 
 def parser(description: str, name: str, smoke_help: str, data_dir: bool = True) -> argparse.ArgumentParser:
     """--results_dir (experiments/results/<name>), --smoke, and --data_dir (the prepared Tiny Shakespeare)."""
-    p = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    p = ArgumentParser(description=description.split("\n\n")[0])
     if data_dir:
         p.add_argument("--data_dir", default=str(ROOT / "data" / DATASET))
     p.add_argument("--results_dir", default=str(ROOT / "experiments" / "results" / name))

@@ -24,8 +24,9 @@ import common  # first: the repository's modules on sys.path, figures to files
 import matplotlib.pyplot as plt
 import torch
 
+from bench.common import at_least
 from machinery.checkpoint import load_checkpoint
-from machinery.command import BadOption, Failure, run_command
+from machinery.command import Failure, run_command
 from machinery.dataset import PreparedData
 from machinery.measure import progress
 from model import GPT
@@ -37,12 +38,11 @@ MODELS = {"LayerNorm": ["--norm=builtin"], "DyT, alpha 0.5": PAPER_DEFAULT_DYT, 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.parser(__doc__, "dyt_stall", "2 layers, 32 wide, 4 iterations: checks the pipeline")
-    p.add_argument("--iters", type=int, default=300, help="iterations of train.py before the second measurement")
-    p.add_argument("--batches", type=int, default=8, help="training batches each measurement averages over")
+    p.add_argument(
+        "--iters", type=at_least(1), default=300, help="iterations of train.py before the second measurement"
+    )
+    p.add_argument("--batches", type=at_least(1), default=8, help="training batches each measurement averages over")
     args = p.parse_args(argv)
-    for name in ("iters", "batches"):
-        if getattr(args, name) < 1:
-            raise BadOption(f"--{name}={getattr(args, name)}: must be a positive integer")
     args.extra = common.SMOKE_FLAGS if args.smoke else []
     if args.smoke:
         vars(args).update(iters=4, batches=2)

@@ -20,8 +20,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from bench.common import at_least
 from machinery.checkpoint import resolve_weights
-from machinery.command import BadOption, Failure, first_line, run_command
+from machinery.command import Failure, first_line, run_command
 from machinery.dataset import DataError, PreparedData
 from model import GPT
 
@@ -40,12 +41,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out_dir", default="out-shakespeare-char-cpu", help="folder holding ckpt.pt")
     p.add_argument("--ckpt", help="path of a checkpoint file; overrides --out_dir")
     p.add_argument("--data_dir", help="folder with val.bin (default: the checkpoint's data_dir, else data/<dataset>)")
-    p.add_argument("--batches", type=int, default=16, help="batches of validation windows (default 16)")
-    p.add_argument("--batch_size", type=int, default=32, help="windows of block_size tokens per batch (default 32)")
+    p.add_argument("--batches", type=at_least(1), default=16, help="batches of validation windows (default 16)")
+    p.add_argument(
+        "--batch_size", type=at_least(1), default=32, help="windows of block_size tokens per batch (default 32)"
+    )
     args = p.parse_args(argv)
-    for name in ("batches", "batch_size"):
-        if getattr(args, name) < 1:
-            raise BadOption(f"--{name}={getattr(args, name)}: must be a positive integer")
     n_batches = 1 if args.smoke else args.batches
     batch_size = 2 if args.smoke else args.batch_size
     ckpt, ckpt_path = resolve_weights(args.out_dir, args.ckpt, None)

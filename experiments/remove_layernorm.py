@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 import batch_independence
+from bench.common import at_least
 from layernorm import FROZEN, LAYERNORMS, FrozenLayerNorm, LayerNorm
 from machinery.checkpoint import FORMAT, resolve_weights, save_checkpoint
 from machinery.command import BadOption, Failure, first_line, run_command
@@ -67,23 +68,26 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data_dir", help="prepared data (default: the checkpoint's data_dir, else data/<dataset>)")
     p.add_argument("--ln_free_dir", default="out-ln-free", help="where the first seed's LN-free ckpt.pt goes")
     p.add_argument("--seeds", nargs="+", type=int, default=[1337, 1, 2], help="one control and one removal each")
-    p.add_argument("--iters", type=int, default=480, help="fine-tuning iterations of each arm (default 480)")
+    p.add_argument("--iters", type=at_least(1), default=480, help="fine-tuning iterations of each arm (default 480)")
     p.add_argument("--remove_at", nargs=3, type=int, default=[0, 80, 160], metavar=ORDER, help="iteration of each")
     p.add_argument("--learning_rate", type=float, default=6e-4)
     p.add_argument("--min_lr", type=float, default=6e-5)
     p.add_argument("--warmup_iters", type=int, default=20)
-    p.add_argument("--batch_size", type=int, help="windows per iteration (default: the checkpoint's run's, else 12)")
-    p.add_argument("--block_size", type=int, help="tokens per window (default: the checkpoint's run's, else 64)")
-    p.add_argument("--eval_interval", type=int, default=40)
-    p.add_argument("--eval_batches", type=int, default=100, help="fixed val batches of every evaluation")
-    p.add_argument("--measure_batches", type=int, default=20, help="fixed train batches each frozen scale is from")
+    p.add_argument(
+        "--batch_size", type=at_least(1), help="windows per iteration (default: the checkpoint's run's, else 12)"
+    )
+    p.add_argument(
+        "--block_size", type=at_least(1), help="tokens per window (default: the checkpoint's run's, else 64)"
+    )
+    p.add_argument("--eval_interval", type=at_least(1), default=40)
+    p.add_argument("--eval_batches", type=at_least(1), default=100, help="fixed val batches of every evaluation")
+    p.add_argument(
+        "--measure_batches", type=at_least(1), default=20, help="fixed train batches each frozen scale is from"
+    )
     args = p.parse_args(argv)
     args.argv = argv
     if args.smoke:
         vars(args).update(SMOKE, seeds=args.seeds[:1])
-    for name in ("iters", "eval_interval", "eval_batches", "measure_batches", "batch_size", "block_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if not all(0 <= at <= args.iters for at in args.remove_at) or sorted(args.remove_at) != args.remove_at:
         p.error(f"--remove_at must be 3 iterations in order within 0..--iters ({args.iters}), got {args.remove_at}")
     return args
