@@ -187,6 +187,7 @@ ABC = CharTokenizer.from_text("abc ")
         (lambda: tokenizer_from_meta({"kind": "sentencepiece"}), r"entry \{'kind': 'sentencepiece'\} is neither"),
         (lambda: tokenizer_from_meta({"kind": "char"}), r"entry \{'kind': 'char'\} is neither"),
         (lambda: tokenizer_from_meta({"kind": "char", "itos": ["a", "bc"]}), "single character"),
+        (lambda: tokenizer_from_meta({"kind": "char", "itos": ["a", "b", "a"]}), "duplicate characters"),
     ],
     ids=[
         "unknown-character",
@@ -195,6 +196,7 @@ ABC = CharTokenizer.from_text("abc ")
         "unknown-kind",
         "no-itos",
         "itos-not-characters",
+        "itos-repeats-a-character",
     ],
 )
 def test_what_a_tokenizer_cannot_encode_decode_or_load_is_named(call, message) -> None:
