@@ -512,9 +512,7 @@ def gpt2_folder(source: str) -> Path:
     folder = Path(source)
     if folder.is_dir():
         return folder
-    if folder.exists():
-        raise ValueError(f"{source} is a file: give the folder holding config.json and the weights")
-    if not is_hub_id(source):
+    if folder.exists() or not is_hub_id(source):  # a file, or a name the hub cannot hold
         raise ValueError(
             f"{source} is neither a folder nor a hub id ({', '.join(GPT2_SIZES)}, distilgpt2 or owner/name such as "
             f"{HUB_GPT2}/gpt2)"
@@ -527,7 +525,7 @@ def gpt2_folder(source: str) -> Path:
         if not (folder / SAFETENSORS).is_file() and not (folder / INDEX).is_file():  # an older repository
             folder = Path(snapshot_download(repo, allow_patterns=["config.json", PICKLED]))
     except ImportError as e:
-        raise ValueError(f"reading GPT-2's weights needs {e.name}: pip install safetensors huggingface_hub") from None
+        raise ValueError(f"downloading {repo} needs {e.name}: pip install huggingface_hub") from None
     except Exception as e:  # offline, the hub unreachable, no such repository: what huggingface_hub raises varies
         raise ValueError(
             f"{source} is not a folder here, and downloading {repo} from the Hugging Face hub failed "
@@ -541,34 +539,16 @@ def gpt2_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Every (name, tensor) of the weights save_pretrained wrote in `folder`, one tensor read at a time: the
     caller keeps what it needs, so that the weights are in memory once. pytorch_model.bin is read with
     weights_only=True: tensors only, no pickled code run."""
-    if (folder / SAFETENSORS).is_file():
-        files = [folder / SAFETENSORS]
-    elif (folder / INDEX).is_file():
-        try:
-            weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
-            files = [folder / name for name in dict.fromkeys(weight_map.values())]  # each shard once, in order
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{folder / INDEX} is not an index of shards: no 'weight_map' of names to files") from None
-        if missing := [f.name for f in files if not f.is_file()]:
-            raise ValueError(f"{folder / INDEX} names shards that are not in {folder}: {', '.join(missing[:5])}")
-    elif (folder / PICKLED).is_file():
-        try:
-            state = torch.load(folder / PICKLED, map_location="cpu", weights_only=True)
-        except Exception as e:  # pickled objects other than tensors, or not a torch.save file
-            raise ValueError(f"{folder / PICKLED} cannot be read as tensors only: {str(e).splitlines()[0]}") from None
-        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
-            raise ValueError(f"{folder / PICKLED} holds a {type(state).__name__}, not a state dict of named tensors")
+    if (folder / INDEX).is_file() and not (folder / SAFETENSORS).is_file():
+        weight_map = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
+        for shard in dict.fromkeys(weight_map.values()):  # each shard once, in order
+            yield from read_safetensors(folder / shard)
+    elif (folder / PICKLED).is_file() and not (folder / SAFETENSORS).is_file():
+        state = torch.load(folder / PICKLED, map_location="cpu", weights_only=True)
         while state:
             yield state.popitem()
-        return
-    else:
-        found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
-        raise ValueError(
-            f"{folder} holds {found}: a GPT-2 folder needs config.json and {SAFETENSORS}, or {INDEX} with its "
-            f"shards, or {PICKLED} (what save_pretrained writes)"
-        )
-    for file in files:
-        yield from read_safetensors(file)
+    else:  # (where there is none, the error names model.safetensors)
+        yield from read_safetensors(folder / SAFETENSORS)
 
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -579,97 +559,72 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     8 bytes giving the header's length n (little-endian), n bytes of JSON naming each tensor's dtype, shape and
     [begin, end) bytes in the data that follows. (safetensors' own reader maps the whole file into memory: a
     Conv1D weight transposed from there would keep the file's pages resident beside its copy.)"""
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
-    with f:
+    with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         n = int.from_bytes(f.read(8), "little")
-        if size < 8 or n > size - 8:  # (random bytes give a header length of exabytes)
+        if n > size - 8:  # (random bytes give a header length of exabytes, which f.read(n) would allocate)
             raise ValueError(
-                f"{path} is not a safetensors file: its header would be {n:,} bytes of a {size:,}-byte file"
+                f"{path.name} is not a safetensors file: its header would be {n:,} bytes of a {size:,}-byte file"
             )
-        try:
-            header = json.loads(f.read(n))
-            header.pop("__metadata__", None)
-            entries = sorted(header.items(), key=lambda item: item[1]["data_offsets"][0])  # in the file's order
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-            raise ValueError(f"{path} is not a safetensors file: its header is not JSON naming tensors") from None
-        for name, entry in entries:
-            if entry.get("dtype") not in SAFETENSORS_DTYPES:
-                raise ValueError(f"{path}: {name} is {entry.get('dtype')}, not one of {', '.join(SAFETENSORS_DTYPES)}")
-            try:
-                begin, end = entry["data_offsets"]
-                if not 0 <= begin <= end <= size - 8 - n:
-                    raise ValueError(f"bytes [{begin}, {end}) are not in the file's {size - 8 - n:,} bytes of data")
-                data = torch.empty(end - begin, dtype=torch.uint8)
-                f.seek(8 + n + begin)
-                f.readinto(data.numpy())
-                tensor = data.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
-            except (ValueError, TypeError, KeyError, RuntimeError) as e:  # offsets, or a shape that does not fit them
-                raise ValueError(f"{path}: tensor {name} is malformed ({str(e).splitlines()[0]})") from None
-            except OSError as e:
-                raise ValueError(f"cannot read {path} ({e.strerror or e})") from None
-            yield name, tensor
+        header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):  # the file's order
+            begin, end = entry["data_offsets"]
+            if not 0 <= begin <= end <= size - 8 - n:  # else bytes of the header, or none (what torch.empty left)
+                raise ValueError(
+                    f"{path.name}: tensor {name} is bytes [{begin}, {end}), outside the file's {size - 8 - n:,} bytes "
+                    f"of data"
+                )
+            data = torch.empty(end - begin, dtype=torch.uint8)
+            f.seek(8 + n + begin)
+            f.readinto(data.numpy())
+            yield name, data.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
 
 
 def gpt2_checkpoint(source: str) -> dict[str, Any]:
     """GPT-2's weights as a checkpoint that GPT.from_checkpoint builds (its norm swap and refusals included; norm
     builtin, as GPT-2 was trained): `source` is a folder that save_pretrained wrote, or a hub id (gpt2_folder).
-    Read with safetensors and huggingface_hub, never transformers. Hugging Face's GPT-2 is this GPT under other
-    names: no "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to wte, and Conv1D
-    layers that keep a Linear's weight transposed, [in, out]. A ValueError says what to install or give, or which
-    entry of config.json this GPT does not compute."""
+    Read with torch and json (huggingface_hub only to download), never transformers. Hugging Face's GPT-2 is this
+    GPT under other names: no "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to
+    wte, and Conv1D layers that keep a Linear's weight transposed, [in, out]. Whatever the folder holds that this
+    GPT cannot read or compute (another activation, a file cut short, weights of another shape) is one ValueError
+    naming the folder and the first line of the error; weights that are not finite are refused too, here where
+    they enter."""
     folder = gpt2_folder(source)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
-        raise ValueError(f"{source} holds {found}: a GPT-2 folder needs config.json beside its weights")
     try:
-        hf = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # (UnicodeDecodeError, JSONDecodeError are ValueErrors)
-        raise ValueError(f"{config_path} cannot be read as JSON ({getattr(e, 'strerror', None) or e})") from None
-    if not isinstance(hf, dict):
-        raise ValueError(f"{config_path} holds a JSON {type(hf).__name__}, not an object of GPT-2's settings")
-    activation = hf.get("activation_function", "gelu_new")
-    wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
-    if activation not in GPT2_GELU:
-        wrong.append(f"activation_function={activation!r} (only {', '.join(GPT2_GELU)})")
-    if wrong:
-        raise ValueError(f"{config_path}: this GPT does not compute {'; '.join(wrong)}")
-    try:
-        sizes = {"block_size": hf["n_positions"], **{k: hf[k] for k in GPT2_SHAPE}}
-        config = GPTConfig(**sizes, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation])
-    except KeyError as e:
-        raise ValueError(f"{config_path} has no {e.args[0]!r}: it is not a GPT-2's config") from None
-    except ValueError as e:
-        raise ValueError(f"{config_path}: {e}") from None
-    state = {}
-    for key, tensor in gpt2_tensors(folder):
-        name = key.removeprefix("transformer.")
-        if not name.endswith((".attn.bias", ".attn.masked_bias")) and name != "lm_head.weight":  # masks; tied head
-            tensor = tensor.to(torch.float32)  # (no copy when it is float32 already)
-            state[f"transformer.{name}"] = tensor.t().contiguous() if name.endswith(CONV1D) else tensor
-    if "transformer.wte.weight" in state:
-        state["lm_head.weight"] = state["transformer.wte.weight"]
-    check_gpt2_weights(state, config, folder)
-    return {"model_args": asdict(config), "model": state}
-
-
-def check_gpt2_weights(state: dict[str, torch.Tensor], config: GPTConfig, folder: Path) -> None:
-    """A ValueError naming the folder if GPT-2's weights read from it do not build the model that its config.json
-    describes (a tensor missing, another shape: GPT.from_checkpoint names it), or hold NaN or inf: the weights are
-    checked here, where they enter, not blamed later on the data or the learning rate."""
-    try:
-        GPT.from_checkpoint({"model_args": asdict(config), "model": state})
-    except ValueError as e:
-        raise ValueError(f"{folder}: {e}") from None
+        hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        activation = hf.get("activation_function", "gelu_new")
+        wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
+        if activation not in GPT2_GELU:
+            wrong.append(f"activation_function={activation!r} (only {', '.join(GPT2_GELU)})")
+        if wrong:  # a model that runs, computing another function than the one its weights were trained for
+            raise ValueError(f"config.json: this GPT does not compute {'; '.join(wrong)}")
+        shape = {k: hf[k] for k in GPT2_SHAPE}
+        config = GPTConfig(
+            block_size=hf["n_positions"], **shape, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation]
+        )
+        state = {}
+        for key, tensor in gpt2_tensors(folder):
+            name = key.removeprefix("transformer.")
+            if not name.endswith((".attn.bias", ".attn.masked_bias")) and name != "lm_head.weight":  # masks; tied head
+                tensor = tensor.to(torch.float32)  # (no copy when it is float32 already)
+                state[f"transformer.{name}"] = tensor.t().contiguous() if name.endswith(CONV1D) else tensor
+        if "transformer.wte.weight" in state:  # (else the model names it missing)
+            state["lm_head.weight"] = state["transformer.wte.weight"]
+        checkpoint = {"model_args": asdict(config), "model": state}
+        GPT.from_checkpoint(checkpoint)  # a tensor missing, another shape: its ValueError names it
+    except Exception as e:  # json's, torch's, the format's or ours: whatever the files do not hold, in one line
+        why = str(e).partition("\n")[0]
+        raise ValueError(
+            f"cannot read {folder} as GPT-2 ({type(e).__name__}: {why}); give a folder that transformers' "
+            f"save_pretrained wrote for GPT-2"
+        ) from None
     if bad := [k.removeprefix("transformer.") for k, t in state.items() if not bool(t.isfinite().all())]:
         raise ValueError(
             f"the weights in {folder} are not finite (NaN or inf) in {len(bad)} tensors ({', '.join(bad[:3])}"
             f"{', ...' if len(bad) > 3 else ''}): the weights are damaged; copy them again from where they came from"
         )
+    return checkpoint
 
 
 def gpt2_export(model: GPT, folder: str | Path) -> Path:

@@ -19,6 +19,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from machinery.command import first_line
 from machinery.tokenizer import GPT2_BPE, CharTokenizer
 
 FORMAT = "nanoGPT"  # what checkpoint.load_checkpoint marks a converted nanoGPT checkpoint with
@@ -49,36 +50,33 @@ def to_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
-    """Builds dicts, lists, strings and numbers, which need no global; any class or function is refused (MetaError),
-    so no pickled code can run (every call a pickle makes goes through find_class for its callable)."""
+    """Builds dicts, lists, strings and numbers, which need no global; any class or function is refused, so no
+    pickled code can run (every call a pickle makes goes through find_class for its callable; an object outside
+    the file, a persistent id, pickle.Unpickler refuses by itself)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise MetaError(f"it names {module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise MetaError("it refers to an object outside the file")
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not loaded: nothing in the file ran")
 
 
-def read_meta(path: Path) -> dict[str, Any]:
-    """The char tokenizer entry (tokenizer.py) of the meta.pkl at `path`; MetaError if it is not nanoGPT's."""
+def read_meta(path: Path, vocab_size: int) -> dict[str, Any]:
+    """The char tokenizer entry (tokenizer.py) of the meta.pkl at `path`, for a checkpoint of vocab_size tokens;
+    whatever keeps it from being that (not a pickle, not plain data, no 'itos', another dataset's) is one MetaError
+    naming the file and the cause."""
     try:
         meta = _PlainDataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except MetaError as e:
-        raise MetaError(
-            f"{path} holds more than the dicts, strings and ints of nanoGPT's meta.pkl ({e}), so it is not read "
-            f"and nothing in it ran: give the meta.pkl that nanoGPT's prepare.py wrote"
-        ) from None
-    except Exception as e:  # truncated or not a pickle: the unpickler fails in many ways
-        raise MetaError(f"{path} is truncated or not a pickle ({type(e).__name__}): give nanoGPT's meta.pkl") from None
-    itos = meta.get("itos") if isinstance(meta, dict) else None
-    if not isinstance(itos, dict) or itos.keys() != set(range(len(itos))):
-        raise MetaError(f"{path} has no 'itos' dict of token ids 0..n-1: it is not a character vocabulary")
-    try:
+        itos = meta["itos"]  # {id: character}, ids 0..n-1
         tokenizer = CharTokenizer([itos[i] for i in range(len(itos))])  # single characters, no duplicates
-    except ValueError as e:
-        raise MetaError(f"{path}: {e}") from None
-    if meta.get("stoi", tokenizer.stoi) != tokenizer.stoi:
-        raise MetaError(f"{path}: its 'stoi' is not the inverse of its 'itos'")
+        if meta.get("stoi", tokenizer.stoi) != tokenizer.stoi:  # (its prompts would be read as other ids, silently)
+            raise ValueError("its 'stoi' is not the inverse of its 'itos'")
+        if tokenizer.vocab_size != vocab_size:  # (another dataset's characters would decode the ids, silently)
+            raise ValueError(
+                f"it holds {tokenizer.vocab_size} characters, but the checkpoint's vocabulary is {vocab_size} tokens"
+            )
+    except Exception as e:  # the unpickler's, Python's or ours: one line
+        raise MetaError(
+            f"{path} is not this checkpoint's meta.pkl ({type(e).__name__}: {first_line(e)}): give the meta.pkl that "
+            f"nanoGPT's prepare.py wrote for its dataset with --meta=PATH"
+        ) from None
     return tokenizer.to_meta()
 
 
@@ -87,8 +85,6 @@ def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = Non
     first found beside it, then as data/<dataset>/meta.pkl in the folder its out_dir is in (nanoGPT's layout) and in
     the working directory (where nanoGPT's sample.py looks)), else GPT-2's BPE, which needs GPT2_VOCAB_SIZE tokens."""
     vocab_size = ckpt["model_args"]["vocab_size"]
-    if meta is not None and not Path(meta).is_file():
-        raise MetaError(f"--meta: no file {meta}: give the meta.pkl of the dataset the checkpoint was trained on")
     folder = ckpt_path.resolve().parent
     searched = [folder / "meta.pkl"]
     dataset = ckpt["config"].get("dataset") if isinstance(ckpt["config"], dict) else None
@@ -96,13 +92,7 @@ def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = Non
         searched += [folder.parent / "data" / dataset / "meta.pkl", Path.cwd() / "data" / dataset / "meta.pkl"]
     path = Path(meta) if meta is not None else next((p for p in searched if p.is_file()), None)
     if path is not None:
-        tokenizer = read_meta(path)
-        if len(tokenizer["itos"]) != vocab_size:
-            raise MetaError(
-                f"{path} holds {len(tokenizer['itos'])} characters, but the checkpoint's vocabulary is {vocab_size} "
-                f"tokens: it is another dataset's meta.pkl; give this checkpoint's with --meta=PATH"
-            )
-        return tokenizer
+        return read_meta(path, vocab_size)
     if vocab_size < GPT2_VOCAB_SIZE:
         raise MetaError(
             f"{ckpt_path} has a vocabulary of {vocab_size} tokens, fewer than GPT-2's BPE ({GPT2_VOCAB_SIZE}), so its "

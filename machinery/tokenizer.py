@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from machinery.command import first_line
+
 GPT2_ENCODING = "r50k_base"  # GPT-2's BPE: tiktoken's "gpt2" has the same ranks, split pattern and <|endoftext|>
 GPT2_BPE = {"kind": "tiktoken", "encoding": GPT2_ENCODING}  # its tokenizer entry, in a checkpoint or meta.json
 
@@ -26,10 +28,8 @@ class CharTokenizer:
         for i, ch in enumerate(self.itos):
             if not isinstance(ch, str) or len(ch) != 1:
                 raise ValueError(f"char vocabulary entry {i} must be a single character, got {ch!r}")
-        if len(set(self.itos)) != len(self.itos):
+        if len(set(self.itos)) != len(self.itos):  # (a character would encode to another id than it was trained as)
             raise ValueError("char vocabulary has duplicate characters")
-        if not self.itos:
-            raise ValueError("char vocabulary is empty")
         self.stoi = {ch: i for i, ch in enumerate(self.itos)}
         self.vocab_size = len(self.itos)
 
@@ -65,12 +65,12 @@ class TiktokenTokenizer:
     def __init__(self, encoding: str = GPT2_ENCODING) -> None:
         try:
             import tiktoken
-        except ImportError:
-            raise RuntimeError("the BPE tokenizer needs tiktoken: pip install tiktoken") from None
-        try:
+
             self._enc = tiktoken.get_encoding(encoding)
-        except ValueError as e:  # unknown encoding name
-            raise ValueError(f"tiktoken encoding {encoding!r}: {e}") from None
+        except ImportError as e:
+            raise RuntimeError(f"the BPE tokenizer needs {e.name}: pip install tiktoken") from None
+        except ValueError as e:  # an unknown encoding name (tiktoken's message goes on to list its plugins)
+            raise ValueError(f"tiktoken encoding {encoding!r}: {first_line(e)}") from None
         except Exception as e:  # the ranks file is not cached and could not be downloaded
             cache = os.environ.get("TIKTOKEN_CACHE_DIR", "unset")
             raise RuntimeError(
@@ -104,13 +104,14 @@ class TiktokenTokenizer:
 
 
 def tokenizer_from_meta(tok: dict[str, Any]) -> CharTokenizer | TiktokenTokenizer:
-    """Rebuild the tokenizer that meta.json's (or a checkpoint's) ``"tokenizer"`` entry describes."""
-    if not isinstance(tok, dict):
-        raise TypeError(f"tokenizer meta must be a dict with a 'kind' key, got {type(tok).__name__}")
-    if tok.get("kind") == "char":
-        if not isinstance(tok.get("itos"), list):
-            raise ValueError("char tokenizer meta needs 'itos': a list of characters")
+    """Rebuild the tokenizer that meta.json's (or a checkpoint's) ``"tokenizer"`` entry describes; an entry of
+    neither kind is a ValueError naming it."""
+    kind = tok.get("kind") if isinstance(tok, dict) else None
+    if kind == "char" and isinstance(tok.get("itos"), list):  # (a dict's keys would pass for its characters)
         return CharTokenizer(tok["itos"])
-    if tok.get("kind") == "tiktoken":
+    if kind == "tiktoken":
         return TiktokenTokenizer(tok.get("encoding", GPT2_ENCODING))  # (tiktoken refuses a name that is not a str)
-    raise ValueError(f"unknown tokenizer kind {tok.get('kind')!r}; valid kinds: char, tiktoken")
+    raise ValueError(
+        f"the tokenizer entry {tok!r:.80} is neither {{'kind': 'char', 'itos': [its characters]}} nor "
+        f"{{'kind': 'tiktoken', 'encoding': a tiktoken encoding}}"
+    )

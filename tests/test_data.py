@@ -184,12 +184,10 @@ ABC = CharTokenizer.from_text("abc ")
         (lambda: ABC.encode("abc caé"), r"character 'é' \(U\+00E9\) at position 6 .*training text"),
         (lambda: ABC.decode([0, 4]), "token id 4 at position 1 is outside the vocabulary"),
         (lambda: ABC.decode([-1]), "token id -1"),
-        (
-            lambda: tokenizer_from_meta({"kind": "sentencepiece"}),
-            r"unknown tokenizer kind 'sentencepiece'; valid kinds: char, tiktoken",
-        ),
-        (lambda: tokenizer_from_meta({"kind": "char"}), "itos"),
+        (lambda: tokenizer_from_meta({"kind": "sentencepiece"}), r"entry \{'kind': 'sentencepiece'\} is neither"),
+        (lambda: tokenizer_from_meta({"kind": "char"}), r"entry \{'kind': 'char'\} is neither"),
         (lambda: tokenizer_from_meta({"kind": "char", "itos": ["a", "bc"]}), "single character"),
+        (lambda: tokenizer_from_meta({"kind": "char", "itos": ["a", "b", "a"]}), "duplicate characters"),
     ],
     ids=[
         "unknown-character",
@@ -198,6 +196,7 @@ ABC = CharTokenizer.from_text("abc ")
         "unknown-kind",
         "no-itos",
         "itos-not-characters",
+        "itos-repeats-a-character",
     ],
 )
 def test_what_a_tokenizer_cannot_encode_decode_or_load_is_named(call, message) -> None:

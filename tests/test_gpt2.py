@@ -311,8 +311,8 @@ UNREADABLE = {
     "n_inner": (lambda folder: config_with(folder, n_inner=64), "n_inner=64"),
     "llama": (lambda folder: config_with(folder, model_type="llama"), "model_type='llama'"),
     "no-weights": (without_weights, "model.safetensors"),
-    "empty-folder": (emptied, "holds nothing"),
-    "pickled-code": (pickled_with_code, "pytorch_model.bin"),
+    "empty-folder": (emptied, "config.json"),
+    "pickled-code": (pickled_with_code, "Weights only load failed"),
     "typo": (lambda folder: "gtp2", "gtp2"),
     "offline-hub-id": (lambda folder: "gpt2-medium", "hf download openai-community/gpt2-medium"),
 }

@@ -275,10 +275,7 @@ GPT2_DAMAGE = {
         lambda f: (f / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}"),
         "its header would be 4,611,686,018,427,387,904 bytes of a 10-byte file",
     ),
-    "config-a-list": (
-        lambda f: (f / "config.json").write_text("[1, 2]"),
-        "config.json holds a JSON list, not an object",
-    ),
+    "config-a-list": (lambda f: (f / "config.json").write_text("[1, 2]"), "'list' object has no attribute 'get'"),
     "no-gpt2-tensors": (
         lambda f: write_tensors(f, {"encoder.weight": torch.zeros(2, 2)}),
         'Missing key(s) in state_dict: "transformer.wte.weight"',
