@@ -47,15 +47,18 @@ from machinery.device import Dist
 # ---- options ----
 
 
-def test_help_lists_every_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_lists_every_option_with_its_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # (one line an option)
     with pytest.raises(SystemExit) as e:
         train.cli(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     for f in fields(options.TrainConfig):
-        assert f"--{f.name}={f.default}" in out, f.name
-        assert f.metadata["help"] in out
-    assert f"[{'|'.join(options.VALID_NORMS)}]" in out  # the norm's choices
+        assert f"--{f.name} {options.type_name(f.name)}" in out, f.name
+        assert f"{f.metadata['help']}" in out and f"(default: {f.default})" in out, f.name
+    assert f"[{'|'.join(options.VALID_NORMS)}] (default: builtin)" in out  # the norm's choices
 
 
 @pytest.mark.parametrize(
