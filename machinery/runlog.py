@@ -21,10 +21,6 @@ from machinery.device import Dist
 from machinery.options import TrainConfig
 
 
-class WandbError(Failure, RuntimeError):
-    """wandb.init failed: the message says what to try."""
-
-
 class LossWindow:
     """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
     the wall time they took. `read()` syncs once for them all: each iteration's loss, averaged over the processes."""
@@ -92,7 +88,7 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                 try:
                     run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
                 except Exception as e:  # a key refused, no network, a server down: wandb's errors vary
-                    raise WandbError(
+                    raise Failure(
                         f"wandb could not start a run ({type(e).__name__}: {first_line(e)}): check the key and the "
                         f"network, run with WANDB_MODE=offline, or drop --wandb_log"
                     ) from None
