@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import resource
 import signal
 import socket
@@ -172,12 +173,9 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
     if name == "auto":
         mps = torch.backends.mps.is_available() and not dist.enabled
         name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    try:
-        kind = torch.device(name).type
-    except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda", "mps") or (kind == "cpu" and name != "cpu"):  # (torch takes "cpu:5" as "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps(:\d+)?", name):  # (torch would take "cpu:5" as "cpu")
         raise DeviceError(f"device={name!r} is not a device here; choose auto, cpu, cuda, cuda:N or mps")
+    kind = name.partition(":")[0]
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError(
