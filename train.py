@@ -358,18 +358,15 @@ def train(
         )
         log(summary)
     if cfg.sample_at_end and dist.master and not cfg.eval_only and stop.signum is None:  # (a signal: no sample)
-        sample_at_end(run, it)
+        try:  # the run is done (evaluated, saved), past StopRequest: Ctrl-C stops the sample, saying so
+            print_sample(run)
+        except KeyboardInterrupt:
+            saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
+            raise Interrupted(
+                f"interrupted (SIGINT) during the sample at the end; the run is done ({it} iterations) and {saved}",
+                signal.SIGINT,
+            ) from None
     return summary
-
-
-def sample_at_end(run: Run, it: int) -> None:
-    """The sample once the run is done (evaluated, saved), past StopRequest: Ctrl-C stops it, saying so."""
-    try:
-        print_sample(run)
-    except KeyboardInterrupt:
-        saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
-        where = f"the run is done ({it} iterations) and {saved}"
-        raise Interrupted(f"interrupted (SIGINT) during the sample at the end; {where}", signal.SIGINT) from None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

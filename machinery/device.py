@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from layernorm import TritonUnavailableError, check_triton_device
-from machinery.command import BadOption
+from machinery.command import BadOption, first_line
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what --device takes, everywhere
 
@@ -123,9 +123,9 @@ def joining(dist: Dist) -> Iterator[None]:
     try:
         yield
     except torch.distributed.DistError as e:  # torch's time limit on the wait (30 min), or a peer gone
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        message = f"rank {dist.rank}: the processes of this run {world} did not all join at {at} ({why}): {how}"
-        raise DeviceError(message) from None
+        raise DeviceError(
+            f"rank {dist.rank}: the processes of this run {world} did not all join at {at} ({first_line(e)}): {how}"
+        ) from None
     finally:
         timer.cancel()
         if in_main:
