@@ -188,8 +188,10 @@ def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]
     scalars = {"eval/train_loss": losses["train"], "val/loss": losses["val"]}
     if bpb is not None:
         scalars["val/bpb"] = bpb
-    record = {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "val_bpb": bpb}
-    log(record, wandb=scalars)
+    log(
+        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "val_bpb": bpb},
+        wandb=scalars,
+    )
     if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
         raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
     improved = losses["val"] < run.best_val
@@ -241,8 +243,9 @@ def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
     save(run, it, path)
     resume = f"python train.py --init_from=resume --out_dir={run.ckpt_path.parent}"
     resume = resume if path == run.ckpt_path else f"{resume} --resume_from={path}"  # ckpt.pt stays the best model
-    message = f"interrupted ({name}) after {it} iterations; saved {path}. To continue the run: {resume}"
-    return Interrupted(message, signum)
+    return Interrupted(
+        f"interrupted ({name}) after {it} iterations; saved {path}. To continue the run: {resume}", signum
+    )
 
 
 @torch.no_grad()
