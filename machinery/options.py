@@ -106,10 +106,10 @@ HINTS = typing.get_type_hints(TrainConfig)
 TYPES = {k: next(a for a in (*typing.get_args(t), t) if a is not type(None)) for k, t in HINTS.items()}
 OPTIONAL = {k for k, t in HINTS.items() if type(None) in typing.get_args(t)}
 BOOLS = {"true": True, "1": True, "false": False, "0": False}  # what a bool option's flag may say
-# The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule). A float
-# from a flag ("inf", "1e309") or a config (Infinity) may be infinite or NaN: `not test` refuses both, but for the
-# two options where inf means no limit.
-RANGES = {
+# Each option's own rule, where GPTConfig does not check it (it checks the model's sizes and dropout itself): name ->
+# (test, rule). A float from a flag ("inf", "1e309") or a config (Infinity) may be infinite or NaN: `not test` refuses
+# both, but for the two options where inf means no limit.
+RULES = {
     **dict.fromkeys(
         ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters", "lr_decay_iters"),
         (lambda v: v >= 1, "a positive integer"),
@@ -124,6 +124,12 @@ RANGES = {
     "max_wall_s": (lambda v: v is None or v > 0, "> 0 (inf: no limit) or None"),
     **dict.fromkeys(("beta1", "beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),
     "norm_alpha": (lambda v: v is None or 0 < v < math.inf, "finite and > 0, or None"),
+    **dict.fromkeys(("dataset", "out_dir"), (lambda v: v != "", "a name, not empty")),
+    "init_from": (
+        lambda v: v in ("scratch", "resume") or is_hub_id(v) or Path(v).is_dir(),
+        f"scratch, resume, a hub id ({', '.join(GPT2_SIZES)}, owner/name) or a folder holding a Hugging Face GPT-2 "
+        f"(config.json and its weights)",
+    ),
 }
 
 
@@ -238,9 +244,9 @@ def build_config(
     cfg = replace(TrainConfig(), **{**known, **explicit})
     if cfg.embed_scale is None:  # DyT's recipe scales the embeddings (layernorm.DyT); the other norms run without
         cfg = replace(cfg, embed_scale=cfg.norm == "dyt")
-    for name, (ok, rule) in RANGES.items():
+    for name, (ok, rule) in RULES.items():
         if not ok(getattr(cfg, name)):  # `not ok` also catches NaN
-            raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)}")
+            raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)!r}")
     steps = cfg.gradient_accumulation_steps
     if steps % processes:
         raise ConfigError(
@@ -271,17 +277,10 @@ def build_config(
                 f"{f.name}={value!r} is not {'a norm' if f.name == 'norm' else 'valid'}{hint}; "
                 f"choose one of {', '.join(choices)}"
             )
-    if not cfg.dataset or not cfg.out_dir:
-        raise ConfigError("dataset and out_dir must not be empty")
     if cfg.eval_only and cfg.init_from == "scratch":  # random weights: nothing worth a record in out_dir
         raise ConfigError("eval_only=True evaluates a trained model: add --init_from=resume (or GPT-2's --init_from)")
     if cfg.resume_from is not None and cfg.init_from != "resume":
         raise ConfigError(f"resume_from={cfg.resume_from!r} needs init_from=resume: add --init_from=resume")
-    if cfg.init_from not in ("scratch", "resume") and not (is_hub_id(cfg.init_from) or Path(cfg.init_from).is_dir()):
-        raise ConfigError(
-            f"init_from={cfg.init_from!r} is not scratch, resume, a hub id ({', '.join(GPT2_SIZES)}, owner/name) "
-            f"nor a folder holding a Hugging Face GPT-2 (config.json and its weights)"
-        )
     if cfg.wandb_log:  # only then: a run without it never imports wandb
         try:
             import wandb  # noqa: F401
