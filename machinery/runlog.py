@@ -128,9 +128,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    data = path.read_bytes()  # (a folder, or unreadable: an OSError naming it, for the front door)
+    lines = path.read_bytes().split(b"\n")  # (a folder, or unreadable: an OSError naming it, for the front door)
     records, damaged = [], []
-    lines = data.split(b"\n")
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line.decode("utf-8"))
