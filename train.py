@@ -65,10 +65,6 @@ SAMPLE_TEMPERATURE = 0.8
 SAMPLE_TOP_K = 200
 
 
-class TrainError(Failure):
-    """Training stopped: a loss or a weight became NaN or inf (the message says what to do)."""
-
-
 def setup(
     cfg: TrainConfig,
     explicit: dict[str, Any],
@@ -192,8 +188,10 @@ def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]
     scalars = {"eval/train_loss": losses["train"], "val/loss": losses["val"]}
     if bpb is not None:
         scalars["val/bpb"] = bpb
-    record = {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "val_bpb": bpb}
-    log(record, wandb=scalars)
+    log(
+        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "val_bpb": bpb},
+        wandb=scalars,
+    )
     if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
         raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
     improved = losses["val"] < run.best_val
@@ -201,7 +199,7 @@ def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]
     return losses["val"], improved
 
 
-def diverged(what: str, run: Run) -> TrainError:
+def diverged(what: str, run: Run) -> Failure:
     """The error that stops a run whose loss or weights are not finite, with the command that goes on: a resume
     from the last checkpoint this run wrote or resumed; else (none yet, or only the one an --overwrite replaces) the
     same command again, replacing what this run left, with half the learning rate."""
@@ -213,7 +211,7 @@ def diverged(what: str, run: Run) -> TrainError:
         again = ["python", "train.py", *run.argv, "--overwrite=True", f"--learning_rate={run.cfg.learning_rate / 2:g}"]
         kept = "no checkpoint had been written by this run"
         how = f"To start it again with a lower learning rate (or a longer --warmup_iters): {shlex.join(again)}"
-    return TrainError(f"{what}: training stopped; {kept}. {how}")
+    return Failure(f"{what}: training stopped; {kept}. {how}")
 
 
 def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, float, float]]:
@@ -224,7 +222,7 @@ def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, fl
 
 
 def save(run: Run, it: int, path: Path) -> None:
-    """Checkpoint the run after `it` iterations, if every weight is finite (else TrainError: the last one stays);
+    """Checkpoint the run after `it` iterations, if every weight is finite (else diverged(): the last one stays);
     with save_checkpoint=False, nothing."""
     if not run.cfg.save_checkpoint:
         return
@@ -245,28 +243,9 @@ def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
     save(run, it, path)
     resume = f"python train.py --init_from=resume --out_dir={run.ckpt_path.parent}"
     resume = resume if path == run.ckpt_path else f"{resume} --resume_from={path}"  # ckpt.pt stays the best model
-    message = f"interrupted ({name}) after {it} iterations; saved {path}. To continue the run: {resume}"
-    return Interrupted(message, signum)
-
-
-def announce(run: Run, resumed: bool) -> None:
-    cfg = run.cfg
-    where = f"resuming {run.resumed_from} at iteration {run.iter_num}" if resumed else f"from {cfg.init_from}"
-    run.dist.print(
-        f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, {run.model.get_num_params() / 1e6:.2f}M "
-        f"parameters, device={run.device}, dtype={run.dtype}, compile={cfg.compile}, processes={run.dist.world_size}"
+    return Interrupted(
+        f"interrupted ({name}) after {it} iterations; saved {path}. To continue the run: {resume}", signum
     )
-    run.dist.print(f"{run.data.describe()}; {tokens_per_iter(cfg):,} tokens per iteration")
-    if cfg.decay_lr and cfg.lr_decay_iters > cfg.max_iters:
-        run.dist.print(
-            f"note: lr_decay_iters={cfg.lr_decay_iters} is past max_iters={cfg.max_iters}, so the learning rate ends "
-            f"at {get_lr(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr:.2e}; "
-            f"--lr_decay_iters={cfg.max_iters} decays it fully"
-        )
-
-
-def tokens_per_iter(cfg: TrainConfig) -> int:
-    return cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
 
 
 @torch.no_grad()
@@ -307,7 +286,19 @@ def train(
     run.argv = tuple(argv)
     model, train_model = wrap(run)
     resumed = resumed_from is not None
-    announce(run, resumed)
+    where = f"resuming {run.resumed_from} at iteration {run.iter_num}" if resumed else f"from {cfg.init_from}"
+    dist.print(
+        f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, {run.model.get_num_params() / 1e6:.2f}M "
+        f"parameters, device={device}, dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}"
+    )
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    dist.print(f"{run.data.describe()}; {tokens_per_iter:,} tokens per iteration")
+    if cfg.decay_lr and cfg.lr_decay_iters > cfg.max_iters:
+        dist.print(
+            f"note: lr_decay_iters={cfg.lr_decay_iters} is past max_iters={cfg.max_iters}, so the learning rate ends "
+            f"at {get_lr(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr:.2e}; "
+            f"--lr_decay_iters={cfg.max_iters} decays it fully"
+        )
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share of the global batch
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
     start = run.iter_num
@@ -319,7 +310,7 @@ def train(
         StopRequest(dist, catch=not cfg.eval_only, saves=cfg.save_checkpoint) as stop,
         contextlib.closing(run.data),
     ):
-        window = runlog.LossWindow(dist, tokens_per_iter(cfg), log)
+        window = runlog.LossWindow(dist, tokens_per_iter, log)
         while True:
             over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
             stop_reason = stop_reason or stop.agreed(over_time)
@@ -359,24 +350,26 @@ def train(
             best_val_bpb=run.data.bits_per_byte("val", run.best_val) if math.isfinite(run.best_val) else None,
             peak_memory_bytes=peak_memory(device),
             wall_s=time.perf_counter() - t_start,
-            **{"norm": cfg.norm, "device": device, "dtype": dtype, "compile": cfg.compile},
-            **{"cuda_graphs": cfg.cuda_graphs, "world_size": dist.world_size, "n_params": run.model.get_num_params()},
+            norm=cfg.norm,
+            device=device,
+            dtype=dtype,
+            compile=cfg.compile,
+            cuda_graphs=cfg.cuda_graphs,
+            world_size=dist.world_size,
+            n_params=run.model.get_num_params(),
             stop_reason="eval_only" if cfg.eval_only else stop_reason or "max_iters",
         )
         log(summary)
     if cfg.sample_at_end and dist.master and not cfg.eval_only and stop.signum is None:  # (a signal: no sample)
-        sample_at_end(run, it)
+        try:  # the run is done (evaluated, saved), past StopRequest: Ctrl-C stops the sample, saying so
+            print_sample(run)
+        except KeyboardInterrupt:
+            saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
+            raise Interrupted(
+                f"interrupted (SIGINT) during the sample at the end; the run is done ({it} iterations) and {saved}",
+                signal.SIGINT,
+            ) from None
     return summary
-
-
-def sample_at_end(run: Run, it: int) -> None:
-    """The sample once the run is done (evaluated, saved), past StopRequest: Ctrl-C stops it, saying so."""
-    try:
-        print_sample(run)
-    except KeyboardInterrupt:
-        saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
-        where = f"the run is done ({it} iterations) and {saved}"
-        raise Interrupted(f"interrupted (SIGINT) during the sample at the end; {where}", signal.SIGINT) from None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

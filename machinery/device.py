@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import resource
 import signal
 import socket
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from layernorm import TritonUnavailableError, check_triton_device
-from machinery.command import BadOption
+from machinery.command import BadOption, first_line
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"  # what --device takes, everywhere
 
@@ -122,9 +123,9 @@ def joining(dist: Dist) -> Iterator[None]:
     try:
         yield
     except torch.distributed.DistError as e:  # torch's time limit on the wait (30 min), or a peer gone
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
-        message = f"rank {dist.rank}: the processes of this run {world} did not all join at {at} ({why}): {how}"
-        raise DeviceError(message) from None
+        raise DeviceError(
+            f"rank {dist.rank}: the processes of this run {world} did not all join at {at} ({first_line(e)}): {how}"
+        ) from None
     finally:
         timer.cancel()
         if in_main:
@@ -172,12 +173,9 @@ def resolve_device(name: str, dist: Dist | None = None) -> str:
     if name == "auto":
         mps = torch.backends.mps.is_available() and not dist.enabled
         name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    try:
-        kind = torch.device(name).type
-    except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda", "mps") or (kind == "cpu" and name != "cpu"):  # (torch takes "cpu:5" as "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps(:\d+)?", name):  # (torch would take "cpu:5" as "cpu")
         raise DeviceError(f"device={name!r} is not a device here; choose auto, cpu, cuda, cuda:N or mps")
+    kind = name.partition(":")[0]
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise DeviceError(

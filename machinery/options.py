@@ -7,12 +7,14 @@ import difflib
 import json
 import math
 import typing
+from argparse import SUPPRESS, ArgumentTypeError
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import layernorm
-from machinery.command import BadOption, first_line
+from machinery.command import ArgumentParser, BadOption, first_line
 from machinery.device import DEVICE_HELP
 from model import GPT2_SIZES, GPTConfig, is_hub_id
 
@@ -103,20 +105,31 @@ class TrainConfig:
 HINTS = typing.get_type_hints(TrainConfig)
 TYPES = {k: next(a for a in (*typing.get_args(t), t) if a is not type(None)) for k, t in HINTS.items()}
 OPTIONAL = {k for k, t in HINTS.items() if type(None) in typing.get_args(t)}
-# The ranges GPTConfig does not check (it checks the model's sizes and dropout itself): name -> (test, rule).
-RANGES = {
+BOOLS = {"true": True, "1": True, "false": False, "0": False}  # what a bool option's flag may say
+# Each option's own rule, where GPTConfig does not check it (it checks the model's sizes and dropout itself): name ->
+# (test, rule). A float from a flag ("inf", "1e309") or a config (Infinity) may be infinite or NaN: `not test` refuses
+# both, but for the two options where inf means no limit.
+RULES = {
     **dict.fromkeys(
         ("batch_size", "gradient_accumulation_steps", "eval_interval", "log_interval", "eval_iters", "lr_decay_iters"),
         (lambda v: v >= 1, "a positive integer"),
     ),
     **dict.fromkeys(
-        ("max_iters", "warmup_iters", "sample_tokens", "weight_decay", "grad_clip", "min_lr"),
-        (lambda v: v >= 0, ">= 0"),
+        ("max_iters", "warmup_iters", "sample_tokens", "weight_decay", "min_lr"),
+        (lambda v: 0 <= v < math.inf, "finite and >= 0"),
     ),
-    "learning_rate": (lambda v: v > 0, "> 0"),
+    "grad_clip": (lambda v: v >= 0, ">= 0 (inf: no clipping)"),
+    "learning_rate": (lambda v: 0 < v < math.inf, "finite and > 0"),
     "seed": (lambda v: v in SEEDS, "an integer in [0, 2**63)"),
-    "max_wall_s": (lambda v: v is None or v > 0, "> 0 or None"),
+    "max_wall_s": (lambda v: v is None or v > 0, "> 0 (inf: no limit) or None"),
     **dict.fromkeys(("beta1", "beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),
+    "norm_alpha": (lambda v: v is None or 0 < v < math.inf, "finite and > 0, or None"),
+    **dict.fromkeys(("dataset", "out_dir"), (lambda v: v != "", "a name, not empty")),
+    "init_from": (
+        lambda v: v in ("scratch", "resume") or is_hub_id(v) or Path(v).is_dir(),
+        f"scratch, resume, a hub id ({', '.join(GPT2_SIZES)}, owner/name) or a folder holding a Hugging Face GPT-2 "
+        f"(config.json and its weights)",
+    ),
 }
 
 
@@ -125,71 +138,84 @@ def _did_you_mean(word: str, names: list[str] | tuple[str, ...], form: str) -> s
     return form.format(close[0]) if close else ""
 
 
-def _typed(key: str, value: Any, source: str | None = None) -> Any:
-    """A flag's text (source None), or a value from a JSON `source`, as the option's type; else ConfigError."""
+def _typed(key: str, value: Any, source: str) -> Any:
+    """A value from a JSON `source` (a config file, a checkpoint's options) as the option's type; else ConfigError."""
     if key not in TYPES:
-        where = f"in {source}" if source else "on the command line"
         raise ConfigError(
-            f"unknown option {key!r} ({where}).{_did_you_mean(key, list(TYPES), ' Did you mean {!r}?')}"
+            f"unknown option {key!r} (in {source}).{_did_you_mean(key, list(TYPES), ' Did you mean {!r}?')}"
             f" Valid options: {', '.join(TYPES)}"
         )
     base = TYPES[key]
-    expected = "bool (true/false/1/0)" if base is bool else type_name(key)
-    if source is None:
-        try:
-            if key in OPTIONAL and value in ("None", "none", "null"):
-                return None
-            return {"true": True, "1": True, "false": False, "0": False}[value.lower()] if base is bool else base(value)
-        except (KeyError, ValueError):
-            raise ConfigError(f"--{key}={value}: expected {expected}, got {value!r}") from None
     if (value is None and key in OPTIONAL) or (isinstance(value, base) and isinstance(value, bool) == (base is bool)):
         return value
     if base is float and isinstance(value, int) and not isinstance(value, bool):  # an int is a fine float
         return float(value)
-    raise ConfigError(f"{key}={value!r} in {source}: expected {expected}, got {type(value).__name__}")
+    raise ConfigError(f"{key}={value!r} in {source}: expected {type_name(key)}, got {type(value).__name__}")
 
 
 def type_name(key: str) -> str:
     return TYPES[key].__name__ + (" or None" if key in OPTIONAL else "")
 
 
-def usage() -> str:
-    lines = [
-        "usage: python train.py [CONFIG.json] [--key=value ...]",
-        "",
-        "Train a GPT. A JSON config file sets some options, --key=value flags override it; the rest keep their",
-        "defaults. With --init_from=resume the checkpoint's saved options are the defaults. Options (=default):",
-    ]
+def from_text(key: str) -> Callable[[str], Any]:
+    """--key's text as the option's type (argparse's `type`): true/false/1/0 for a bool, None for an optional one."""
+    expected = "bool (true/false/1/0)" if TYPES[key] is bool else type_name(key)
+
+    def convert(text: str) -> Any:
+        try:
+            if key in OPTIONAL and text in ("None", "none", "null"):
+                return None
+            return BOOLS[text.lower()] if TYPES[key] is bool else TYPES[key](text)
+        except (KeyError, ValueError):
+            raise ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+    return convert
+
+
+def spelt_out(arg: str) -> str:
+    """A flag as the parser reads it: --data-dir=x as --data_dir=x (the value as it is), a bare --flag of a bool
+    option as --flag=true."""
+    if not arg.startswith("--"):
+        return arg
+    key, eq, value = arg[2:].partition("=")
+    key = key.replace("-", "_")
+    return f"--{key}{eq}{value}" if eq or TYPES.get(key) is not bool else f"--{key}=true"
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="train.py",
+        usage="python train.py [CONFIG.json] [--key=value ...]",
+        description="Train a GPT. A JSON config file sets some options, --key=value flags override it; the rest keep "
+        "their defaults. With --init_from=resume the checkpoint's saved options are the defaults.",
+        allow_abbrev=False,
+    )
+    p.add_argument("config", nargs="?", help="a JSON file of options, such as configs/shakespeare_char.json")
     for f in fields(TrainConfig):
-        extra = f" [{'|'.join(f.metadata['choices'])}]" if f.metadata["choices"] else ""
-        lines.append(f"{'  --' + f.name + '=' + str(f.default):<36} ({type_name(f.name)}) {f.metadata['help']}{extra}")
-    return "\n".join(lines)
+        choices = f" [{'|'.join(f.metadata['choices'])}]" if f.metadata["choices"] else ""
+        p.add_argument(
+            f"--{f.name}",
+            type=from_text(f.name),
+            default=SUPPRESS,  # only the options given
+            metavar=type_name(f.name),
+            help=f"{f.metadata['help']}{choices} (default: {f.default})",
+        )
+    return p
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
     """argv -> {key: typed value} from the config file (if one is given), then the flags; ConfigError if one is
     bad. `--help` prints the options and raises SystemExit(0)."""
-    config_file = None
-    from_file = {}
-    from_flags = {}
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(usage())
-            raise SystemExit(0)
-        if arg.startswith("--"):
-            key, eq, text = arg[2:].partition("=")
-            key = key.replace("-", "_")
-            if not eq and TYPES.get(key, bool) is not bool:
-                raise ConfigError(f"--{key} needs a value: --{key}=VALUE ({type_name(key)})")
-            from_flags[key] = _typed(key, text if eq else "true")  # a bare --flag turns a bool option on
-        elif arg.startswith("-"):
-            raise ConfigError(f"unknown argument {arg!r}: options are written --key=value (see --help)")
-        elif config_file is not None:
-            raise ConfigError(f"only one config file may be given, got {config_file!r} and {arg!r}")
-        else:
-            config_file = arg
-            from_file = read_config_file(arg)
-    return {**from_file, **from_flags}
+    args, unknown = parser().parse_known_args([spelt_out(arg) for arg in argv])
+    if unknown:  # an option of another name, or a second config file
+        hint = _did_you_mean(unknown[0].lstrip("-").partition("=")[0], list(TYPES), " (did you mean --{}?)")
+        raise ConfigError(
+            f"unknown argument {unknown[0]!r}{hint}: train.py takes one config file and --key=value options "
+            f"(--help lists them)"
+        )
+    from_flags = vars(args)
+    config_file = from_flags.pop("config")
+    return {**(read_config_file(config_file) if config_file else {}), **from_flags}
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -218,14 +244,9 @@ def build_config(
     cfg = replace(TrainConfig(), **{**known, **explicit})
     if cfg.embed_scale is None:  # DyT's recipe scales the embeddings (layernorm.DyT); the other norms run without
         cfg = replace(cfg, embed_scale=cfg.norm == "dyt")
-    for f in fields(TrainConfig):  # inf or NaN from a flag ("inf", "1e309") or a config (Infinity)
-        value = getattr(cfg, f.name)
-        unlimited = f.name in ("grad_clip", "max_wall_s") and value == math.inf  # no clip, no time limit
-        if TYPES[f.name] is float and value is not None and not math.isfinite(value) and not unlimited:
-            raise ConfigError(f"{f.name} must be a finite number, got {value}")
-    for name, (ok, rule) in RANGES.items():
+    for name, (ok, rule) in RULES.items():
         if not ok(getattr(cfg, name)):  # `not ok` also catches NaN
-            raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)}")
+            raise ConfigError(f"{name} must be {rule}, got {getattr(cfg, name)!r}")
     steps = cfg.gradient_accumulation_steps
     if steps % processes:
         raise ConfigError(
@@ -256,17 +277,10 @@ def build_config(
                 f"{f.name}={value!r} is not {'a norm' if f.name == 'norm' else 'valid'}{hint}; "
                 f"choose one of {', '.join(choices)}"
             )
-    if not cfg.dataset or not cfg.out_dir:
-        raise ConfigError("dataset and out_dir must not be empty")
     if cfg.eval_only and cfg.init_from == "scratch":  # random weights: nothing worth a record in out_dir
         raise ConfigError("eval_only=True evaluates a trained model: add --init_from=resume (or GPT-2's --init_from)")
     if cfg.resume_from is not None and cfg.init_from != "resume":
         raise ConfigError(f"resume_from={cfg.resume_from!r} needs init_from=resume: add --init_from=resume")
-    if cfg.init_from not in ("scratch", "resume") and not (is_hub_id(cfg.init_from) or Path(cfg.init_from).is_dir()):
-        raise ConfigError(
-            f"init_from={cfg.init_from!r} is not scratch, resume, a hub id ({', '.join(GPT2_SIZES)}, owner/name) "
-            f"nor a folder holding a Hugging Face GPT-2 (config.json and its weights)"
-        )
     if cfg.wandb_log:  # only then: a run without it never imports wandb
         try:
             import wandb  # noqa: F401

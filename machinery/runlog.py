@@ -21,10 +21,6 @@ from machinery.device import Dist
 from machinery.options import TrainConfig
 
 
-class WandbError(Failure, RuntimeError):
-    """wandb.init failed: the message says what to try."""
-
-
 class LossWindow:
     """The losses of the iterations not yet read back, kept on the device so the loop never waits for them, and
     the wall time they took. `read()` syncs once for them all: each iteration's loss, averaged over the processes."""
@@ -77,9 +73,9 @@ class LossWindow:
 @contextlib.contextmanager
 def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[Callable[..., None]]:
     """log(record, wandb=None): one line of metrics.jsonl and, if asked for, the same figures under wandb's names
-    (rank 0; the other processes log nothing). metrics.jsonl starts afresh, or stays as it is (eval_only), or on a
+    (rank 0; the other processes log nothing). metrics.jsonl starts afresh, or keeps its records (eval_only), or on a
     resume after `resumed_at` iterations drops the records at or after it (the tail a killed run wrote after its
-    checkpoint) and a line cut short by a kill, so that it reads as one run."""
+    checkpoint); a line cut short by a kill is dropped, so that it reads as one run."""
     with contextlib.ExitStack() as closing:
         metrics = None
         run = None
@@ -92,28 +88,24 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                 try:
                     run = wandb.init(project=cfg.wandb_project, name=name, config=asdict(cfg))
                 except Exception as e:  # a key refused, no network, a server down: wandb's errors vary
-                    raise WandbError(
+                    raise Failure(
                         f"wandb could not start a run ({type(e).__name__}: {first_line(e)}): check the key and the "
                         f"network, run with WANDB_MODE=offline, or drop --wandb_log"
                     ) from None
                 closing.callback(run.finish)
             path = Path(cfg.out_dir) / "metrics.jsonl"
-            if not cfg.eval_only:
-                records = read_metrics(path) if resumed_at is not None else []
-                kept = [
-                    json.dumps(rec) + "\n"
-                    for rec in records
-                    if not isinstance(rec.get("iter"), int)  # (none, or a record edited by hand: kept as it is)
-                    or rec["iter"] < resumed_at
-                    or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
-                ]
-                path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
-                os.replace(path.with_suffix(".jsonl.tmp"), path)
-            metrics = closing.enter_context(open(path, "a+b"))  # (writes go to the end, wherever it reads)
-            size = metrics.seek(0, os.SEEK_END)
-            metrics.seek(max(size - 1, 0))
-            if size and metrics.read(1) != b"\n":  # (eval_only) after a line a kill cut short: a record of its own
-                metrics.write(b"\n")
+            records = read_metrics(path) if resumed_at is not None or cfg.eval_only else []
+            kept = [
+                json.dumps(rec) + "\n"
+                for rec in records
+                if cfg.eval_only  # (it trains nothing: every record stays)
+                or not isinstance(rec.get("iter"), int)  # (none, or a record edited by hand: kept as it is)
+                or rec["iter"] < resumed_at
+                or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
+            ]
+            path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
+            os.replace(path.with_suffix(".jsonl.tmp"), path)
+            metrics = closing.enter_context(open(path, "ab"))
 
         def log(rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
             if metrics is not None:
@@ -136,9 +128,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    data = path.read_bytes()  # (a folder, or unreadable: an OSError naming it, for the front door)
+    lines = path.read_bytes().split(b"\n")  # (a folder, or unreadable: an OSError naming it, for the front door)
     records, damaged = [], []
-    lines = data.split(b"\n")
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line.decode("utf-8"))

@@ -47,15 +47,18 @@ from machinery.device import Dist
 # ---- options ----
 
 
-def test_help_lists_every_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_lists_every_option_with_its_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # (one line an option)
     with pytest.raises(SystemExit) as e:
         train.cli(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     for f in fields(options.TrainConfig):
-        assert f"--{f.name}={f.default}" in out, f.name
-        assert f.metadata["help"] in out
-    assert f"[{'|'.join(options.VALID_NORMS)}]" in out  # the norm's choices
+        assert f"--{f.name} {options.type_name(f.name)}" in out, f.name
+        assert f"{f.metadata['help']}" in out and f"(default: {f.default})" in out, f.name
+    assert f"[{'|'.join(options.VALID_NORMS)}] (default: builtin)" in out  # the norm's choices
 
 
 @pytest.mark.parametrize(
@@ -88,10 +91,15 @@ def test_a_bad_config_file_is_one_line_naming_it(tmp_path: Path, capsys, text: s
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("True", True), ("true", True), ("1", True), ("False", False), ("false", False), ("0", False)]
+    ("flag", "value"),
+    [
+        *[(f"--compile={text}", True) for text in ("True", "true", "1")],
+        *[(f"--compile={text}", False) for text in ("False", "false", "0")],
+        ("--compile", True),  # a bare flag turns a bool on, even before the config file
+    ],
 )
-def test_bool_values(text: str, value: bool) -> None:
-    assert options.parse_args([f"--compile={text}"]) == {"compile": value}
+def test_bool_values(flag: str, value: bool) -> None:
+    assert options.parse_args([flag, str(ROOT / "configs/shakespeare_char_cpu.json")])["compile"] is value
 
 
 def test_flags_override_the_config_file_which_overrides_defaults(tmp_path: Path) -> None:
@@ -107,6 +115,8 @@ def test_flags_override_the_config_file_which_overrides_defaults(tmp_path: Path)
     ("flags", "culprit"),
     [
         (["--batch_sise=4"], "batch_sise"),
+        (["--n_layer"], "n_layer"),  # no value
+        (["a.json", "b.json"], "b.json"),  # one config file at most
         (["--batch_size=abc"], "abc"),
         (["--compile=maybe"], "maybe"),
         (["--learning_rate=fast"], "fast"),

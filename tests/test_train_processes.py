@@ -100,7 +100,7 @@ def test_ctrl_c_where_there_is_nothing_to_save_says_what_was_kept(tmp_path: Path
             stderr=subprocess.PIPE,
             text=True,
         )
-    if during == "eval_only":  # announce()'s second line: set up, in the evaluation
+    if during == "eval_only":  # the second line train() prints: set up, in the evaluation
         wait_for(lambda: "tokens per iteration" in log.read_text(), proc)
         time.sleep(1)
     else:
