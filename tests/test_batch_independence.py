@@ -89,21 +89,15 @@ def test_a_required_batchnorm_fails_the_run_and_the_report_reads_the_json(capsys
     rows = {r["name"]: r for r in result["rows"]}
     assert list(rows) == ["custom", "batchnorm", "batchnorm-eval"]
 
-    custom = rows["custom"]
+    custom = rows["custom"]  # within --tol: test_the_verdict_is_the_tolerance_and_the_tokens
     assert not custom["required"] and custom["passed"] and custom["statistics"] == "per token"
-    ab = custom["alone_vs_batch"]
-    assert ab["tokens_agree"] and len(ab["per_step_max_abs_diff"]) == 6
-    assert ab["max_abs_diff"] <= 1e-5 and custom["cached_vs_full"]["max_abs_diff"] <= 1e-5
-    assert custom["norm_alone"]["max_abs_diff"] <= 1e-5
 
-    bn = rows["batchnorm"]
+    bn = rows["batchnorm"]  # each check sees BatchNorm's batch statistics
     assert bn["required"] and not bn["passed"] and bn["statistics"] == "batch statistics"
     ab = bn["alone_vs_batch"]
-    assert ab["error"] is None and len(ab["per_step_max_abs_diff"]) == 6
-    assert ab["max_abs_diff"] > 1e-3  # the prefill step already differs: other statistics
-    # decoding alone, each step is a batch of one token: every norm outputs its bias, the model decodes blind
-    assert min(ab["per_step_max_abs_diff"][1:]) > 1e-3
-    assert ab["tokens_agree"] is False and ab["first_divergent_step"] is not None
+    assert (
+        ab["max_abs_diff"] > 1e-3 and len(ab["per_step_max_abs_diff"]) == 6 and ab["first_divergent_step"] is not None
+    )
     assert bn["cached_vs_full"]["max_abs_diff"] > 1e-3
     assert bn["norm_alone"]["max_abs_diff"] > 1e-3 and not bn["norm_alone"]["bit_exact"]
     assert rows["batchnorm-eval"]["passed"] and rows["batchnorm-eval"]["statistics"] == "running averages"
@@ -112,14 +106,10 @@ def test_a_required_batchnorm_fails_the_run_and_the_report_reads_the_json(capsys
     assert ragged["lengths"] == [6, 4, 3, 1] and ragged["tokens_agree"] and ragged["max_abs_diff"] <= 1e-5
     assert bn["ragged_vs_alone"]["max_abs_diff"] > 1e-3 and bn["ragged_vs_alone"]["tokens_agree"] is False
 
-    # the same rows in the batch-invariant mode: exactly 0 for the per-token rows, BatchNorm as far off as before
+    # the same rows in the batch-invariant mode (bit-exact there: test_bfloat16_autocast), BatchNorm as far off
     mode = {r["name"]: r for r in result["batch_invariant_rows"]}
-    assert list(mode) == list(rows)
-    for name in ("custom", "batchnorm-eval"):
-        assert mode[name]["passed"] and mode[name]["alone_vs_batch"]["per_step_max_abs_diff"] == [0.0] * 6
-        assert mode[name]["cached_vs_full"]["max_abs_diff"] == 0.0 and mode[name]["cached_vs_full"]["bit_exact"]
-        assert mode[name]["ragged_vs_alone"]["max_abs_diff"] == 0.0 and mode[name]["ragged_vs_alone"]["tokens_agree"]
-    assert not mode["batchnorm"]["passed"] and mode["batchnorm"]["alone_vs_batch"]["max_abs_diff"] > 1e-3
+    assert list(mode) == list(rows) and mode["custom"]["ragged_vs_alone"]["max_abs_diff"] == 0.0
+    assert mode["batchnorm-eval"]["passed"] and not mode["batchnorm"]["passed"]
 
     text = batch_independence.report(result)
     stock_lines, mode_lines = row_lines(text), row_lines(text, mode=True)

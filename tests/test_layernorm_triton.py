@@ -29,20 +29,6 @@ layer_norm_triton = lt.layer_norm_triton
 
 
 @pytest.mark.parametrize(
-    ("args", "config"),
-    [
-        ((100, 8192), (128, True, 1)),
-        ((100, 32), (32, False, 1)),
-        ((768,), (1024, True, 4)),
-        ((70000, 8192), (8192, False, 16)),
-        ((8192, 8192), (8192, True, 16)),
-    ],
-)
-def test_block_size_choice(args, config):
-    assert lt._block_config(*args) == config
-
-
-@pytest.mark.parametrize(
     "C, max_block, N, dtype, tol",
     [
         (100, 32, 5, torch.float32, 1e-5),
@@ -62,9 +48,6 @@ def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N, dtype, tol)
     dx, dw, db = lt._backward(dy, x, w, stats, max_block=max_block)
     for out, ref in zip((y, dx, dw, db), layer_norm_reference(x, w, b, dy), strict=True):
         assert out.dtype == dtype and rel_err(out, ref) <= tol
-    y1, stats1 = lt._forward(x, w, b, 1e-5)  # and the one-block path agrees with it
-    torch.testing.assert_close(y1, y, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(stats1[1], stats[1], rtol=1e-6, atol=0)  # rstd
 
 
 def test_feature_size_beyond_65536():
@@ -74,14 +57,12 @@ def test_feature_size_beyond_65536():
 @pytest.mark.slow  # many launches through Triton's interpreter
 def test_float64_is_computed_in_float64():
     """A float64 input keeps float64 arithmetic (statistics and partial sums included): within 1e-12 of the
-    reference, where float32 arithmetic is 1e-7 away, and gradcheck passes."""
+    reference (its gradients: autograd through the formula in float64), where float32 arithmetic is 1e-7 away."""
     x, w, b, dy = make_inputs((lt.ONE_PROGRAM_ROWS + 3,), 24, dtype=torch.float64)  # several backward programs
     assert lt._forward(x, w, b, 1e-5)[1].dtype == torch.float64
     y, grads = forward_backward("triton", x, w, b, dy)
     for out, ref in zip((y, *grads), layer_norm_reference(x, w, b, dy), strict=True):
         assert out.dtype == torch.float64 and rel_err(out, ref) <= 1e-12
-    small = tuple(t.clone().requires_grad_() for t in (x[:3, :5], w[:5], b[:5]))
-    assert torch.autograd.gradcheck(lambda *t: layer_norm_triton(*t, eps=1e-3), small)
 
 
 # One rounding of the float32 result: half a unit in the last place, or a whole one for bfloat16 in the
@@ -98,9 +79,7 @@ def test_autocast_writes_the_output_in_the_autocast_dtype(dtype, tol):
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
     with torch.autocast(DEVICE, dtype=dtype):
         y = layer_norm_triton(xr, wr, br, feeds_linear=True)
-        assert layer_norm_triton(xr, wr, br).dtype == torch.float32
-        assert make_norm("triton", 48, feeds_linear=True).to(DEVICE)(x).dtype == dtype
-        assert make_norm("triton", 48).to(DEVICE)(x).dtype == torch.float32
+        assert layer_norm_triton(xr, wr, br).dtype == torch.float32  # (the module's feeds_linear: test_model.py)
     assert y.dtype == dtype
     grads = torch.autograd.grad(y, (xr, wr, br), dy.to(dtype))
     y_ref, *grads_ref = layer_norm_reference(x, w, b, dy.to(dtype))
