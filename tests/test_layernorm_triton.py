@@ -1,6 +1,7 @@
 """The Triton LayerNorm beyond the shared tests: wide rows, determinism, torch.compile, and the errors that say
 why Triton cannot run; at sizes Triton's interpreter (conftest.py) runs quickly."""
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -131,46 +132,27 @@ def test_backward_with_and_without_the_pipelined_row_loop(N, stages, with_bias, 
         assert db is None
 
 
-class _Kernel:
-    """Stands in for a jitted kernel: kernel[grid](*args) is a launch, recorded with what `now()` says (the current
-    device)."""
-
-    def __init__(self, now=lambda: None):
-        self.log = []
-        self.now = now
-
-    def __getitem__(self, grid):
-        def launch(*args, num_warps):
-            self.log.append(("launch", grid, self.now()))
-
-        return launch
-
-
 def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
     """Triton launches on the current CUDA device's stream, so a launch for tensors on cuda:1 makes cuda:1 current
     (a model there must not launch on cuda:0), and switches nothing when it already is. Checked without a GPU."""
-    current, switches = [0], []
+    current, switches, launched_on = [0], [], []
 
-    class Switch:
-        def __init__(self, index):
-            self.index = index
-
-        def __enter__(self):
-            switches.append(self.index)
-            current[0], self.before = self.index, current[0]
-
-        def __exit__(self, *exc):
-            current[0] = self.before
+    @contextlib.contextmanager
+    def switch(index):
+        switches.append(index)
+        before, current[0] = current[0], index
+        yield
+        current[0] = before
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    monkeypatch.setattr(torch.cuda, "device", Switch)
+    monkeypatch.setattr(torch.cuda, "device", switch)
     on_cuda1 = type("Tensor", (), {"device": torch.device("cuda", 1), "is_cuda": True})()
-    kernel = _Kernel(now=lambda: current[0])
+    kernel = {(4,): lambda *args, num_warps: launched_on.append(current[0])}  # kernel[grid](*args), as a jitted one
     lt.launch(kernel, (4,), (on_cuda1,), num_warps=1)
-    assert switches == [1] and kernel.log == [("launch", (4,), 1)] and current == [0]
+    assert switches == [1] and launched_on == [1] and current == [0]
     current[0] = 1
     lt.launch(kernel, (4,), (on_cuda1,), num_warps=1)
-    assert switches == [1] and kernel.log[-1] == ("launch", (4,), 1)  # already current: no switch
+    assert switches == [1] and launched_on == [1, 1]  # already current: no switch
 
 
 @pytest.mark.slow  # many launches through Triton's interpreter
