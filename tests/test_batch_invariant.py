@@ -108,18 +108,14 @@ def test_linear_rows_do_not_depend_on_how_many_rows_came(
     """On the CPU ROWS rows at a time (zero rows padding); in the Triton kernel, tiles of BLOCK_M rows."""
     monkeypatch.setattr(bi, "ROWS", rows)
     gen = torch.Generator().manual_seed(0)
-    x, weight = (
-        randn(40, 384, gen=gen, dtype=dtype, kernels=kernels),
-        randn(72, 384, gen=gen, dtype=dtype, kernels=kernels) / 9,
-    )
-    bias = randn(72, gen=gen, dtype=dtype, kernels=kernels)
+    x, weight, bias = (randn(*shape, gen=gen, dtype=dtype, kernels=kernels) for shape in ((40, 96), (72, 96), (72,)))
     with bi.batch_invariant(kernels=kernels):
         reference = F.linear(x, weight, bias)  # 40 rows: 40 products of 1 row, or 5 of 8, or three Triton tiles
         for m in (1, 2, 3, 7, 16, 17, 33):  # fewer rows, and rows that sit elsewhere in their block than among 40
             assert torch.equal(F.linear(x[:m], weight, bias), reference[:m]), m
             assert torch.equal(F.linear(x[m : m + 1], weight, bias), reference[m : m + 1]), m
-        assert torch.equal(F.linear(x.view(5, 8, 384), weight, bias), reference.view(5, 8, 72))  # any leading dims
-        strided = torch.empty(384, 40, dtype=dtype, device=x.device).copy_(x.T).T  # x read through its strides
+        assert torch.equal(F.linear(x.view(5, 8, 96), weight, bias), reference.view(5, 8, 72))  # any leading dims
+        strided = torch.empty(96, 40, dtype=dtype, device=x.device).copy_(x.T).T  # x read through its strides
         assert torch.equal(F.linear(strided, weight, bias), reference)
 
 
