@@ -54,12 +54,6 @@ def randn(
     return torch.randn(*shape, generator=gen).to("cpu" if kernels == "torch" else DEVICE, dtype)
 
 
-# (kernels, dtype): PyTorch's kernels in float32, Triton's in float32 and bfloat16
-KERNELS_AND_DTYPES = [
-    ("torch", torch.float32),
-    pytest.param("triton", torch.float32, marks=needs_triton),
-    pytest.param("triton", torch.bfloat16, marks=needs_triton),
-]
 CASES = [(n, s) for n in PER_TOKEN_NORMS for s in SIZES if n != "triton" or s == "tiny"]  # the interpreter is slow
 
 
@@ -121,7 +115,14 @@ def test_linear_rows_do_not_depend_on_how_many_rows_came(
         assert torch.equal(F.linear(strided, weight, bias), reference)
 
 
-@pytest.mark.parametrize(("kernels", "dtype"), KERNELS_AND_DTYPES)
+@pytest.mark.parametrize(
+    ("kernels", "dtype"),  # PyTorch's kernels in float32, Triton's in float32 and bfloat16
+    [
+        ("torch", torch.float32),
+        pytest.param("triton", torch.float32, marks=needs_triton),
+        pytest.param("triton", torch.bfloat16, marks=needs_triton),
+    ],
+)
 def test_the_mode_computes_the_same_functions(kernels: str, dtype: torch.dtype) -> None:
     """Invariant and still right: linear and attention against float64, within the output's rounding, for each
     mask the model gives (causal, causal after a cache, a decoding step, left padding), a run of keys and a scale."""
