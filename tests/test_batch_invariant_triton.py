@@ -1,11 +1,15 @@
-"""batch_invariant/kernels.py, the mode's kernels for CUDA tensors, run through Triton's interpreter on CPU
-tensors (kernels="triton") where there is no GPU: a row's result does not depend on how many rows came, a query from
-the KV cache adds as inside the causal pass, a norm's row is the same among any number of rows, the kernels compute the
-right functions, and a model decodes bit for bit the same alone, in a batch and uncached. (The interpreter shows the
-order of additions is fixed by the code; a GPU run of this file shows the compiled kernels keep it.)"""
+"""The batch-invariant mode's two implementations side by side: PyTorch's kernels on CPU tensors (kernels="torch",
+the CPU's) and the Triton kernels of batch_invariant/kernels.py (CUDA's; kernels="triton" runs them through Triton's
+interpreter on CPU tensors where there is no GPU). In the mode a prompt decodes bit for bit the same alone, in a batch,
+cached or not, for every per-token norm at two model sizes; a row's product does not depend on how many rows came;
+linear and attention are still the right functions. Then the Triton kernels alone: a query from the KV cache adds as
+inside the causal pass, a norm's row is the same among any number of rows, the row sum. (The interpreter shows the
+order of additions is fixed by the code; a GPU run of this file, bench/gpu.sh's, shows the compiled kernels keep it.)
+What the mode swaps, restores and refuses: tests/test_batch_invariant.py."""
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 
 import pytest
@@ -13,16 +17,23 @@ import torch
 from torch.nn import functional as F
 
 import batch_invariant as bi
-from helpers import TRITON_SKIP, needs_triton, tiny_model
+from helpers import DEVICE, ROOT, TRITON_SKIP, needs_triton, tiny_model
 from layernorm import make_norm
 from model import padding_mask
 
-if TRITON_SKIP is None:  # (without triton every test here is skipped)
+if TRITON_SKIP is None:  # (without triton every test of the Triton kernels is skipped)
     from batch_invariant import kernels as bit
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = needs_triton
-DTYPES = (torch.float32, torch.bfloat16)
+PER_TOKEN_NORMS = ("custom", "builtin", "triton", "rmsnorm", "dyt")
+# TINY, and the size of configs/shakespeare_char.json, whose larger products are where stock kernels round a row
+# differently by its company (the mode's reason to exist)
+SIZES = {
+    "tiny": {},
+    "shakespeare_char": {
+        k: json.loads((ROOT / "configs" / "shakespeare_char.json").read_text())[k]
+        for k in ("n_layer", "n_head", "n_embd")
+    },
+}
 STOCK_SDPA = F.scaled_dot_product_attention
 # The output's rounding, in ulps of its dtype: a GPU rounds float32 to the nearest bfloat16 (half an ulp); Triton's
 # interpreter truncates (up to one ulp).
@@ -36,33 +47,113 @@ def within_rounding(got: torch.Tensor, ref: torch.Tensor, accumulated: float = 1
     return bool(((got.double() - ref).abs() <= bound).all())
 
 
-def randn(*shape: int, dtype: torch.dtype = torch.float32, gen: torch.Generator) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen).to(DEVICE, dtype)
+def randn(
+    *shape: int, gen: torch.Generator, dtype: torch.dtype = torch.float32, kernels: str = "triton"
+) -> torch.Tensor:
+    """Random values on the device the kernels serve: PyTorch's the CPU, Triton's DEVICE."""
+    return torch.randn(*shape, generator=gen).to("cpu" if kernels == "torch" else DEVICE, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_rows_do_not_depend_on_how_many_rows_came(dtype: torch.dtype) -> None:
+CASES = [(n, s) for n in PER_TOKEN_NORMS for s in SIZES if n != "triton" or s == "tiny"]  # the interpreter is slow
+
+
+@pytest.mark.parametrize(
+    ("norm", "size", "kernels", "dtype"),
+    # The quick tier decodes the tiny model with every norm and PyTorch's kernels; the full suite adds
+    # configs/shakespeare_char.json's size, and the Triton kernels (for norm=triton, its LayerNorm too) in float32 and
+    # under bfloat16 autocast.
+    [
+        pytest.param(n, s, "auto", torch.float32, marks=[needs_triton, pytest.mark.slow])
+        if n == "triton"
+        else pytest.param(n, s, "auto", torch.float32, marks=[pytest.mark.slow] if s != "tiny" else [])
+        for n, s in CASES
+    ]
+    + [
+        pytest.param("triton", "tiny", "triton", torch.float32, marks=[needs_triton, pytest.mark.slow]),
+        pytest.param("builtin", "tiny", "triton", torch.bfloat16, marks=[needs_triton, pytest.mark.slow]),
+    ],
+)
+def test_decoding_is_bit_exact_in_the_mode(norm: str, size: str, kernels: str, dtype: torch.dtype) -> None:
+    model = tiny_model(norm, vocab_size=65, **SIZES[size]).to(DEVICE)
+    prompts = torch.randint(65, (3, 5), generator=torch.Generator().manual_seed(1)).to(DEVICE)  # three prompts
+    autocast = torch.autocast(DEVICE, dtype=dtype) if dtype != torch.float32 else nullcontext()
+    with autocast, bi.batch_invariant(kernels=kernels):  # the logits of every greedy step, [B, 4, V]; cached, each
+        alone = model.generate(prompts[:1], 4, temperature=0, return_logits=True)[1]  # new token fed alone
+        tokens, batch = model.generate(prompts, 4, temperature=0, return_logits=True)
+        uncached = model.generate(prompts, 4, temperature=0, use_kv_cache=False, return_logits=True)[1]
+        with torch.no_grad():  # one full forward pass over the decoded sequences
+            full = model(tokens[:, :-1])[0][:, prompts.size(1) - 1 :]
+    assert batch.dtype == dtype
+    assert torch.equal(alone[0], batch[0])  # alone vs in a batch of other prompts, every step
+    assert torch.equal(batch, full)  # cached token by token vs one forward pass
+    assert torch.equal(batch, uncached)  # GPT.generate's two paths
+
+
+@pytest.mark.parametrize(
+    ("kernels", "rows", "dtype"),
+    [
+        ("torch", 1, torch.float32),
+        ("torch", 8, torch.float32),
+        pytest.param("triton", 1, torch.float32, marks=needs_triton),
+        pytest.param("triton", 1, torch.bfloat16, marks=needs_triton),
+    ],
+)
+def test_linear_rows_do_not_depend_on_how_many_rows_came(
+    kernels: str, rows: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU ROWS rows at a time (zero rows padding); in the Triton kernel, tiles of BLOCK_M rows."""
+    monkeypatch.setattr(bi, "ROWS", rows)
     gen = torch.Generator().manual_seed(0)
-    x, weight, bias = randn(40, 96, dtype=dtype, gen=gen), randn(72, 96, dtype=dtype, gen=gen), randn(72, gen=gen)
-    with bi.batch_invariant(kernels="triton"):
-        reference = F.linear(x, weight, bias.to(dtype))  # 40 rows: three tiles of BLOCK_M
-        for m in (1, 2, 3, 7, 16, 17, 33):  # fewer rows, and rows that sit elsewhere in their tile than among 40
-            assert torch.equal(F.linear(x[:m], weight, bias.to(dtype)), reference[:m]), m
-            assert torch.equal(F.linear(x[m : m + 1], weight, bias.to(dtype)), reference[m : m + 1]), m
-        assert torch.equal(F.linear(x.view(5, 8, 96), weight, bias.to(dtype)), reference.view(5, 8, 72))
-        strided = torch.empty(96, 40, dtype=dtype, device=DEVICE).copy_(x.T).T  # x read through its strides
-        assert torch.equal(F.linear(strided, weight, bias.to(dtype)), reference)
+    x, weight, bias = (randn(*shape, gen=gen, dtype=dtype, kernels=kernels) for shape in ((40, 96), (72, 96), (72,)))
+    with bi.batch_invariant(kernels=kernels):
+        reference = F.linear(x, weight, bias)  # 40 rows: 40 products of 1 row, or 5 of 8, or three Triton tiles
+        for m in (1, 2, 3, 7, 16, 17, 33):  # fewer rows, and rows that sit elsewhere in their block than among 40
+            assert torch.equal(F.linear(x[:m], weight, bias), reference[:m]), m
+            assert torch.equal(F.linear(x[m : m + 1], weight, bias), reference[m : m + 1]), m
+        assert torch.equal(F.linear(x.view(5, 8, 96), weight, bias), reference.view(5, 8, 72))  # any leading dims
+        strided = torch.empty(96, 40, dtype=dtype, device=x.device).copy_(x.T).T  # x read through its strides
+        assert torch.equal(F.linear(strided, weight, bias), reference)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_against_float64(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("kernels", "dtype"),  # PyTorch's kernels in float32, Triton's in float32 and bfloat16
+    [
+        ("torch", torch.float32),
+        pytest.param("triton", torch.float32, marks=needs_triton),
+        pytest.param("triton", torch.bfloat16, marks=needs_triton),
+    ],
+)
+def test_the_mode_computes_the_same_functions(kernels: str, dtype: torch.dtype) -> None:
+    """Invariant and still right: linear and attention against float64, within the output's rounding, for each
+    mask the model gives (causal, causal after a cache, a decoding step, left padding), a run of keys and a scale."""
     gen = torch.Generator().manual_seed(1)
-    x, weight, bias = randn(3, 5, 80, dtype=dtype, gen=gen), randn(48, 80, dtype=dtype, gen=gen) / 9, randn(48, gen=gen)
-    with bi.batch_invariant(kernels="triton"):
-        got, no_bias = F.linear(x, weight, bias.to(dtype)), F.linear(x, weight)
-    assert got.dtype == dtype and got.shape == (3, 5, 48)
-    ref = x.double() @ weight.double().T
-    assert within_rounding(no_bias, ref) and within_rounding(got, ref + bias.to(dtype).double())
+    x, weight, bias = (randn(*shape, gen=gen, dtype=dtype, kernels=kernels) for shape in ((3, 5, 80), (48, 80), (48,)))
+    weight = weight / 9  # outputs of about unit size
+    q, k, v = (randn(2, 3, n, 8, gen=gen, dtype=dtype, kernels=kernels) for n in (6, 9, 9))
+    d = [t.double() for t in (q, k, v)]
+    past = torch.ones(6, 9, dtype=torch.bool, device=q.device).tril(diagonal=3)  # model.py's mask: 3 cached keys
+    runs = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool, device=q.device)  # 2, 2, 3 keys
+    padded = padding_mask(torch.tensor([4, 0], device=q.device), 3, 6)  # row 0 left padded: its first 4 keys unseen
+    every = slice(None)
+    cases = [  # (queries, keys, how)
+        (every, slice(None, 6), {"is_causal": True}),
+        (every, every, {"attn_mask": past}),
+        (slice(-1, None), every, {}),  # a decoding step: one query, every key
+        (every, every, {"scale": 0.5}),  # T > 1, no mask: every key
+        (slice(None, 3), slice(None, 3), {"attn_mask": runs}),
+        (every, every, {"attn_mask": padded}),
+    ]
+    with bi.batch_invariant(kernels=kernels):
+        assert within_rounding(F.linear(x, weight), x.double() @ weight.double().T)
+        got = F.linear(x, weight, bias)
+        assert got.dtype == dtype and within_rounding(got, x.double() @ weight.double().T + bias.double())
+        for queries, keys, how in cases:
+            got = F.scaled_dot_product_attention(q[:, :, queries], k[:, :, keys], v[:, :, keys], **how)
+            ref = STOCK_SDPA(d[0][:, :, queries], d[1][:, :, keys], d[2][:, :, keys], **how)
+            assert got.dtype == dtype and within_rounding(got, ref), how
+
+
+# ---- the Triton kernels alone ----
 
 
 def cached_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefill: int, chunk: int) -> torch.Tensor:
@@ -89,7 +180,8 @@ def cached_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefill: 
 
 
 @pytest.mark.slow  # many launches through Triton's interpreter
-@pytest.mark.parametrize("dtype", DTYPES)
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_query_from_the_cache_adds_as_inside_the_causal_pass(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(2)
     q, k, v = (randn(3, 2, 40, 16, dtype=dtype, gen=gen) for _ in range(3))  # 40 keys: past one block of them
@@ -101,28 +193,18 @@ def test_a_query_from_the_cache_adds_as_inside_the_causal_pass(dtype: torch.dtyp
     assert causal.dtype == dtype and within_rounding(causal, ref)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_attention_against_float64(dtype: torch.dtype) -> None:
-    gen = torch.Generator().manual_seed(3)
-    q, k, v = randn(2, 3, 6, 8, dtype=dtype, gen=gen), *(randn(2, 3, 9, 8, dtype=dtype, gen=gen) for _ in range(2))
-    d = [t.double() for t in (q, k, v)]
-    past = torch.ones(6, 9, dtype=torch.bool, device=DEVICE).tril(diagonal=3)  # model.py's mask: 3 cached keys
-    with bi.batch_invariant(kernels="triton"):
-        for kwargs in ({"attn_mask": past}, {"scale": 0.5}):  # with a mask; over every key (T > 1, no mask)
-            assert within_rounding(F.scaled_dot_product_attention(q, k, v, **kwargs), STOCK_SDPA(*d, **kwargs))
-        step = F.scaled_dot_product_attention(q[:, :, -1:], k, v)  # a decoding step: one query, every key
-        assert within_rounding(step, STOCK_SDPA(d[0][:, :, -1:], *d[1:]))
-        runs = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool, device=DEVICE)  # 2, 2, 3 keys
-        got = F.scaled_dot_product_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], attn_mask=runs)
-        assert within_rounding(got, STOCK_SDPA(*(t[:, :, :3] for t in d), attn_mask=runs))
-        padded = padding_mask(torch.tensor([4, 0], device=DEVICE), 3, 6)  # row 0 left padded: its first 4 keys unseen
-        got = F.scaled_dot_product_attention(q, k, v, attn_mask=padded)
-        assert within_rounding(got, STOCK_SDPA(*d, attn_mask=padded))
-        with pytest.raises(ValueError, match="linear takes .* inputs of one dtype, got x torch.float64"):
-            F.linear(d[0], d[1][0, 0])
+@needs_triton
+def test_the_triton_linear_takes_inputs_of_one_dtype() -> None:
+    x, weight = torch.ones(2, 4, dtype=torch.float64, device=DEVICE), torch.ones(3, 4, device=DEVICE)
+    with (
+        bi.batch_invariant(kernels="triton"),
+        pytest.raises(ValueError, match="inputs of one dtype, got x torch.float64"),
+    ):
+        F.linear(x, weight)
 
 
 @pytest.mark.slow  # a program per row through Triton's interpreter
+@needs_triton
 @pytest.mark.parametrize("C", [384, 768])  # where a stock CUDA reduction adds a row by how many rows came
 @pytest.mark.parametrize(("norm", "reductions"), [("custom", 2), ("rmsnorm", 1)])
 def test_the_norms_rows_do_not_depend_on_how_many_rows_came(
@@ -148,6 +230,7 @@ def test_the_norms_rows_do_not_depend_on_how_many_rows_came(
     assert within_rounding(uncached, reference)
 
 
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_row_sum_against_float64(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every column counts once (a row wider than one block too), accumulated in float32 (float64 for float64)."""
@@ -159,22 +242,3 @@ def test_row_sum_against_float64(dtype: torch.dtype, monkeypatch: pytest.MonkeyP
     assert within_rounding(got, x.double().sum(-1), accumulated=1e-12 if dtype == torch.float64 else 1e-3)
     with bi.batch_invariant(kernels="triton"), pytest.raises(ValueError, match="record no gradient"):
         x.float().requires_grad_().sum(-1)
-
-
-@pytest.mark.slow  # many launches through Triton's interpreter
-@pytest.mark.parametrize(("norm", "dtype"), [("triton", torch.float32), ("builtin", torch.bfloat16)])
-def test_greedy_decoding_is_bit_exact_through_the_kernels(norm: str, dtype: torch.dtype) -> None:
-    """A tiny model's greedy decoding, alone, in a batch of other prompts, and uncached: the same logits, bit for
-    bit, in float32 and under bfloat16 autocast, through the Triton kernels (and, for norm=triton, its LayerNorm)."""
-    model = tiny_model(norm, vocab_size=65).to(DEVICE)
-    prompts = torch.randint(65, (3, 4), generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    autocast = torch.autocast(DEVICE, dtype=dtype) if dtype != torch.float32 else nullcontext()
-    with autocast, bi.batch_invariant(kernels="triton"):
-        alone = model.generate(prompts[:1], 3, temperature=0, return_logits=True)[1]
-        tokens, batch = model.generate(prompts, 3, temperature=0, return_logits=True)
-        uncached = model.generate(prompts, 3, temperature=0, use_kv_cache=False, return_logits=True)[1]
-    assert batch.dtype == dtype
-    assert torch.equal(alone[0], batch[0]) and torch.equal(batch, uncached)
-    with autocast, torch.no_grad():  # the function PyTorch's kernels compute, on the same tokens: within rounding
-        stock = model(tokens[:, :-1])[0][:, prompts.size(1) - 1 :].float()
-    assert (stock - batch.float()).abs().max() <= 4 * torch.finfo(dtype).eps * stock.abs().max()

