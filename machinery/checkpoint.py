@@ -127,13 +127,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     (as nanogpt.to_checkpoint gives it, "format" nanogpt.FORMAT); CheckpointError says what is wrong if it can't, or
     if a weight is not finite."""
     path = Path(path)
-    if path.exists() and not path.is_file():  # a folder, a device
-        what = "a folder" if path.is_dir() else "not a regular file"
-        raise CheckpointError(f"{path} is {what}, not a checkpoint: give the path of a ckpt.pt file")
-    if not path.is_file():
+    if not path.is_file():  # missing, a folder, or a device or pipe (a read that may never end)
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
         raise CheckpointError(
-            f"no checkpoint at {path}: train one first (python train.py ... --out_dir={path.parent}) "
-            f"or point --out_dir at the folder holding ckpt.pt"
+            f"no checkpoint at {path} ({what}): give the path of a ckpt.pt file, or train one first "
+            f"(python train.py ... --out_dir={path.parent}) or point --out_dir at the folder holding ckpt.pt"
         )
     try:
         with warnings.catch_warnings():  # torch's note on a plain pickle's protocol: noise before our one line
@@ -159,8 +157,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
         )
-    saved = None if is_nanogpt else checkpoint.pop("checksum", None)
-    if not is_nanogpt and saved != checksum(checkpoint):  # (None, from a tool that rebuilt the dict, never matches)
+    # the saved checksum, taken out before the rest is summed (None, from a tool that rebuilt the dict, never matches)
+    if not is_nanogpt and checkpoint.pop("checksum", None) != checksum(checkpoint):
         raise CheckpointError(
             f"{path} is damaged: its contents no longer match the checksum saved with them (changed on disk or in a "
             f"copy, or saved without one: an older version, or a tool that rebuilt it); copy it again from where it "
