@@ -60,12 +60,10 @@ def decode_text(data: bytes, name: str) -> str:
 
 
 def read_text_file(path: Path) -> str:
-    if path.is_char_device() or path.is_block_device():  # /dev/zero would fill the memory
-        raise Failure(f"{path} is a device, not a text file")
-    if path.is_fifo() or path.is_socket():  # a read that waits for a writer, maybe for ever
-        raise Failure(
-            f"{path} is a {'named pipe' if path.is_fifo() else 'socket'}, not a text file: give a file saved on disk"
-        )
+    # a device (/dev/zero would fill the memory), a named pipe or a socket (a read that waits for a writer, maybe for
+    # ever); a folder or a missing file: the OSError below
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise Failure(f"{path} is not a regular file (a device, a named pipe or a socket): give a file saved on disk")
     try:
         data = path.read_bytes()
     except OSError as e:  # no such file, a directory, no permission

@@ -44,17 +44,13 @@ class PreparedData:
             how = f"run `python {prepare.relative_to(ROOT)}{out_dir}` first"
         else:
             how = "write train.bin, val.bin (np.uint16 token ids) and meta.json there (see data/README.md)"
-        if self.dir.is_file():
-            raise DataError(
-                f"data_dir {str(self.dir)!r} is a file: give the folder holding train.bin, val.bin, meta.json"
-            )
         for name in ("train.bin", "val.bin", "meta.json"):
             if not (self.dir / name).is_file():
                 raise DataError(f"no {name} in {self.dir} (dataset {dataset!r}): {how}")
         meta_path = self.dir / "meta.json"
         try:
             self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            vocab = self.meta["vocab_size"]
+            self.vocab_size = vocab = self.meta["vocab_size"]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise DataError(f"{meta_path} is unreadable or has no vocab_size ({e}): {how}") from None
         for key in ("vocab_size", "train_tokens", "val_tokens", "train_bytes", "val_bytes"):  # (the counts may be
@@ -69,7 +65,6 @@ class PreparedData:
                     f"{meta_path} has {split}_bytes={n_bytes} for {split}_tokens={n_tokens}: each token is at least "
                     f"one byte of text, so bits per byte would be wrong; {how}"
                 )
-        self.vocab_size = vocab
         sizes = {s: (self.dir / f"{s}.bin").stat().st_size for s in ("train", "val")}
         self.tokens = {s: size // 2 for s, size in sizes.items()}
         for split, n in self.tokens.items():
