@@ -212,16 +212,12 @@ def run_row(
     }
 
 
-def ragged_lengths(prompt_len: int, batch_size: int) -> list[int]:
-    """The prompt lengths of the ragged batch: from prompt_len down, as evenly spaced as they fit, at least 1."""
-    return [max(1, prompt_len * (batch_size - i) // batch_size) for i in range(batch_size)]
-
-
 def ragged(greedy: Callable[..., tuple[Any, str | None]], prompts: Tensor) -> dict[str, Any]:
-    """Check (4): row i keeps the last of its prompt's tokens (ragged_lengths), the rows left padded into one batch
-    with an attention mask (model.pad_left); each row's logits at every step, decoded in the batch, against the
-    row decoded alone."""
-    lengths = ragged_lengths(prompts.size(1), prompts.size(0))
+    """Check (4): row i keeps the last of its prompt's tokens, from all of them down, as evenly spaced as they fit, at
+    least 1; the rows left padded into one batch with an attention mask (model.pad_left); each row's logits at every
+    step, decoded in the batch, against the row decoded alone."""
+    batch_size, prompt_len = prompts.shape
+    lengths = [max(1, prompt_len * (batch_size - i) // batch_size) for i in range(batch_size)]
     rows = [prompt[-n:].tolist() for prompt, n in zip(prompts, lengths, strict=True)]
     idx, mask = pad_left(rows)
     batch, error = greedy(idx.to(prompts.device), attention_mask=mask.to(prompts.device))

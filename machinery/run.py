@@ -205,8 +205,9 @@ def hold_out_dir(path: str | Path, master: bool = True) -> Iterator[None]:
         try:  # never through a symlink planted there
             f = os.fdopen(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
         except OSError as e:
-            why = e.strerror or e
-            raise CheckpointError(f"cannot open {lock} ({why}): give an --out_dir you can write to") from None
+            raise CheckpointError(
+                f"cannot open {lock} ({e.strerror or e}): give an --out_dir you can write to"
+            ) from None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
