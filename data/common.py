@@ -11,7 +11,6 @@ import hashlib
 import http.client
 import json
 import os
-import signal
 import ssl
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from machinery.command import ArgumentParser, Failure, Interrupted, run_command
+from machinery.command import ArgumentParser, Failure, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -149,13 +148,14 @@ def run_prepare(
 
     def main() -> None:
         args = parser.parse_args(argv)  # (a bad one is a BadOption: one line, exit 2)
-        try:
-            prepare(args.input, args.out_dir, args.url, script, make_tokenizer)
-        except KeyboardInterrupt:  # (write_atomic leaves the folder as it was, or without meta.json: never half a set)
-            message = f"\ninterrupted: no half-written file is left in {args.out_dir}; run this again to prepare it"
-            raise Interrupted(message, signal.SIGINT) from None
+        prepare(args.input, args.out_dir, args.url, script, make_tokenizer)
 
-    return run_command(main, "the text's size")
+    # Ctrl-C: write_atomic leaves the folder as it was, or without meta.json: never half a set
+    return run_command(
+        main,
+        "the text's size",
+        "interrupted: no half-written file is left in the output folder; run this again to prepare it",
+    )
 
 
 def prepare(

@@ -388,5 +388,5 @@ def test_a_prepare_interrupted_says_so_in_one_line_and_leaves_no_half_written_fi
     assert status == 130 and list((tmp_path / "out").iterdir()) == []
     assert (
         capsys.readouterr().err
-        == f"\ninterrupted: no half-written file is left in {tmp_path / 'out'}; run this again to prepare it\n"
+        == "\ninterrupted: no half-written file is left in the output folder; run this again to prepare it\n"
     )
