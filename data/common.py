@@ -76,7 +76,8 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
     """Write `files` (name -> bytes) into `folder` as one set: each goes to a temporary file beside it and to disk
     first; only then are they renamed into place, in order, after the old meta.json (if meta.json is among them, give
     it last) is removed. A kill or a full disk at any moment leaves the old set, or a set without meta.json, which
-    PreparedData refuses: never a mix that loads."""
+    PreparedData refuses: never a mix that loads. A write that fails (a full disk, no permission) is a Failure naming
+    the folder."""
     written = {}
     try:
         for name, data in files.items():
@@ -93,6 +94,10 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
             (folder / "meta.json").unlink(missing_ok=True)
         for name, tmp in written.items():
             os.replace(tmp, folder / name)
+    except OSError as e:
+        raise Failure(
+            f"cannot write {', '.join(files)} to {folder}: {e.strerror or e}; run this again once that is fixed"
+        ) from None
     finally:
         for tmp in written.values():
             tmp.unlink(missing_ok=True)
@@ -117,10 +122,7 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
             f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})"
         ) from None
     text = decode_text(data, url)
-    try:
-        write_atomic(out_dir, {"input.txt": data})
-    except OSError as e:
-        raise Failure(f"cannot save the download as {local}: {e.strerror or e}") from None
+    write_atomic(out_dir, {"input.txt": data})
     print(f"saved {len(data):,} bytes to {local}")
     return text, str(local)
 
@@ -195,10 +197,7 @@ def prepare(
     for split in ("train", "val"):  # PreparedData checks each file against it when it opens the data
         meta[f"{split}_sha256"] = hashlib.sha256(bins[f"{split}.bin"]).hexdigest()
     # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
-    try:
-        write_atomic(out_dir, {**bins, "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")})
-    except OSError as e:
-        raise Failure(f"cannot write to {out_dir}: {e.strerror or e}; run this again once that is fixed") from None
+    write_atomic(out_dir, {**bins, "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")})
 
     try:
         print(f"source: {source} ({len(text):,} characters)")

@@ -354,7 +354,7 @@ def test_an_interrupted_prepare_leaves_the_old_files_or_a_folder_that_does_not_l
             real_replace(src, dst)
 
         monkeypatch.setattr(common.os, "replace", replace)
-    with pytest.raises(OSError if fails_at == "write" else KeyboardInterrupt):
+    with pytest.raises(Failure if fails_at == "write" else KeyboardInterrupt):
         common.write_atomic(folder, new)
     after = {p.name: p.read_bytes() for p in folder.iterdir()}
     if fails_at == "write":
