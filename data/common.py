@@ -185,6 +185,7 @@ def prepare(
             f"{n_val:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
             f"(train.py further needs more than block_size tokens in each); give a longer text"
         )
+    train_bin, val_bin = (a.astype(np.uint16).tobytes() for a in ids)
     meta = {
         "vocab_size": tok.vocab_size,
         "tokenizer": tok.to_meta(),
@@ -192,12 +193,18 @@ def prepare(
         "val_tokens": n_val,
         "train_bytes": len(parts[0].encode("utf-8")),  # for bits per byte (PreparedData.bits_per_byte)
         "val_bytes": len(parts[1].encode("utf-8")),
+        "train_sha256": hashlib.sha256(train_bin).hexdigest(),  # PreparedData checks each file against its sha256
+        "val_sha256": hashlib.sha256(val_bin).hexdigest(),  # when it opens the data
     }
-    bins = {f"{split}.bin": arr.astype(np.uint16).tobytes() for split, arr in zip(("train", "val"), ids, strict=True)}
-    for split in ("train", "val"):  # PreparedData checks each file against it when it opens the data
-        meta[f"{split}_sha256"] = hashlib.sha256(bins[f"{split}.bin"]).hexdigest()
     # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
-    write_atomic(out_dir, {**bins, "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")})
+    write_atomic(
+        out_dir,
+        {
+            "train.bin": train_bin,
+            "val.bin": val_bin,
+            "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8"),
+        },
+    )
 
     try:
         print(f"source: {source} ({len(text):,} characters)")
