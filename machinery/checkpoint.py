@@ -150,9 +150,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         ) from None
     is_nanogpt = nanogpt.is_checkpoint(checkpoint)
     if not is_nanogpt and (not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT):
-        found = f"a {type(checkpoint).__name__}"
-        if isinstance(checkpoint, dict):
-            found = f"a dict with keys {', '.join(map(str, list(checkpoint)[:8]))}"
+        found = (
+            f"a dict with keys {', '.join(map(str, list(checkpoint)[:8]))}"
+            if isinstance(checkpoint, dict)
+            else f"a {type(checkpoint).__name__}"
+        )
         raise CheckpointError(
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"

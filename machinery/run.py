@@ -177,8 +177,11 @@ def make_out_dir(path: str | Path, new_run: bool = False) -> None:
     try:
         found = [name for name in RUN_FILES if (out / name).exists()] if new_run else []
         if found:
-            what = f"{out / 'ckpt.pt'} holds another run's checkpoint"
-            what = what if "ckpt.pt" in found else f"{out} holds another run's files ({', '.join(found)})"
+            what = (
+                f"{out / 'ckpt.pt'} holds another run's checkpoint"
+                if "ckpt.pt" in found
+                else f"{out} holds another run's files ({', '.join(found)})"
+            )
             raise CheckpointError(
                 f"{what}: give this run its own --out_dir, continue that run with --init_from=resume, or replace it "
                 f"with --overwrite=True"
