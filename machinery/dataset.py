@@ -44,6 +44,10 @@ class PreparedData:
             how = f"run `python {prepare.relative_to(ROOT)}{out_dir}` first"
         else:
             how = "write train.bin, val.bin (np.uint16 token ids) and meta.json there (see data/README.md)"
+        if self.dir.is_file():
+            raise DataError(
+                f"data_dir {str(self.dir)!r} is a file: give the folder holding train.bin, val.bin, meta.json"
+            )
         for name in ("train.bin", "val.bin", "meta.json"):
             if not (self.dir / name).is_file():
                 raise DataError(f"no {name} in {self.dir} (dataset {dataset!r}): {how}")

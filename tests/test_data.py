@@ -299,7 +299,7 @@ def test_prepared_data_that_does_not_match_its_metadata_is_refused_on_open(
 
 def test_a_file_given_as_data_dir_is_named(tmp_path: Path) -> None:
     (tmp_path / "meta.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(DataError, match="no train.bin in .*meta.json"):
+    with pytest.raises(DataError, match="meta.json' is a file: give the folder holding train.bin, val.bin"):
         PreparedData(str(tmp_path / "meta.json"), "tiny", block_size=16)
 
 
