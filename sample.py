@@ -93,10 +93,10 @@ def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | Ti
     nanogpt_format = checkpoint.get("format") == nanogpt.FORMAT
     if args.meta is not None and not nanogpt_format:
         raise BadOption(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
-    try:  # (a checkpoint of a dataset without a tokenizer has none: its tokens can't be turned into text)
-        meta = (
-            nanogpt.tokenizer_meta(Path(path), checkpoint, args.meta) if nanogpt_format else checkpoint.get("tokenizer")
-        )
+    if checkpoint.get("tokenizer") is None and not nanogpt_format:  # (a dataset whose meta.json named none)
+        raise Failure(f"{path} has no tokenizer, so its tokens can't be turned into text")
+    try:
+        meta = nanogpt.tokenizer_meta(Path(path), checkpoint, args.meta) if nanogpt_format else checkpoint["tokenizer"]
         return model, tokenizer_from_meta(meta)
     except (ValueError, TypeError, RuntimeError) as e:  # nanogpt.MetaError, a malformed entry, tiktoken's ranks
         raise Failure(str(e)) from None
