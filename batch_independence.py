@@ -217,11 +217,10 @@ def ragged(greedy: Callable[..., tuple[Any, str | None]], prompts: Tensor) -> di
     lengths = [max(1, prompt_len * (batch_size - i) // batch_size) for i in range(batch_size)]
     rows = [prompt[-n:].tolist() for prompt, n in zip(prompts, lengths, strict=True)]
     idx, mask = pad_left(rows)
-    batch, error = greedy(idx.to(prompts.device), attention_mask=mask.to(prompts.device))
+    batch, batch_error = greedy(idx.to(prompts.device), attention_mask=mask.to(prompts.device))
+    error = batch_error and f"in the batch, {batch_error}"
     diffs, scale, agree = [], 0.0, True
-    for i, row in enumerate(rows):
-        if error:
-            break
+    for i, row in enumerate([] if error else rows):  # each row alone, once the batch decoded
         alone, alone_error = greedy(torch.tensor([row], device=prompts.device))
         if alone_error:
             error = f"row {i} alone, {alone_error}"
@@ -229,7 +228,6 @@ def ragged(greedy: Callable[..., tuple[Any, str | None]], prompts: Tensor) -> di
         diffs.append((alone[1][0].float() - batch[1][i].float()).abs().max().item())
         scale = max(scale, alone[1].float().abs().max().item())
         agree = agree and torch.equal(alone[0][0, len(row) :], batch[0][i, idx.size(1) :])
-    error = error and (error if error.startswith("row") else f"in the batch, {error}")
     return {
         "lengths": lengths,
         "max_abs_diff": None if error else max(diffs),
@@ -272,11 +270,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 def ragged_table(result: dict[str, Any]) -> list[str]:
     """Check (4) of every row, in each world, as aligned text lines under a title naming the prompts' lengths."""
-    worlds = [w for w in WORLDS if w in result]
-    names = [r["name"] for r in result[worlds[0]]] if worlds else []
-    if not names:
+    worlds = [w for w in WORLDS if w in result]  # "rows" always; the mode's where it ran
+    names = [r["name"] for r in result["rows"]]
+    if not names:  # every row skipped
         return []
-    lengths = ", ".join(map(str, result[worlds[0]][0]["ragged_vs_alone"]["lengths"]))
+    lengths = ", ".join(map(str, result["rows"][0]["ragged_vs_alone"]["lengths"]))
     cells = [("row", *(RAGGED_COLUMNS[w] for w in worlds))]
     for i, name in enumerate(names):
         checks = [result[w][i]["ragged_vs_alone"] for w in worlds]
