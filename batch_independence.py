@@ -189,9 +189,12 @@ def run_row(
             "first_divergent_step": differ[0] - prompts.size(1) if differ else None,  # the first token that differs
         }
         # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over the sequences
-        cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
-        if not batch_error:  # the last chosen token is never fed back
-            cached_vs_full = compare(lambda: (model(batch[0][:, :-1])[0][:, prompts.size(1) - 1 :], batch[1]))
+        # (the last chosen token is never fed back)
+        cached_vs_full = (
+            {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
+            if batch_error
+            else compare(lambda: (model(batch[0][:, :-1])[0][:, prompts.size(1) - 1 :], batch[1]))
+        )
         ragged_vs_alone = ragged(greedy, prompts)  # (4) prompts of different lengths, left padded
         ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
         norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
