@@ -36,7 +36,6 @@ from machinery.tokenizer import GPT2_BPE
 from model import GPTConfig, gpt2_checkpoint
 
 FORMAT = "layernorm-gpt/1"
-RESEAL = "seal it again with save_checkpoint (docs/06-running.md, 'Editing a checkpoint')"
 
 
 class CheckpointError(Failure, RuntimeError):
@@ -164,7 +163,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(
             f"{path} is damaged: its contents no longer match the checksum saved with them (changed on disk or in a "
             f"copy, or saved without one: an older version, or a tool that rebuilt it); copy it again from where it "
-            f"came from, use another checkpoint, or train again. If you made or edited it on purpose, {RESEAL}"
+            f"came from, use another checkpoint, or train again. If you made or edited it on purpose, seal it again "
+            f"with save_checkpoint (docs/06-running.md, 'Editing a checkpoint')"
         )
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:
