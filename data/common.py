@@ -105,11 +105,10 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
 
 def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: str) -> tuple[str, str]:
     """The text to prepare and a name for it, from where data/README.md says; else fails saying how to supply it."""
-    if input_path is not None:
-        return read_text_file(input_path), str(input_path)
     local = out_dir / "input.txt"
-    if local.exists():
-        return read_text_file(local), str(local)
+    if input_path is not None or local.exists():  # --input, else the text saved (or downloaded) there before
+        path = input_path or local
+        return read_text_file(path), str(path)
     print(f"{local} not found; downloading {url}")
     try:  # besides OSError: ValueError for a malformed URL, HTTPException for a broken or truncated response
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
