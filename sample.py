@@ -116,15 +116,12 @@ def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
 def encode(tokenizer: CharTokenizer | TiktokenTokenizer, prompt: str, vocab_size: int, flag: str) -> list[int]:
     """The prompt's token ids (`flag` names where it came from); an empty prompt is <|endoftext|> for BPE, as GPT-2
     starts."""
-    try:
-        ids = tokenizer.encode(prompt)
+    try:  # an empty prompt: BPE starts from <|endoftext|>, as GPT-2 does; characters have none (None)
+        ids = tokenizer.encode(prompt) or [getattr(tokenizer, "eot_token", None)]
     except ValueError as e:  # a character the vocabulary lacks
         raise BadOption(f"{flag}: {e}") from None
-    if not ids:
-        eot = getattr(tokenizer, "eot_token", None)
-        if eot is None:
-            raise BadOption("--start is empty: give a prompt of at least one character (the default is a newline)")
-        ids = [eot]  # BPE: start from <|endoftext|>, as GPT-2 does
+    if ids == [None]:
+        raise BadOption("--start is empty: give a prompt of at least one character (the default is a newline)")
     if max(ids) >= vocab_size:
         raise Failure(f"the prompt encodes to token id {max(ids)}, outside the model's vocabulary of {vocab_size}")
     return ids
