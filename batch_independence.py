@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from batch_invariant import batch_invariant, refusal
-from layernorm import FROZEN, NORMS, TritonUnavailableError
+from layernorm import FROZEN, LAYERNORMS, NORMS, TritonUnavailableError
 from machinery.checkpoint import resolve_weights
 from machinery.command import ArgumentParser, Failure, first_line, run_command
 from machinery.device import DEVICE_HELP, autocast, resolve_device
@@ -41,7 +41,6 @@ from model import GPT, GPTConfig, pad_left
 
 EVAL_ROW = "batchnorm-eval"
 STATISTICS = {"batchnorm": "batch statistics", EVAL_ROW: "running averages", "dyt": "per element", FROZEN: "none"}
-NORM_NAMES = ("ln_1", "ln_2", "ln_f")  # model.py's norm layers: their parameters and buffers live under these names
 RANDOM_MODEL = GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=64, norm="custom")
 CHECKS = ("alone_vs_batch", "cached_vs_full", "norm_alone")
 # A row passes with PyTorch's kernels when every difference is at most this times the largest |value| compared (the
@@ -131,6 +130,10 @@ def base_weights(args: Namespace) -> tuple[GPTConfig, dict[str, torch.Tensor], s
         )
     ckpt, path = resolve_weights(args.out_dir or "out", args.ckpt, args.init_from)
     config = GPTConfig.from_options(ckpt["model_args"])
+    try:  # weights that do not fit their own model_args, refused once (a LayerNorm's built as builtin: one layout)
+        GPT.from_checkpoint(ckpt, norm="builtin" if config.norm in LAYERNORMS else None)
+    except ValueError as e:  # (each row's model then differs from it only in its norm layers' entries)
+        raise Failure(f"cannot build the model from {path}: {first_line(e)}") from None
     if args.init_from is not None:
         return config, ckpt["model"], f"GPT-2's weights from {args.init_from}"
     owner = "nanoGPT's checkpoint" if ckpt["format"] == NANOGPT_FORMAT else "checkpoint"
@@ -164,13 +167,7 @@ def run_row(
 ) -> dict[str, Any]:
     """Row `name`: its GPT with the shared weights, the three checks of LEGEND, and whether the row passed."""
     model = GPT(replace(config, norm="batchnorm" if name == EVAL_ROW else name, dropout=0.0))
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)  # only norm entries may differ
-    except RuntimeError as e:  # a size that differs: torch's second line names the first such tensor
-        why = (str(e).splitlines()[1:] or [first_line(e)])[0].strip()
-        raise Failure(f"the weights do not fit a GPT of their own model_args: {why}") from None
-    if stray := [k for k in missing + unexpected if not any(f"{n}." in k for n in NORM_NAMES)]:
-        raise Failure(f"the weights do not fit a GPT with norm={model.config.norm!r}: {stray[:5]}")
+    model.load_state_dict(state, strict=False)  # the weights fit (base_weights): only norm entries may differ
     # Dropout is 0, so the mode matters only to BatchNorm: training mode (the batchnorm row) uses batch statistics
     model.to(prompts.device).train(name == "batchnorm")
     # GPT.generate's greedy decoding with the KV cache: (tokens [B, P + n], logits [B, n, V]), or the error
@@ -192,9 +189,12 @@ def run_row(
             "first_divergent_step": differ[0] - prompts.size(1) if differ else None,  # the first token that differs
         }
         # (2) the batch's step s chose from the logits at position P - 1 + s; here one forward pass over the sequences
-        cached_vs_full = {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
-        if not batch_error:  # the last chosen token is never fed back
-            cached_vs_full = compare(lambda: (model(batch[0][:, :-1])[0][:, prompts.size(1) - 1 :], batch[1]))
+        # (the last chosen token is never fed back)
+        cached_vs_full = (
+            {"max_abs_diff": None, "error": "the batched decoding failed: see (1)", "bit_exact": None}
+            if batch_error
+            else compare(lambda: (model(batch[0][:, :-1])[0][:, prompts.size(1) - 1 :], batch[1]))
+        )
         ragged_vs_alone = ragged(greedy, prompts)  # (4) prompts of different lengths, left padded
         ln_f = model.transformer.ln_f  # (3) the final norm layer alone; last, as it may move BatchNorm's buffers
         norm_alone = compare(lambda: (ln_f(x), torch.cat([ln_f(x[i : i + 1]) for i in range(x.size(0))])))
@@ -212,23 +212,18 @@ def run_row(
     }
 
 
-def ragged_lengths(prompt_len: int, batch_size: int) -> list[int]:
-    """The prompt lengths of the ragged batch: from prompt_len down, as evenly spaced as they fit, at least 1."""
-    return [max(1, prompt_len * (batch_size - i) // batch_size) for i in range(batch_size)]
-
-
 def ragged(greedy: Callable[..., tuple[Any, str | None]], prompts: Tensor) -> dict[str, Any]:
-    """Check (4): row i keeps the last of its prompt's tokens (ragged_lengths), the rows left padded into one batch
-    with an attention mask (model.pad_left); each row's logits at every step, decoded in the batch, against the
-    row decoded alone."""
-    lengths = ragged_lengths(prompts.size(1), prompts.size(0))
+    """Check (4): row i keeps the last of its prompt's tokens, from all of them down, as evenly spaced as they fit, at
+    least 1; the rows left padded into one batch with an attention mask (model.pad_left); each row's logits at every
+    step, decoded in the batch, against the row decoded alone."""
+    batch_size, prompt_len = prompts.shape
+    lengths = [max(1, prompt_len * (batch_size - i) // batch_size) for i in range(batch_size)]
     rows = [prompt[-n:].tolist() for prompt, n in zip(prompts, lengths, strict=True)]
     idx, mask = pad_left(rows)
-    batch, error = greedy(idx.to(prompts.device), attention_mask=mask.to(prompts.device))
+    batch, batch_error = greedy(idx.to(prompts.device), attention_mask=mask.to(prompts.device))
+    error = batch_error and f"in the batch, {batch_error}"
     diffs, scale, agree = [], 0.0, True
-    for i, row in enumerate(rows):
-        if error:
-            break
+    for i, row in enumerate([] if error else rows):  # each row alone, once the batch decoded
         alone, alone_error = greedy(torch.tensor([row], device=prompts.device))
         if alone_error:
             error = f"row {i} alone, {alone_error}"
@@ -236,7 +231,6 @@ def ragged(greedy: Callable[..., tuple[Any, str | None]], prompts: Tensor) -> di
         diffs.append((alone[1][0].float() - batch[1][i].float()).abs().max().item())
         scale = max(scale, alone[1].float().abs().max().item())
         agree = agree and torch.equal(alone[0][0, len(row) :], batch[0][i, idx.size(1) :])
-    error = error and (error if error.startswith("row") else f"in the batch, {error}")
     return {
         "lengths": lengths,
         "max_abs_diff": None if error else max(diffs),
@@ -279,11 +273,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 def ragged_table(result: dict[str, Any]) -> list[str]:
     """Check (4) of every row, in each world, as aligned text lines under a title naming the prompts' lengths."""
-    worlds = [w for w in WORLDS if w in result]
-    names = [r["name"] for r in result[worlds[0]]] if worlds else []
-    if not names:
+    worlds = [w for w in WORLDS if w in result]  # "rows" always; the mode's where it ran
+    names = [r["name"] for r in result["rows"]]
+    if not names:  # every row skipped
         return []
-    lengths = ", ".join(map(str, result[worlds[0]][0]["ragged_vs_alone"]["lengths"]))
+    lengths = ", ".join(map(str, result["rows"][0]["ragged_vs_alone"]["lengths"]))
     cells = [("row", *(RAGGED_COLUMNS[w] for w in worlds))]
     for i, name in enumerate(names):
         checks = [result[w][i]["ragged_vs_alone"] for w in worlds]

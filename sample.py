@@ -93,8 +93,8 @@ def load(args: argparse.Namespace, device: str) -> tuple[GPT, CharTokenizer | Ti
     nanogpt_format = checkpoint.get("format") == nanogpt.FORMAT
     if args.meta is not None and not nanogpt_format:
         raise BadOption(f"--meta is for a nanoGPT checkpoint; {path} carries its own tokenizer: drop --meta")
-    if "tokenizer" not in checkpoint and not nanogpt_format:
-        raise Failure("the checkpoint has no 'tokenizer' entry, so its tokens can't be turned into text")
+    if checkpoint.get("tokenizer") is None and not nanogpt_format:  # (a dataset whose meta.json named none)
+        raise Failure(f"{path} has no tokenizer, so its tokens can't be turned into text")
     try:
         meta = nanogpt.tokenizer_meta(Path(path), checkpoint, args.meta) if nanogpt_format else checkpoint["tokenizer"]
         return model, tokenizer_from_meta(meta)
@@ -116,15 +116,12 @@ def restrict_to_vocab(model: GPT, vocab_size: int) -> None:
 def encode(tokenizer: CharTokenizer | TiktokenTokenizer, prompt: str, vocab_size: int, flag: str) -> list[int]:
     """The prompt's token ids (`flag` names where it came from); an empty prompt is <|endoftext|> for BPE, as GPT-2
     starts."""
-    try:
-        ids = tokenizer.encode(prompt)
+    try:  # an empty prompt: BPE starts from <|endoftext|>, as GPT-2 does; characters have none (None)
+        ids = tokenizer.encode(prompt) or [getattr(tokenizer, "eot_token", None)]
     except ValueError as e:  # a character the vocabulary lacks
         raise BadOption(f"{flag}: {e}") from None
-    if not ids:
-        eot = getattr(tokenizer, "eot_token", None)
-        if eot is None:
-            raise BadOption("--start is empty: give a prompt of at least one character (the default is a newline)")
-        ids = [eot]  # BPE: start from <|endoftext|>, as GPT-2 does
+    if ids == [None]:
+        raise BadOption("--start is empty: give a prompt of at least one character (the default is a newline)")
     if max(ids) >= vocab_size:
         raise Failure(f"the prompt encodes to token id {max(ids)}, outside the model's vocabulary of {vocab_size}")
     return ids

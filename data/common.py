@@ -11,7 +11,6 @@ import hashlib
 import http.client
 import json
 import os
-import signal
 import ssl
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from machinery.command import ArgumentParser, Failure, Interrupted, run_command
+from machinery.command import ArgumentParser, Failure, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -60,12 +59,10 @@ def decode_text(data: bytes, name: str) -> str:
 
 
 def read_text_file(path: Path) -> str:
-    if path.is_char_device() or path.is_block_device():  # /dev/zero would fill the memory
-        raise Failure(f"{path} is a device, not a text file")
-    if path.is_fifo() or path.is_socket():  # a read that waits for a writer, maybe for ever
-        raise Failure(
-            f"{path} is a {'named pipe' if path.is_fifo() else 'socket'}, not a text file: give a file saved on disk"
-        )
+    # a device (/dev/zero would fill the memory), a named pipe or a socket (a read that waits for a writer, maybe for
+    # ever); a folder or a missing file: the OSError below
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise Failure(f"{path} is not a regular file (a device, a named pipe or a socket): give a file saved on disk")
     try:
         data = path.read_bytes()
     except OSError as e:  # no such file, a directory, no permission
@@ -79,7 +76,8 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
     """Write `files` (name -> bytes) into `folder` as one set: each goes to a temporary file beside it and to disk
     first; only then are they renamed into place, in order, after the old meta.json (if meta.json is among them, give
     it last) is removed. A kill or a full disk at any moment leaves the old set, or a set without meta.json, which
-    PreparedData refuses: never a mix that loads."""
+    PreparedData refuses: never a mix that loads. A write that fails (a full disk, no permission) is a Failure naming
+    the folder."""
     written = {}
     try:
         for name, data in files.items():
@@ -96,6 +94,10 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
             (folder / "meta.json").unlink(missing_ok=True)
         for name, tmp in written.items():
             os.replace(tmp, folder / name)
+    except OSError as e:
+        raise Failure(
+            f"cannot write {', '.join(files)} to {folder}: {e.strerror or e}; run this again once that is fixed"
+        ) from None
     finally:
         for tmp in written.values():
             tmp.unlink(missing_ok=True)
@@ -103,11 +105,10 @@ def write_atomic(folder: Path, files: dict[str, bytes]) -> None:
 
 def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: str) -> tuple[str, str]:
     """The text to prepare and a name for it, from where data/README.md says; else fails saying how to supply it."""
-    if input_path is not None:
-        return read_text_file(input_path), str(input_path)
     local = out_dir / "input.txt"
-    if local.exists():
-        return read_text_file(local), str(local)
+    if input_path is not None or local.exists():  # --input, else the text saved (or downloaded) there before
+        path = input_path or local
+        return read_text_file(path), str(path)
     print(f"{local} not found; downloading {url}")
     try:  # besides OSError: ValueError for a malformed URL, HTTPException for a broken or truncated response
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
@@ -120,10 +121,7 @@ def read_text_source(input_path: Path | None, out_dir: Path, url: str, script: s
             f"Supply the file: python {script} --input path/to/tinyshakespeare.txt (or save it as {local})"
         ) from None
     text = decode_text(data, url)
-    try:
-        write_atomic(out_dir, {"input.txt": data})
-    except OSError as e:
-        raise Failure(f"cannot save the download as {local}: {e.strerror or e}") from None
+    write_atomic(out_dir, {"input.txt": data})
     print(f"saved {len(data):,} bytes to {local}")
     return text, str(local)
 
@@ -151,13 +149,14 @@ def run_prepare(
 
     def main() -> None:
         args = parser.parse_args(argv)  # (a bad one is a BadOption: one line, exit 2)
-        try:
-            prepare(args.input, args.out_dir, args.url, script, make_tokenizer)
-        except KeyboardInterrupt:  # (write_atomic leaves the folder as it was, or without meta.json: never half a set)
-            message = f"\ninterrupted: no half-written file is left in {args.out_dir}; run this again to prepare it"
-            raise Interrupted(message, signal.SIGINT) from None
+        prepare(args.input, args.out_dir, args.url, script, make_tokenizer)
 
-    return run_command(main, "the text's size")
+    # Ctrl-C: write_atomic leaves the folder as it was, or without meta.json: never half a set
+    return run_command(
+        main,
+        "the text's size",
+        "interrupted: no half-written file is left in the output folder; run this again to prepare it",
+    )
 
 
 def prepare(
@@ -185,6 +184,7 @@ def prepare(
             f"{n_val:,} val tokens, and each split needs at least {MIN_SPLIT_TOKENS} "
             f"(train.py further needs more than block_size tokens in each); give a longer text"
         )
+    train_bin, val_bin = (a.astype(np.uint16).tobytes() for a in ids)
     meta = {
         "vocab_size": tok.vocab_size,
         "tokenizer": tok.to_meta(),
@@ -192,15 +192,18 @@ def prepare(
         "val_tokens": n_val,
         "train_bytes": len(parts[0].encode("utf-8")),  # for bits per byte (PreparedData.bits_per_byte)
         "val_bytes": len(parts[1].encode("utf-8")),
+        "train_sha256": hashlib.sha256(train_bin).hexdigest(),  # PreparedData checks each file against its sha256
+        "val_sha256": hashlib.sha256(val_bin).hexdigest(),  # when it opens the data
     }
-    bins = {f"{split}.bin": arr.astype(np.uint16).tobytes() for split, arr in zip(("train", "val"), ids, strict=True)}
-    for split in ("train", "val"):  # PreparedData checks each file against it when it opens the data
-        meta[f"{split}_sha256"] = hashlib.sha256(bins[f"{split}.bin"]).hexdigest()
     # ensure_ascii=False keeps the characters readable; the file is written as UTF-8 on every platform.
-    try:
-        write_atomic(out_dir, {**bins, "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8")})
-    except OSError as e:
-        raise Failure(f"cannot write to {out_dir}: {e.strerror or e}; run this again once that is fixed") from None
+    write_atomic(
+        out_dir,
+        {
+            "train.bin": train_bin,
+            "val.bin": val_bin,
+            "meta.json": (json.dumps(meta, ensure_ascii=False) + "\n").encode("utf-8"),
+        },
+    )
 
     try:
         print(f"source: {source} ({len(text):,} characters)")

@@ -36,7 +36,6 @@ from machinery.tokenizer import GPT2_BPE
 from model import GPTConfig, gpt2_checkpoint
 
 FORMAT = "layernorm-gpt/1"
-RESEAL = "seal it again with save_checkpoint (docs/06-running.md, 'Editing a checkpoint')"
 
 
 class CheckpointError(Failure, RuntimeError):
@@ -127,13 +126,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     (as nanogpt.to_checkpoint gives it, "format" nanogpt.FORMAT); CheckpointError says what is wrong if it can't, or
     if a weight is not finite."""
     path = Path(path)
-    if path.exists() and not path.is_file():  # a folder, a device
-        what = "a folder" if path.is_dir() else "not a regular file"
-        raise CheckpointError(f"{path} is {what}, not a checkpoint: give the path of a ckpt.pt file")
-    if not path.is_file():
+    if not path.is_file():  # missing, a folder, or a device or pipe (a read that may never end)
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
         raise CheckpointError(
-            f"no checkpoint at {path}: train one first (python train.py ... --out_dir={path.parent}) "
-            f"or point --out_dir at the folder holding ckpt.pt"
+            f"no checkpoint at {path} ({what}): give the path of a ckpt.pt file, or train one first "
+            f"(python train.py ... --out_dir={path.parent}) or point --out_dir at the folder holding ckpt.pt"
         )
     try:
         with warnings.catch_warnings():  # torch's note on a plain pickle's protocol: noise before our one line
@@ -152,19 +149,22 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         ) from None
     is_nanogpt = nanogpt.is_checkpoint(checkpoint)
     if not is_nanogpt and (not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT):
-        found = f"a {type(checkpoint).__name__}"
-        if isinstance(checkpoint, dict):
-            found = f"a dict with keys {', '.join(map(str, list(checkpoint)[:8]))}"
+        found = (
+            f"a dict with keys {', '.join(map(str, list(checkpoint)[:8]))}"
+            if isinstance(checkpoint, dict)
+            else f"a {type(checkpoint).__name__}"
+        )
         raise CheckpointError(
             f"{path} is not a checkpoint of this project (a dict with format {FORMAT!r}) nor nanoGPT's "
             f"(a dict with keys {', '.join(nanogpt.KEYS)}): it holds {found}"
         )
-    saved = None if is_nanogpt else checkpoint.pop("checksum", None)
-    if not is_nanogpt and saved != checksum(checkpoint):  # (None, from a tool that rebuilt the dict, never matches)
+    # the saved checksum, taken out before the rest is summed (None, from a tool that rebuilt the dict, never matches)
+    if not is_nanogpt and checkpoint.pop("checksum", None) != checksum(checkpoint):
         raise CheckpointError(
             f"{path} is damaged: its contents no longer match the checksum saved with them (changed on disk or in a "
             f"copy, or saved without one: an older version, or a tool that rebuilt it); copy it again from where it "
-            f"came from, use another checkpoint, or train again. If you made or edited it on purpose, {RESEAL}"
+            f"came from, use another checkpoint, or train again. If you made or edited it on purpose, seal it again "
+            f"with save_checkpoint (docs/06-running.md, 'Editing a checkpoint')"
         )
     try:  # what every reader needs: the model's config and weights
         if is_nanogpt:

@@ -54,7 +54,7 @@ class PreparedData:
         meta_path = self.dir / "meta.json"
         try:
             self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            vocab = self.meta["vocab_size"]
+            self.vocab_size = vocab = self.meta["vocab_size"]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise DataError(f"{meta_path} is unreadable or has no vocab_size ({e}): {how}") from None
         for key in ("vocab_size", "train_tokens", "val_tokens", "train_bytes", "val_bytes"):  # (the counts may be
@@ -62,22 +62,21 @@ class PreparedData:
             value = self.meta.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DataError(f"{meta_path} has {key}={value!r}: it must be a positive integer; {how}")
-        for split in ("train", "val"):  # every token is at least one byte of text (a character, a BPE piece)
-            n_bytes, n_tokens = self.meta.get(f"{split}_bytes"), self.meta.get(f"{split}_tokens")
-            if n_bytes is not None and n_tokens is not None and n_bytes < n_tokens:
+        self.tokens: dict[str, int] = {}
+        for split in ("train", "val"):  # each file against what meta.json records of it (a dataset written by hand
+            path = self.dir / f"{split}.bin"  # may record no counts nor sha256: those are not compared)
+            size = path.stat().st_size
+            n = self.tokens[split] = size // 2
+            n_bytes, recorded = self.meta.get(f"{split}_bytes"), self.meta.get(f"{split}_tokens")
+            if n_bytes is not None and recorded is not None and n_bytes < recorded:  # a token is at least one byte
                 raise DataError(
-                    f"{meta_path} has {split}_bytes={n_bytes} for {split}_tokens={n_tokens}: each token is at least "
-                    f"one byte of text, so bits per byte would be wrong; {how}"
+                    f"{meta_path} has {split}_bytes={n_bytes} for {split}_tokens={recorded}: each token is at least "
+                    f"one byte of text (a character, a BPE piece), so bits per byte would be wrong; {how}"
                 )
-        self.vocab_size = vocab
-        sizes = {s: (self.dir / f"{s}.bin").stat().st_size for s in ("train", "val")}
-        self.tokens = {s: size // 2 for s, size in sizes.items()}
-        for split, n in self.tokens.items():
-            recorded = self.meta.get(f"{split}_tokens")  # None in a dataset written by hand: not compared
-            if sizes[split] % 2 or (recorded is not None and recorded != n):
+            if size % 2 or (recorded is not None and recorded != n):
                 raise DataError(
-                    f"{self.dir / f'{split}.bin'} holds {sizes[split]:,} bytes, but {meta_path} records {recorded} "
-                    f"tokens of 2 bytes: it was cut short or replaced (an interrupted copy or prepare); {how}"
+                    f"{path} holds {size:,} bytes, but {meta_path} records {recorded} tokens of 2 bytes: it was cut "
+                    f"short or replaced (an interrupted copy or prepare); {how}"
                 )
             if n <= block_size:
                 raise DataError(
@@ -85,19 +84,16 @@ class PreparedData:
                     f"block_size + 1 = {block_size + 1} tokens (input and shifted target); use more text or a "
                     f"smaller --block_size"
                 )
-        for split in self.tokens:
-            path = self.dir / f"{split}.bin"
             largest, digest = read_ids(path)
-            recorded = self.meta.get(f"{split}_sha256")  # None in a dataset written by hand: not compared
-            if recorded is not None and recorded != digest:
+            if self.meta.get(f"{split}_sha256") not in (None, digest):
                 raise DataError(
                     f"{path} is not the file prepared with {meta_path}: its sha256 is not the {split}_sha256 recorded "
                     f"there (changed on disk or in a copy); {how}"
                 )
             if largest >= vocab:
                 raise DataError(
-                    f"{self.dir / f'{split}.bin'} holds token id {largest}, but {meta_path} has vocab_size={vocab}: "
-                    f"the files do not belong together; {how}"
+                    f"{path} holds token id {largest}, but {meta_path} has vocab_size={vocab}: the files do not "
+                    f"belong together; {how}"
                 )
         itos = self.meta.get("tokenizer", {}).get("itos") if isinstance(self.meta.get("tokenizer"), dict) else None
         if isinstance(itos, list) and len(itos) != vocab:  # a char vocabulary: one id a character, no more, no less

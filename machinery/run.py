@@ -177,8 +177,11 @@ def make_out_dir(path: str | Path, new_run: bool = False) -> None:
     try:
         found = [name for name in RUN_FILES if (out / name).exists()] if new_run else []
         if found:
-            what = f"{out / 'ckpt.pt'} holds another run's checkpoint"
-            what = what if "ckpt.pt" in found else f"{out} holds another run's files ({', '.join(found)})"
+            what = (
+                f"{out / 'ckpt.pt'} holds another run's checkpoint"
+                if "ckpt.pt" in found
+                else f"{out} holds another run's files ({', '.join(found)})"
+            )
             raise CheckpointError(
                 f"{what}: give this run its own --out_dir, continue that run with --init_from=resume, or replace it "
                 f"with --overwrite=True"
@@ -205,8 +208,9 @@ def hold_out_dir(path: str | Path, master: bool = True) -> Iterator[None]:
         try:  # never through a symlink planted there
             f = os.fdopen(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+")
         except OSError as e:
-            why = e.strerror or e
-            raise CheckpointError(f"cannot open {lock} ({why}): give an --out_dir you can write to") from None
+            raise CheckpointError(
+                f"cannot open {lock} ({e.strerror or e}): give an --out_dir you can write to"
+            ) from None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
