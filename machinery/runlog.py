@@ -73,9 +73,9 @@ class LossWindow:
 @contextlib.contextmanager
 def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[Callable[..., None]]:
     """log(record, wandb=None): one line of metrics.jsonl and, if asked for, the same figures under wandb's names
-    (rank 0; the other processes log nothing). metrics.jsonl starts afresh, or keeps its records (eval_only), or on a
+    (rank 0; the other processes log nothing). metrics.jsonl starts afresh, or stays as it is (eval_only), or on a
     resume after `resumed_at` iterations drops the records at or after it (the tail a killed run wrote after its
-    checkpoint); a line cut short by a kill is dropped, so that it reads as one run."""
+    checkpoint) and a line cut short by a kill, so that it reads as one run."""
     with contextlib.ExitStack() as closing:
         metrics = None
         run = None
@@ -94,18 +94,22 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                     ) from None
                 closing.callback(run.finish)
             path = Path(cfg.out_dir) / "metrics.jsonl"
-            records = read_metrics(path) if resumed_at is not None or cfg.eval_only else []
-            kept = [
-                json.dumps(rec) + "\n"
-                for rec in records
-                if cfg.eval_only  # (it trains nothing: every record stays)
-                or not isinstance(rec.get("iter"), int)  # (none, or a record edited by hand: kept as it is)
-                or rec["iter"] < resumed_at
-                or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
-            ]
-            path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
-            os.replace(path.with_suffix(".jsonl.tmp"), path)
-            metrics = closing.enter_context(open(path, "ab"))
+            if not cfg.eval_only:
+                records = read_metrics(path) if resumed_at is not None else []
+                kept = [
+                    json.dumps(rec) + "\n"
+                    for rec in records
+                    if not isinstance(rec.get("iter"), int)  # (none, or a record edited by hand: kept as it is)
+                    or rec["iter"] < resumed_at
+                    or (rec.get("kind") == "eval" and rec["iter"] == resumed_at)
+                ]
+                path.with_suffix(".jsonl.tmp").write_text("".join(kept), encoding="utf-8")
+                os.replace(path.with_suffix(".jsonl.tmp"), path)
+            metrics = closing.enter_context(open(path, "a+b"))  # (writes go to the end, wherever it reads)
+            size = metrics.seek(0, os.SEEK_END)
+            metrics.seek(max(size - 1, 0))
+            if size and metrics.read(1) != b"\n":  # (eval_only) after a line a kill cut short: a record of its own
+                metrics.write(b"\n")
 
         def log(rec: dict[str, Any], wandb: dict[str, float] | None = None) -> None:
             if metrics is not None:
