@@ -33,6 +33,7 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import re
 import textwrap
 from collections.abc import Iterator
@@ -512,7 +513,9 @@ def gpt2_folder(source: str) -> Path:
     folder = Path(source)
     if folder.is_dir():
         return folder
-    if folder.exists() or not is_hub_id(source):  # a file, or a name the hub cannot hold
+    if folder.exists():
+        raise ValueError(f"{source} is a file: give the folder holding config.json and the weights")
+    if not is_hub_id(source):
         raise ValueError(
             f"{source} is neither a folder nor a hub id ({', '.join(GPT2_SIZES)}, distilgpt2 or owner/name such as "
             f"{HUB_GPT2}/gpt2)"
@@ -581,28 +584,51 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, data.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
 
 
+GPT2_FOLDER = (
+    f"give a folder that transformers' save_pretrained wrote for GPT-2: config.json beside {SAFETENSORS}, or {INDEX} "
+    f"and its shards, or {PICKLED}"
+)
+
+
+def unreadable(e: Exception) -> str:
+    """Why a GPT-2 file could not be read, in words: the file missing, an entry missing, or the error's first line
+    (a pickle holding more than tensors is not loaded: torch's own advice to load it anyway is left out)."""
+    if isinstance(e, FileNotFoundError):
+        return f"there is no {Path(e.filename).name}"
+    if isinstance(e, KeyError):
+        return f"it has no {e.args[0]!r}"
+    if isinstance(e, pickle.UnpicklingError) and str(e).startswith("Weights only load failed"):
+        return f"{PICKLED} holds objects other than tensors; nothing in it was run"
+    first = str(e).partition("\n")[0]
+    return first if type(e) is ValueError else f"{type(e).__name__}: {first}"  # (ValueError: ours, or as good)
+
+
 def gpt2_checkpoint(source: str) -> dict[str, Any]:
     """GPT-2's weights as a checkpoint that GPT.from_checkpoint builds (its norm swap and refusals included; norm
     builtin, as GPT-2 was trained): `source` is a folder that save_pretrained wrote, or a hub id (gpt2_folder).
     Read with torch and json (huggingface_hub only to download), never transformers. Hugging Face's GPT-2 is this
     GPT under other names: no "transformer." in OpenAI's files, causal masks saved as "attn.bias", lm_head tied to
     wte, and Conv1D layers that keep a Linear's weight transposed, [in, out]. Whatever the folder holds that this
-    GPT cannot read or compute (another activation, a file cut short, weights of another shape) is one ValueError
-    naming the folder and the first line of the error; weights that are not finite are refused too, here where
-    they enter."""
+    GPT cannot read or compute is one ValueError naming config.json or the folder's weights and the cause (a file
+    or an entry missing, a file cut short, weights of another shape, another activation); weights that are not
+    finite are refused too, here where they enter."""
     folder = gpt2_folder(source)
+    config_json = folder / "config.json"
     try:
-        hf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        hf = json.loads(config_json.read_text(encoding="utf-8"))
         activation = hf.get("activation_function", "gelu_new")
-        wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
-        if activation not in GPT2_GELU:
-            wrong.append(f"activation_function={activation!r} (only {', '.join(GPT2_GELU)})")
-        if wrong:  # a model that runs, computing another function than the one its weights were trained for
-            raise ValueError(f"config.json: this GPT does not compute {'; '.join(wrong)}")
         shape = {k: hf[k] for k in GPT2_SHAPE}
         config = GPTConfig(
-            block_size=hf["n_positions"], **shape, dropout=0.0, norm="builtin", gelu=GPT2_GELU[activation]
+            block_size=hf["n_positions"], **shape, dropout=0.0, norm="builtin", gelu=GPT2_GELU.get(activation, "none")
         )
+    except Exception as e:  # missing, not JSON, not an object, a size missing or out of range
+        raise ValueError(f"{config_json} is not GPT-2's config.json ({unreadable(e)}); {GPT2_FOLDER}") from None
+    wrong = [f"{k}={hf[k]!r} (only {v!r})" for k, v in GPT2_FIXED.items() if hf.get(k, v) != v]
+    if activation not in GPT2_GELU:
+        wrong.append(f"activation_function={activation!r} (only {', '.join(GPT2_GELU)})")
+    if wrong:  # a model that runs, computing another function than the one its weights were trained for
+        raise ValueError(f"{config_json}: this GPT does not compute {'; '.join(wrong)}")
+    try:
         state = {}
         for key, tensor in gpt2_tensors(folder):
             name = key.removeprefix("transformer.")
@@ -613,12 +639,8 @@ def gpt2_checkpoint(source: str) -> dict[str, Any]:
             state["lm_head.weight"] = state["transformer.wte.weight"]
         checkpoint = {"model_args": asdict(config), "model": state}
         GPT.from_checkpoint(checkpoint)  # a tensor missing, another shape: its ValueError names it
-    except Exception as e:  # json's, torch's, the format's or ours: whatever the files do not hold, in one line
-        why = str(e).partition("\n")[0]
-        raise ValueError(
-            f"cannot read {folder} as GPT-2 ({type(e).__name__}: {why}); give a folder that transformers' "
-            f"save_pretrained wrote for GPT-2"
-        ) from None
+    except Exception as e:  # torch's, the format's or ours: whatever the weight files do not hold, in one line
+        raise ValueError(f"the weights in {folder} are not GPT-2's ({unreadable(e)}); {GPT2_FOLDER}") from None
     if bad := [k.removeprefix("transformer.") for k, t in state.items() if not bool(t.isfinite().all())]:
         raise ValueError(
             f"the weights in {folder} are not finite (NaN or inf) in {len(bad)} tensors ({', '.join(bad[:3])}"

@@ -345,7 +345,7 @@ def test_decoding_refuses_triton_where_it_cannot_run_in_one_line(trained, triton
 
 
 def test_matmul_times_f_linear_at_each_count_of_rows():
-    """--matmul's plumbing; that the mode's rows do not depend on their company: tests/test_batch_invariant_triton.py."""
+    """--matmul's plumbing (that the mode's rows do not depend on their company: test_batch_invariant_triton.py)."""
     result = decoding.main(["--matmul", "--widths", "16", "--device", "cpu"])
     assert [(r["K=N"], r["M"]) for r in result["matmul"]] == [(16, m) for m in decoding.MATMUL_ROWS]
 

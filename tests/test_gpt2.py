@@ -310,9 +310,10 @@ UNREADABLE = {
     "relu": (lambda folder: config_with(folder, activation_function="relu"), "activation_function='relu'"),
     "n_inner": (lambda folder: config_with(folder, n_inner=64), "n_inner=64"),
     "llama": (lambda folder: config_with(folder, model_type="llama"), "model_type='llama'"),
-    "no-weights": (without_weights, "model.safetensors"),
-    "empty-folder": (emptied, "config.json"),
-    "pickled-code": (pickled_with_code, "Weights only load failed"),
+    "no-weights": (without_weights, "there is no model.safetensors"),
+    "empty-folder": (emptied, "there is no config.json"),
+    "pickled-code": (pickled_with_code, "pytorch_model.bin holds objects other than tensors"),
+    "a-file": (lambda folder: str(folder / "config.json"), "is a file"),
     "typo": (lambda folder: "gtp2", "gtp2"),
     "offline-hub-id": (lambda folder: "gpt2-medium", "hf download openai-community/gpt2-medium"),
 }

@@ -275,7 +275,7 @@ GPT2_DAMAGE = {
         lambda f: (f / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}"),
         "its header would be 4,611,686,018,427,387,904 bytes of a 10-byte file",
     ),
-    "config-a-list": (lambda f: (f / "config.json").write_text("[1, 2]"), "'list' object has no attribute 'get'"),
+    "config-a-list": (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json is not GPT-2's config.json"),
     "no-gpt2-tensors": (
         lambda f: write_tensors(f, {"encoder.weight": torch.zeros(2, 2)}),
         'Missing key(s) in state_dict: "transformer.wte.weight"',
@@ -303,7 +303,7 @@ def test_a_damaged_gpt2_folder_is_one_line_naming_the_file_and_the_cause(tmp_pat
     else:
         err = sample_error(capsys, [*SAMPLE, f"--init_from={folder}"])
     assert err.startswith(f"error: --init_from={folder}: ") and named in err and str(folder) in err, err
-    assert len(err) < 600, err  # a line to read: not every key of a model the weights are not
+    assert len(err) < 1000, err  # a line to read: not every key of a model the weights are not (thousands)
     assert tree(tmp_path) == before
 
 
