@@ -227,6 +227,7 @@ def test_the_checksum_sees_each_kind_of_value():
         {**ckpt, "model_args": {**ckpt["model_args"], "bias": False}},
         {**ckpt, "model": {**ckpt["model"], "lm_head.weight": ckpt["model"]["lm_head.weight"].double()}},
         {**ckpt, "model": {**ckpt["model"], "lm_head.weight": ckpt["model"]["lm_head.weight"].t()}},
+        {**ckpt, "model": {**ckpt["model"], "lm_head.weight": ckpt["model"]["lm_head.weight"].clone().fill_(0.5)}},
     ]
     assert all(checkpoint.checksum(c) != before for c in changed)
     assert checkpoint.checksum({**ckpt, "checksum": "anything"}) == before

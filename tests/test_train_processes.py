@@ -24,7 +24,6 @@ import torch
 import train
 from helpers import ROOT, n_train_records, records, start, subprocess_env, tiny_args, train_losses, wait_for
 from machinery.checkpoint import load_checkpoint
-from machinery.options import ConfigError
 
 # ---- one process, killed or interrupted ----
 
@@ -226,19 +225,6 @@ def test_two_gloo_processes_match_one_process(tmp_path: Path, tiny_data: Path) -
     assert ckpt["iter_num"] == 4
     for key, value in load_checkpoint(tmp_path / "one" / "ckpt.pt")["model"].items():
         torch.testing.assert_close(ckpt["model"][key], value, atol=1e-5, rtol=1e-4)
-
-
-def test_accumulation_steps_must_divide_among_processes(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_data: Path
-) -> None:
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    with pytest.raises(ConfigError) as e:
-        train.main(tiny_args(tiny_data, tmp_path / "out", "--gradient_accumulation_steps=3"))
-    assert "gradient_accumulation_steps=3" in str(e.value) and "processes (2)" in str(e.value)
 
 
 @pytest.mark.slow
