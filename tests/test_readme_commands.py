@@ -3,8 +3,8 @@ order and then the chapters', with only flags that make it small appended (a lat
 the Quickstart's checkpoint is still the one it trained. Each runs in a process of its own, forked from one that
 imported torch once (tests/one_process.py). A nanoGPT checkpoint sits where the README's "Your nanoGPT checkpoint"
 commands read it, beside the copy. Commands that run for minutes are named in LONG, each with the test that runs
-its plumbing at a tiny size instead, so a new command that is neither fails here. The docs' Python snippets run,
-and every file and picture they link to or cite exists."""
+its plumbing at a tiny size instead, so a new command that is neither fails here. Every file and picture the docs
+link to or cite exists. (The docs' Python blocks run in test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from helpers import (
     TRITON_SKIP,
     nanogpt_model,
     save_nanogpt_checkpoint,
-    skip_an_interpreter_block,
     subprocess_env,
     write_meta,
 )
@@ -202,15 +201,6 @@ def test_every_doc_command_runs_as_printed(clone: Path, tmp_path: Path) -> None:
 
 def test_long_commands_are_still_in_the_docs() -> None:
     assert set(LONG) <= set(readme_commands())
-
-
-SNIPPETS = [(doc, i, code) for doc in DOCS for i, code in enumerate(code_blocks(TEXT[doc], "python"))]
-
-
-@pytest.mark.parametrize(("doc", "i", "code"), SNIPPETS, ids=[f"{d.name}-{i}" for d, i, _ in SNIPPETS])
-def test_python_snippets_run(doc: Path, i: int, code: str, capsys: pytest.CaptureFixture[str]) -> None:
-    skip_an_interpreter_block(code)
-    exec(compile(code, f"{doc.name}, python block {i}", "exec"), {"__name__": f"snippet_{i}"})
 
 
 def slug(heading: str) -> str:
