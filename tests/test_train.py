@@ -8,6 +8,7 @@ status a shell sees: test_train_processes.py); a diverging run has the model's l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -149,31 +150,52 @@ def test_a_bad_option_is_one_line_naming_it_before_anything_is_written(
     assert not (tmp_path / "out").exists()
 
 
-def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_alone(
+def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_and_the_dropout_stream_alone(
     tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch, cuda_rng_is_the_cpus: None
 ) -> None:
-    """The capture is a CUDA call; here it is replaced by a recorder that returns a wrapper, so the plumbing
-    around it (what is captured, with which static inputs, and that eval and sampling use the plain model) is
-    checked on the CPU. The GPU run (bench/gpu.sh) runs the real capture."""
-    captured, calls = [], []
+    """torch's own make_graphed_callables on the CPU, only its CUDA calls (streams, synchronize, the graph objects)
+    made no-ops, so that the plumbing around the capture is checked here: what is captured, with which static
+    inputs, that every micro-step replays it while eval and sampling use the plain model, and that the stream of
+    dropout masks (drawn by the capture's eager warm-up passes) is given back, or a resumed run would train on
+    shifted masks. The GPU run (bench/gpu.sh) runs the real capture."""
 
-    def fake_capture(module: torch.nn.Module, sample: tuple[torch.Tensor, ...]) -> object:
-        captured.append((module, sample))
-        return lambda *a: calls.append(len(a)) or module(*a)
+    class Graph:
+        def replay(self) -> None:
+            pass
 
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_capture)  # (wrap() keeps the CUDA RNG's state)
+    for name, stub in [
+        ("synchronize", lambda *a, **k: None),
+        ("Stream", lambda *a, **k: None),
+        ("stream", lambda s: contextlib.nullcontext()),
+        ("CUDAGraph", Graph),
+        ("graph", lambda graph, pool=None: contextlib.nullcontext()),
+    ]:
+        monkeypatch.setattr(torch.cuda, name, stub)
+    monkeypatch.setattr(torch.cuda.graphs, "graph_pool_handle", lambda: None)
+    make_graphed_callables = torch.cuda.make_graphed_callables
+    captured, replays = [], []
+
+    def capture(module: torch.nn.Module, sample: tuple[torch.Tensor, ...]) -> object:
+        before = torch.get_rng_state()
+        graphed = make_graphed_callables(module, sample)
+        captured.append((module, sample, before, torch.get_rng_state()))
+        return lambda *a: replays.append(torch.get_rng_state()) or graphed(*a)
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
     # cuda_graphs: train.main refuses it on a CPU, train.train is past that check
-    flags = ["--max_iters=3", "--gradient_accumulation_steps=2", "--cuda_graphs=True"]
+    flags = ["--max_iters=3", "--gradient_accumulation_steps=2", "--cuda_graphs=True", "--dropout=0.2"]
     cfg = options.build_config(options.parse_args(tiny_args(tiny_data, tmp_path / "out", *flags)))
     run_state.make_out_dir(cfg.out_dir)
     summary = train.train(cfg, {}, "cpu", "float32", None, Dist())
-    ((module, sample),) = captured
+    ((module, sample, before, after),) = captured
     assert isinstance(module.model, train.GPT) and [t.shape for t in sample] == [torch.Size([4, 16])] * 2  # B x T
     # the loss alone (flattened as the capture flattens outputs): every output requiring grad gets a gradient buffer
     # each replay fills, and the logits' would be [B, T, vocab]
     outputs = torch.utils._pytree.tree_flatten(module(*sample))[0]
     assert [o.requires_grad for o in outputs] == [True] and outputs[0].dim() == 0
-    assert len(calls) == 3 * 2 and summary["cuda_graphs"]
+    assert len(replays) == 3 * 2 and summary["cuda_graphs"]
+    # the warm-ups drew dropout masks; the first micro-step draws from where the capture found the stream
+    assert not torch.equal(after, before) and torch.equal(replays[0], before)
     # gradients accumulate into buffers of the model's own, zeroed in place, never into the graph's outputs
     assert all(p.grad is not None and not p.grad.any() for p in module.parameters())
 
