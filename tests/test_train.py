@@ -151,7 +151,7 @@ def test_a_bad_option_is_one_line_naming_it_before_anything_is_written(
 
 
 def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_and_the_dropout_stream_alone(
-    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch, cuda_rng_is_the_cpus: None
+    tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch's own make_graphed_callables on the CPU, only its CUDA calls (streams, synchronize, the graph objects)
     made no-ops, so that the plumbing around the capture is checked here: what is captured, with which static
@@ -172,6 +172,9 @@ def test_cuda_graphs_capture_the_training_micro_step_and_leave_eval_and_the_drop
     ]:
         monkeypatch.setattr(torch.cuda, name, stub)
     monkeypatch.setattr(torch.cuda.graphs, "graph_pool_handle", lambda: None)
+    # the CUDA generator wrap() saves and restores is the CPU's, which dropout draws from here
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))
     make_graphed_callables = torch.cuda.make_graphed_callables
     captured, replays = [], []
 
