@@ -38,6 +38,7 @@ from helpers import (
     records,
     tiny_args,
     train_losses,
+    tree,
 )
 from machinery import options
 from machinery import run as run_state
@@ -485,6 +486,62 @@ def test_weights_made_not_finite_by_the_last_step_are_never_saved_over_the_last_
         proc, 1, "error: the weights are not finite at iteration 7", f"{out / 'ckpt.pt'} (iteration 5)"
     )
     assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 5
+
+
+@pytest.mark.parametrize(
+    ("during", "flags", "said", "kept"),
+    [
+        (
+            "print_sample",
+            ["--sample_at_end=True"],
+            "interrupted (SIGINT) during the sample at the end; the run is done (4 iterations) and its checkpoint is",
+            ["ckpt.pt", "metrics.jsonl"],
+        ),
+        (
+            "estimate_loss",
+            ["--init_from=resume", "--eval_only=True"],
+            "interrupted: quit without saving",
+            ["ckpt.pt", "metrics.jsonl"],
+        ),
+        (
+            "train_step",
+            ["--save_checkpoint=False"],
+            "interrupted (SIGINT) after 1 iterations; saved nothing (save_checkpoint=False)",
+            ["metrics.jsonl"],
+        ),
+    ],
+    ids=["the-sample-at-the-end", "eval_only", "save_checkpoint=False"],
+)
+def test_ctrl_c_where_there_is_nothing_to_save_says_what_was_kept(
+    tmp_path: Path,
+    tiny_data: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    during: str,
+    flags: list[str],
+    said: str,
+    kept: list[str],
+) -> None:
+    """Ctrl-C (SIGINT to this process) where no checkpoint is saved for it, exit status 130 each time: during the
+    sample at the end the run is done and saved, and the message says so; eval_only saves nothing, and its first
+    Ctrl-C quits saying just that, not that it will save a checkpoint (the run trained first is left as it was); a
+    timing run (save_checkpoint=False, as bench.training runs it) writes no file but metrics.jsonl."""
+    out = tmp_path / "run"
+    args = tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=2")
+    if "--eval_only=True" in flags:
+        train.main(args)  # the run it evaluates
+    before = tree(out) if out.exists() else {}
+    real = getattr(train, during)
+
+    def ctrl_c_then(*a: object, **k: object) -> object:
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(train, during, ctrl_c_then)
+    assert_one_line_error(command(capsys, train.cli, [*args, *flags]), 130, said)
+    after = tree(out)
+    assert sorted(after) == kept
+    assert "ckpt.pt" not in before or after["ckpt.pt"] == before["ckpt.pt"]  # eval_only's run, as it was
 
 
 @pytest.mark.parametrize("before", ["nothing", "a-run-it-overwrites"])

@@ -76,67 +76,6 @@ def test_one_run_per_folder_two_started_at_once_and_a_resume_while_it_runs_are_r
     assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "metrics.jsonl"]  # (.lock removed as it ended)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("during", ["the-sample-at-the-end", "eval_only"])
-def test_ctrl_c_where_there_is_nothing_to_save_says_what_was_kept(tmp_path: Path, tiny_data: Path, during: str):
-    """During the sample at the end the run is done and saved: Ctrl-C stops the sample and says so (exit 130).
-    eval_only saves nothing: the first Ctrl-C quits, saying just that, not that it will save a checkpoint."""
-    out = tmp_path / "run"
-    args = tiny_args(tiny_data, out, "--max_iters=4", "--eval_interval=2")
-    if during == "eval_only":
-        train.main(args)
-        args += ["--init_from=resume", "--eval_only=True", "--eval_iters=100000"]
-    else:
-        args += ["--sample_at_end=True", "--sample_tokens=100000"]
-    before = load_checkpoint(out / "ckpt.pt")["iter_num"] if during == "eval_only" else None
-    log = tmp_path / "stdout.txt"
-    with open(log, "w") as stdout:
-        proc = subprocess.Popen(
-            [sys.executable, "train.py", *args],
-            cwd=ROOT,
-            env=subprocess_env(),
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    if during == "eval_only":  # announce()'s second line: set up, in the evaluation
-        wait_for(lambda: "tokens per iteration" in log.read_text(), proc)
-        time.sleep(1)
-    else:
-        wait_for(
-            lambda: (out / "metrics.jsonl").exists() and '"kind": "summary"' in (out / "metrics.jsonl").read_text(),
-            proc,
-        )
-        time.sleep(1)  # into the sample
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-2000:]
-    if during == "eval_only":
-        assert err.strip() == "interrupted: quit without saving", err[-2000:]
-        assert load_checkpoint(out / "ckpt.pt")["iter_num"] == before
-    else:
-        assert err.strip() == (
-            f"interrupted (SIGINT) during the sample at the end; the run is done (4 iterations) and its checkpoint "
-            f"is {out / 'ckpt.pt'}"
-        ), err[-2000:]
-        assert load_checkpoint(out / "ckpt.pt")["iter_num"] == 4
-
-
-@pytest.mark.slow  # a train.py process, then a signal
-def test_save_checkpoint_false_writes_no_checkpoint_at_an_evaluation_nor_at_a_signal(
-    tmp_path: Path, tiny_data: Path
-) -> None:
-    """A timing run (bench.training): evaluations every 3 iterations improve, and Ctrl-C stops it, but no file but
-    metrics.jsonl is written; the message says nothing was saved."""
-    out = tmp_path / "run"
-    proc = start(tiny_args(tiny_data, out, "--save_checkpoint=False", "--eval_interval=3", "--max_iters=100000"))
-    wait_for(lambda: len(records(out, "eval")) >= 3 if (out / "metrics.jsonl").exists() else False, proc)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "saved nothing (save_checkpoint=False)" in err, err[-2000:]
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
-
-
 def run_printed_command(command: str, *extra: str) -> str:
     """The resume command train.py printed, `python train.py ARGS`, with EXTRA appended, run as printed
     by a shell from the repository's root, its `python` this suite's interpreter. Returns its stdout."""
