@@ -336,13 +336,6 @@ def test_decoding_one_checkpoint_with_each_layernorm(trained, flag, norms):
     assert [r["same_tokens_as_first"] for r in result["runs"]] == [True] * len(norms.split(","))
 
 
-def test_decoding_refuses_triton_where_it_cannot_run_in_one_line(trained, triton_compiled_for_a_gpu, capsys):
-    """On the CPU without Triton's interpreter (kernels defined for a GPU), or without triton at all: one line, exit
-    status 2, before any decoding."""
-    proc = command(capsys, decoding.main, ["--out_dir", str(trained[0]), "--norms", "triton", "--device", "cpu"])
-    assert assert_one_line_error(proc, 2).startswith("error: norm 'triton' ") and proc.stdout == ""
-
-
 def test_matmul_times_f_linear_at_each_count_of_rows():
     """--matmul's plumbing; that the mode's rows do not depend on their company: tests/test_batch_invariant.py."""
     result = decoding.main(["--matmul", "--widths", "16", "--device", "cpu"])

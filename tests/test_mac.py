@@ -2,6 +2,8 @@
 certificates. Only the device queries are simulated (torch.backends.mps.is_available, the MPS generator's lookup,
 torch.mps.synchronize, torch.mps.driver_allocated_memory); everything behind them is the project's real code, and
 the MPS generator's state really goes through a checkpoint file. Exact resume on a real Apple GPU is untested here.
+The Triton norm's refusal is tested here for every command that builds a model, where triton is missing and where
+its kernels were defined for a GPU that is not here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import sample
 import train
 from bench import common, decoding
 from data.common import run_prepare
@@ -31,22 +34,36 @@ def mps_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
 
 
-# ---- --norm=triton where triton cannot be imported ----
+# ---- --norm=triton where it cannot run, in every command that builds a model ----
 
 
-@pytest.mark.parametrize("device", ["mps", "cpu"])
-def test_triton_missing_is_one_line_naming_the_cause_on_every_device(
-    device: str, mps_here: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+@pytest.mark.parametrize("cause", ["no-triton-package", "kernels-compiled-for-a-gpu"])
+@pytest.mark.parametrize("main", ["train", "sample", "bench.decoding"])
+def test_norm_triton_where_it_cannot_run_is_one_line_naming_the_cause_before_anything_is_read(
+    main: str,
+    cause: str,
+    mps_here: None,
+    triton_compiled_for_a_gpu: None,
+    trained: tuple[Path, dict],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
-    out = tmp_path / "out"
-    err = assert_one_line_error(
-        command(capsys, train.cli, [f"--out_dir={out}", f"--device={device}", "--norm=triton"]), 2
-    )
-    assert err.startswith("error: norm 'triton' needs the triton package"), err
-    assert "Linux only" in err and "'custom' or 'builtin'" in err, err
-    assert "TRITON_INTERPRET" not in err, err  # the interpreter needs triton too: no circle
-    assert not out.exists()  # refused before anything was written
+    """Without the triton package (a Mac, Windows: the cause on every device, the Apple GPU's too), or with its
+    kernels defined for a GPU and no GPU here (a Python started without TRITON_INTERPRET): exit status 2, one line,
+    nothing printed or written."""
+    if cause == "no-triton-package":
+        monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
+    commands = {
+        "train": (train.cli, [f"--out_dir={tmp_path / 'out'}", "--device=mps", "--norm=triton"]),
+        "sample": (sample.main, ["--out_dir", str(trained[0]), "--norm", "triton", "--device", "cpu"]),
+        "bench.decoding": (decoding.main, ["--out_dir", str(trained[0]), "--norms", "triton", "--device", "cpu"]),
+    }
+    proc = command(capsys, *commands[main])
+    err = assert_one_line_error(proc, 2)
+    assert err.startswith("error: norm 'triton' ") and proc.stdout == "" and not (tmp_path / "out").exists(), err
+    if cause == "no-triton-package":  # the interpreter needs triton too: no circle
+        assert "Linux only" in err and "'custom' or 'builtin'" in err and "TRITON_INTERPRET" not in err, err
 
 
 # ---- the MPS generator in the checkpoint ----

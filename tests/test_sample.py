@@ -145,14 +145,6 @@ def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
 # --- errors: one line, no traceback ----------------------------------------------------------------------------------
 
 
-def test_triton_where_it_cannot_run_is_refused_before_the_model_is_built(
-    out_dir: Path, triton_compiled_for_a_gpu, capsys
-):
-    """On the CPU without Triton's interpreter (kernels defined for a GPU), or without triton at all."""
-    proc = command(capsys, sample.main, ["--out_dir", str(out_dir), "--norm", "triton", *CPU])
-    assert assert_one_line_error(proc, 2).startswith("error: norm 'triton' ") and proc.stdout == ""
-
-
 @pytest.mark.parametrize(
     ("args", "status", "culprit"),
     [

@@ -33,7 +33,6 @@ from helpers import (
     command,
     diverge_at,
     make_dataset,
-    needs_triton,
     python,
     records,
     tiny_args,
@@ -137,12 +136,11 @@ def test_flags_override_the_config_file_which_overrides_defaults(tmp_path: Path)
         (["--cuda_graphs=True", "--compile=True"], "compile=True"),
         (["--compile_mode=reduce-overhead"], "compile_mode"),
         (["--compile=True", "--compile_mode=fast"], "fast"),
-        pytest.param(["--device=cpu", "--norm=triton"], "triton", marks=needs_triton),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
 def test_a_bad_option_is_one_line_naming_it_before_anything_is_written(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], triton_compiled_for_a_gpu, flags: list[str], culprit: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], culprit: str
 ) -> None:
     """Exit status 2, one line naming the culprit, before any data is read (--data_dir names none) or any file is
     written."""
