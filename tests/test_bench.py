@@ -29,7 +29,6 @@ from helpers import (
     assert_one_line_error,
     command,
     make_dataset,
-    needs_triton,
     save_model,
     tiny_model,
 )
@@ -317,23 +316,6 @@ def test_linears_alone_are_the_matrix_products_of_a_forward_pass_in_order():
         decoding.linears_alone(model, 1, "cpu")(2)  # two steps
     assert len(forward.seen) == TINY.n_layer * 4 + 1  # per block c_attn, c_proj, c_fc, c_proj; then the head
     assert alone.seen == forward.seen * 2
-
-
-@pytest.mark.parametrize(
-    "flag, norms",
-    [
-        pytest.param("--out_dir", "builtin,custom,triton", marks=[needs_triton, pytest.mark.slow]),
-        ("--out_dir", "builtin,custom"),
-        ("--ckpt", "builtin,custom"),
-    ],
-)
-def test_decoding_one_checkpoint_with_each_layernorm(trained, flag, norms):
-    """A checkpoint's folder (--out_dir) or its file (--ckpt), loaded with each of --norms: the same tokens."""
-    where = trained[0] / "ckpt.pt" if flag == "--ckpt" else trained[0]
-    command = "{flag} {where} --norms {norms} --paths cached --batches 1 --new_tokens 8 --repeats 1 --device cpu"
-    result = decoding.main(cli(command, flag=flag, where=where, norms=norms))
-    assert [r["model"] for r in result["runs"]] == [f"{trained[0] / 'ckpt.pt'} norm={n}" for n in norms.split(",")]
-    assert [r["same_tokens_as_first"] for r in result["runs"]] == [True] * len(norms.split(","))
 
 
 def test_matmul_times_f_linear_at_each_count_of_rows():

@@ -77,8 +77,6 @@ def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakes
     rcs = {s["step"]: s["rc"] for s in results["steps"]}
     assert list(rcs) == STEPS, rcs  # every step planned, in the script's order (nanoGPT's too, since it was given)
     assert all(rcs[s] == ("0" if s in SELECTED else "skipped (not selected)") for s in STEPS), rcs
-    assert STEPS[:2] == ["data", "grid_6x384"]  # the step grid first, the tests last
-    assert STEPS[-1] == "tests"
     assert results["machine"]["commit"] == results["decode"]["machine"]["commit"] == "abc1234"  # no git needed
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} | 0 |" in summary for s in SELECTED) and "## decode" in summary
@@ -150,7 +148,6 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     """14 s: every share under the 5 s a step needs; without nanoGPT its step has no share, the wide grid one."""
     proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), GPU_SH_BUDGET_S="14", OUT=str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"BUDGET=\$\{GPU_SH_BUDGET_S:-\$\(\(DRY \? 1440 : 480\)\)\}", TEXT)  # 8 minutes on a GPU
     plan, _ = shares(proc.stdout)
     assert plan["nanogpt"] == 0 and plan["grid_12x768"] > 0, plan
     steps = json.loads((tmp_path / "out" / "results.json").read_text())["steps"]
