@@ -194,12 +194,6 @@ PAYLOADS: dict[str, Callable[[Path], RunsCodeOnLoad]] = {
 }
 
 
-def save_with_payload(path: Path, checkpoint: dict, marker: Path, payload: str = "Path.touch") -> None:
-    """`checkpoint` (otherwise valid) saved to `path` with one more entry whose unpickling would write `marker`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({**checkpoint, "note": PAYLOADS[payload](marker)}, path)
-
-
 def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> Path:
     """A character-level dataset in the data/<name>/ format: train.bin, val.bin (uint16), meta.json."""
     folder.mkdir(parents=True, exist_ok=True)

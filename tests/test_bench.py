@@ -13,7 +13,6 @@ import tarfile
 import textwrap
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -71,22 +70,14 @@ ITER_MS = "lambda i: 500.0 if i == 0 else 10.0 + i % 3"  # the stand-in's step t
 fake_ms = eval(ITER_MS)
 
 
-def make_fake_nanogpt(folder: Path) -> Path:
-    (folder / "data" / "shakespeare_char").mkdir(parents=True)
-    (folder / "data" / "shakespeare_char" / "train.bin").write_bytes(b"")
-    (folder / "train.py").write_text(f"ITER_MS = {ITER_MS}\n" + FAKE_NANOGPT)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def bench_files(tmp_path_factory):
     base = tmp_path_factory.mktemp("bench")
     (base / "tiny.json").write_text(json.dumps(CONFIG))
-    return {
-        "data": make_dataset(base / "data"),
-        "config": str(base / "tiny.json"),
-        "nanogpt": make_fake_nanogpt(base / "nanogpt"),
-    }
+    (base / "nanogpt" / "data" / "shakespeare_char").mkdir(parents=True)  # a nanoGPT checkout, as far as it is read
+    (base / "nanogpt" / "data" / "shakespeare_char" / "train.bin").write_bytes(b"")
+    (base / "nanogpt" / "train.py").write_text(f"ITER_MS = {ITER_MS}\n" + FAKE_NANOGPT)
+    return {"data": make_dataset(base / "data"), "config": str(base / "tiny.json"), "nanogpt": base / "nanogpt"}
 
 
 @pytest.mark.slow  # four child processes

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -179,20 +178,11 @@ def test_batchnorms_three_failures_come_from_their_file() -> None:
     assert f"{round(result['run_time_s'])} s" in section  # the experiment's run time, stated with its figures
 
 
-def load_experiment(name: str):
-    """experiments/NAME.py as a module (its folder on sys.path, as when it runs)."""
-    if str(ROOT / "experiments") not in sys.path:
-        sys.path.insert(0, str(ROOT / "experiments"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_batchnorm_failures_measures_batch_statistics_and_leaves_the_model_alone() -> None:
+def test_batchnorm_failures_measures_batch_statistics_and_leaves_the_model_alone(monkeypatch) -> None:
     """The measurements behind docs/03's three failures, on fresh tiny models: a measurement in eval mode, or one
     that let BatchNorm's running averages move, would break it."""
-    failures = load_experiment("batchnorm_failures")
+    monkeypatch.syspath_prepend(ROOT / "experiments")  # as when it runs: its folder on the path (common.py)
+    failures = importlib.import_module("batchnorm_failures")
     batchnorm, layernorm = tiny_model("batchnorm"), tiny_model("builtin")
     before = {k: v.clone() for k, v in batchnorm.state_dict().items()}
     window = torch.arange(TINY.block_size) % TINY.vocab_size

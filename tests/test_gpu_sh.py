@@ -32,13 +32,6 @@ def run_gpu_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
 
 
-def fake_nanogpt(folder):
-    """What the script checks of a nanoGPT checkout before it plans nanoGPT's step."""
-    folder.mkdir()
-    (folder / "train.py").write_text("")
-    return folder
-
-
 def shares(stdout: str) -> tuple[dict[str, int], int]:
     """The plan the script prints: each step's share of the budget in s, by name in its order; and their sum."""
     plan = re.search(r"each step's share in s \(estimate\): (.*); sum (\d+) s\.", stdout)
@@ -62,7 +55,9 @@ SELECTED = ["data", "decode", "tests"]
 @needs_triton  # the dry run runs the kernels through Triton's interpreter
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
     out = tmp_path / "out"
-    nanogpt = fake_nanogpt(tmp_path / "nanogpt")
+    nanogpt = tmp_path / "nanogpt"  # what the script checks of a nanoGPT checkout before it plans nanoGPT's step
+    nanogpt.mkdir()
+    (nanogpt / "train.py").write_text("")
     default = {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results" / "gpu").iterdir()}  # OUT's default
     args = ["--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), "--commit", "abc1234"]
     proc = run_gpu_sh(*args, GPU_SH_STEPS=",".join(SELECTED), OUT=str(out))

@@ -76,18 +76,6 @@ def test_one_run_per_folder_two_started_at_once_and_a_resume_while_it_runs_are_r
     assert sorted(p.name for p in out.iterdir()) == ["ckpt.pt", "metrics.jsonl"]  # (.lock removed as it ended)
 
 
-def run_printed_command(command: str, *extra: str) -> str:
-    """The resume command train.py printed, `python train.py ARGS`, with EXTRA appended, run as printed
-    by a shell from the repository's root, its `python` this suite's interpreter. Returns its stdout."""
-    assert command.count("python train.py ") == 1, command
-    line = command.replace("python train.py ", f"{shlex.quote(sys.executable)} train.py ")
-    proc = subprocess.run(
-        f"{line} {shlex.join(extra)}", shell=True, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("sig", "always_save"),
@@ -121,9 +109,14 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     )
     assert f"interrupted ({sig.name}) after {k} iterations; saved {saved}. To continue the run: " in err
     command = err.split("To continue the run: ")[1].strip()
+    assert command.count("python train.py ") == 1, command
     n = k + 4
-    resumed = run_printed_command(command, f"--max_iters={n}")
-    assert f"resuming {saved} at iteration {k}" in resumed
+    # as printed, run by a shell from the repository's root, its `python` this suite's interpreter
+    line = command.replace("python train.py ", f"{shlex.quote(sys.executable)} train.py ")
+    resumed = subprocess.run(
+        f"{line} --max_iters={n}", shell=True, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
+    )
+    assert resumed.returncode == 0 and f"resuming {saved} at iteration {k}" in resumed.stdout, resumed.stderr[-3000:]
     if best is not None:  # ckpt.pt is the best model still, or a better one the resumed run found
         now = load_checkpoint(out / "ckpt.pt")
         assert now["iter_num"] == best["iter_num"] or now["best_val_loss"] < best["best_val_loss"]
@@ -178,7 +171,8 @@ def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_
     proc = torchrun(tiny_args(tiny_data, out, *args, "--max_iters=1000000", "--log_interval=1000000"))
     wait_for(lambda: (out / "metrics.jsonl").exists() and bool(records(out, "eval")), proc, timeout=180)
     time.sleep(0.5)  # into training
-    rank1 = next(pid for pid in children(proc.pid) if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()  # torchrun's processes
+    rank1 = next(int(pid) for pid in children if b"RANK=1\0" in Path(f"/proc/{pid}/environ").read_bytes())
     os.kill(rank1, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     ckpt = load_checkpoint(out / "ckpt.pt")
@@ -201,7 +195,3 @@ def test_ctrl_c_in_one_process_stops_every_process_and_the_resumed_run_gets_the_
 def eval_losses(out_dir: Path) -> dict[tuple[int, str], float]:
     """(iteration, split) -> the evaluation's loss, from metrics.jsonl."""
     return {(r["iter"], split): r[f"{split}_loss"] for r in records(out_dir, "eval") for split in ("train", "val")}
-
-
-def children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
