@@ -207,7 +207,6 @@ def test_tiktoken_tokenizer_round_trip(gpt2_bpe: object) -> None:
     assert isinstance(tok, TiktokenTokenizer) and tok.vocab_size == 50257 and tok.eot_token == 50256
     text = "Hello world, <|endoftext|> stays text. Ünïcödé 🙂"
     ids = tok.encode(text)
-    assert ids[:2] == [15496, 995]  # GPT-2's ids for "Hello", " world"
     assert 50256 not in ids and tok.decode(ids) == text
     assert tok.to_meta() == {"kind": "tiktoken", "encoding": "r50k_base"}
     with pytest.raises(ValueError, match="token id 50257"):

@@ -52,11 +52,6 @@ def markdown_table_after(text: str, first_header: str) -> list[dict[str, str]]:
 RUNS = markdown_table_after(RESULTS.read_text(encoding="utf-8"), "run")  # docs/05's table of runs
 
 
-def test_the_runs_table_lists_every_quoted_val_loss() -> None:
-    figures = {row["val loss"] for row in RUNS}
-    assert {"1.8667", "1.8894", "1.8979", "1.9018", "1.9047", "2.1528", "2.1618", "2.1662"} <= figures
-
-
 @pytest.mark.parametrize("row", RUNS, ids=lambda row: f"{row['run']}-{row['norm']}-{row['val loss']}")
 def test_each_val_loss_is_in_the_file_it_cites(row: dict[str, str]) -> None:
     (cited,) = re.findall(r"`([^`]+)`", row["file"])

@@ -107,12 +107,9 @@ def test_a_certificate_failure_names_the_cause_and_the_fix(
         args = ["--out_dir", str(tmp_path), "--url", url]
         assert run_prepare(args, description=None, script_file=script, make_tokenizer=CharTokenizer.from_text) == 1
         errors.append(capsys.readouterr().err.strip())
-    msg, other = errors
-    assert len(msg.splitlines()) == 1, msg
+    msg, other = errors  # the cause and its fix; for a failure of another kind, neither
     assert CERT_ERROR in msg and "Install Certificates.command" in msg, msg
-    assert f"/Applications/Python {sys.version_info.major}.{sys.version_info.minor}/" in msg, msg
-    assert "--input path/to/tinyshakespeare.txt" in msg, msg
-    assert "--input" in other and "CERTIFICATE" not in other and "Certificates" not in other
+    assert "CERTIFICATE" not in other and "Certificates" not in other, other
 
 
 # ---- benchmarks and memory on MPS ----
