@@ -275,12 +275,12 @@ def diverge_at(monkeypatch: pytest.MonkeyPatch, at: int, factor: float) -> None:
     monkeypatch.setattr(GPT, "forward", diverging_forward)
 
 
-def start(args: list[str]) -> subprocess.Popen[str]:
-    """`python train.py ARGS`, started in the background."""
+def start(*args: str | Path, **env: str) -> subprocess.Popen[str]:
+    """`python ARGS` started in the background from the repository's root, `env` added to its environment."""
     return subprocess.Popen(
-        [sys.executable, "train.py", *args],
+        [sys.executable, *map(str, args)],
         cwd=ROOT,
-        env=subprocess_env(),
+        env=subprocess_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -290,8 +290,8 @@ def start(args: list[str]) -> subprocess.Popen[str]:
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        if proc.poll() is not None:  # (what it printed: stderr, or stdout where stderr goes into it)
+            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.communicate()}"[-3000:])
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError("timed out waiting for the run")

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from bench.common import PACKED
-from helpers import ROOT, needs_triton
+from helpers import ROOT, needs_triton, wait_for
 
 SCRIPT = ROOT / "bench" / "gpu.sh"
 TEXT = SCRIPT.read_text()
@@ -102,10 +102,8 @@ def test_a_step_cut_at_its_limit_or_a_run_stopped_leaves_what_it_finished_and_no
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 180
-    while "| grid_6x384 | 124 |" not in ((out / "summary.md").read_text() if (out / "summary.md").exists() else ""):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
-        time.sleep(0.2)
+    summary = out / "summary.md"
+    wait_for(lambda: summary.exists() and "| grid_6x384 | 124 |" in summary.read_text(), proc, timeout=180)
     time.sleep(2)  # into the next step
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,12 @@ from helpers import (
     assert_one_line_error,
     command,
     python,
+    start,
     subprocess_env,
     tiny_args,
     tiny_model,
     tree,
+    wait_for,
 )
 from machinery.checkpoint import load_checkpoint, save_checkpoint
 from machinery.device import TORCHRUN_VARIABLES
@@ -375,14 +376,12 @@ def test_ctrl_c_stops_a_process_waiting_for_the_others_of_its_run(tmp_path, tiny
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = subprocess_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    argv = [sys.executable, "train.py", *tiny_args(tiny_data, tmp_path / "out", "--gradient_accumulation_steps=2")]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = tiny_args(tiny_data, tmp_path / "out", "--gradient_accumulation_steps=2")
+    proc = start(
+        "train.py", *args, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     try:
-        deadline = time.monotonic() + 60
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:  # (each a fresh socket)
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, proc, timeout=60)  # (fresh sockets)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=5) == -signal.SIGINT
     finally:

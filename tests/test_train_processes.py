@@ -33,7 +33,7 @@ from machinery.checkpoint import load_checkpoint
 @pytest.mark.slow
 def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, tiny_data: Path) -> None:
     args = tiny_args(tiny_data, tmp_path / "run", "--eval_interval=10", "--lr_decay_iters=200", "--dropout=0.1")
-    proc = start(args + ["--max_iters=100000"])
+    proc = start("train.py", *args, "--max_iters=100000")
     wait_for(lambda: n_train_records(tmp_path / "run") >= 15, proc)  # well past the checkpoint at 10, mid-run
     proc.kill()  # SIGKILL: no handler runs
     proc.wait(timeout=30)
@@ -55,7 +55,7 @@ def test_one_run_per_folder_two_started_at_once_and_a_resume_while_it_runs_are_r
     holder; so is a resume (or an --overwrite) while the holder runs. The holder's checkpoint and record are whole."""
     out = tmp_path / "run"
     args = tiny_args(tiny_data, out, "--eval_interval=5", "--max_iters=100000")
-    first, second = start(args), start(args)
+    first, second = start("train.py", *args), start("train.py", *args)
     deadline = time.monotonic() + 90
     while first.poll() is None and second.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)  # the one refused ends at once; the holder runs on
@@ -93,7 +93,7 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
     flags = [f"--eval_interval={every}", "--lr_decay_iters=200", "--dropout=0.1"]
     flags.append(f"--always_save_checkpoint={always_save}")
     args = tiny_args(tiny_data, out, *flags)
-    proc = start(args + ["--max_iters=100000"])
+    proc = start("train.py", *args, "--max_iters=100000")
     wait_for(lambda: n_train_records(out) >= 5, proc)
     proc.send_signal(sig)
     stdout, err = proc.communicate(timeout=60)
@@ -130,9 +130,7 @@ def test_a_signal_saves_a_checkpoint_exits_and_the_printed_command_resumes_it(
 
 def torchrun(args: list[str]) -> subprocess.Popen[str]:
     """`torchrun --standalone --nproc_per_node=2 train.py ARGS` with this suite's interpreter, started."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args]
-    pipe = subprocess.PIPE
-    return subprocess.Popen(argv, cwd=ROOT, env=subprocess_env(), stdout=pipe, stderr=pipe, text=True)
+    return start("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *args)
 
 
 @pytest.mark.slow
