@@ -253,6 +253,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         (lambda d: (d / "val.bin").write_bytes((d / "val.bin").read_bytes() + b"\x00"), "val.bin holds 2,961 bytes"),
         (lambda d: _set_meta(d, val_bytes=100), "has val_bytes=100 for val_tokens=1480: each token is at least one"),
         (lambda d: _set_meta(d, train_sha256="abc"), "has train_sha256='abc': it must be 64 hex digits"),
+        (lambda d: make_dataset(d, text="abcdefghij" * 10), "has 10 tokens but block_size is 16"),
     ],
     ids=[
         "vocab-0",
@@ -269,6 +270,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         "val-odd-bytes",
         "val-bytes-below-tokens",
         "sha256-malformed",
+        "shorter-than-a-block",
     ],
 )
 def test_prepared_data_that_does_not_match_its_metadata_is_refused_on_open(

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import batch_independence
+import sample
 import train
 from helpers import (
     ROOT,
@@ -52,8 +54,6 @@ def run_copy(tmp_path: Path, trained: tuple[Path, dict]) -> Path:
 
 
 def sample_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    import sample
-
     proc = command(capsys, sample.main, argv)
     assert proc.stdout == ""  # refused before any text was printed
     return assert_one_line_error(proc, proc.returncode)
@@ -157,20 +157,15 @@ def test_a_record_appended_after_a_line_a_kill_cut_short_is_a_line_of_its_own(ru
     assert len(records) == n + 2 and [r["kind"] for r in records[-2:]] == ["eval", "summary"]
 
 
-@pytest.mark.parametrize("reader", ["sample", "batch_independence"])
-def test_a_sealed_checkpoint_whose_model_args_deny_its_weights_is_one_line(run_copy, capsys, reader):
+@pytest.mark.parametrize("main", [sample.main, batch_independence.main], ids=["sample", "batch_independence"])
+def test_a_sealed_checkpoint_whose_model_args_deny_its_weights_is_one_line(run_copy, capsys, main):
     """Edited and sealed again (docs/06's edit_checkpoint) with a block_size its position table does not have."""
-    import batch_independence
-    import sample
-
     ckpt = load_checkpoint(run_copy / "ckpt.pt")
     ckpt["model_args"]["block_size"] //= 2
     save_checkpoint(run_copy / "ckpt.pt", ckpt)
     before = tree(run_copy)
-    main = {"sample": sample.main, "batch_independence": batch_independence.main}[reader]
-    proc = command(
-        capsys, main, [f"--out_dir={run_copy}", "--device=cpu", "--max_new_tokens=5"][: 3 if reader == "sample" else 2]
-    )
+    flags = ["--max_new_tokens=5"] if main is sample.main else []
+    proc = command(capsys, main, [f"--out_dir={run_copy}", "--device=cpu", *flags])
     assert_one_line_error(proc, 1, "transformer.wpe.weight")
     assert tree(run_copy) == before
 

@@ -42,7 +42,6 @@ from helpers import (
 from machinery import options
 from machinery import run as run_state
 from machinery.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
-from machinery.dataset import DataError
 from machinery.device import Dist
 
 # ---- options ----
@@ -252,14 +251,6 @@ def test_missing_data_says_how_to_prepare_it(tmp_path: Path, capsys: pytest.Capt
         capsys, train.cli, [f"--data_dir={tmp_path / 'empty'}", f"--out_dir={tmp_path / 'out'}", "--device=cpu"]
     )
     assert_one_line_error(proc, 1, "no train.bin", "python data/shakespeare_char/prepare.py")
-
-
-def test_data_shorter_than_a_block_is_refused(tmp_path: Path) -> None:
-    data = make_dataset(tmp_path / "d", text="abcdefghij" * 10, val_fraction=0.1)  # val.bin: 10 tokens
-    with pytest.raises(DataError) as e:
-        train.main(tiny_args(data, tmp_path / "out"))
-    assert "val.bin" in str(e.value) and "has 10 tokens but block_size is 16" in str(e.value)
-    assert "--block_size" in str(e.value)
 
 
 # ---- training ----
