@@ -27,9 +27,7 @@ def test_round_trip_gives_the_same_model(tmp_path):
     prefixed = {**ckpt, "model": {"_orig_mod.module." + k: v for k, v in ckpt["model"].items()}}  # compiled, DDP
     for i, saved in enumerate((ckpt, prefixed)):
         save_checkpoint(tmp_path / f"{i}.pt", saved)
-        loaded = load_checkpoint(tmp_path / f"{i}.pt")
-        assert loaded["iter_num"] == 3
-        model = GPT.from_checkpoint(loaded)
+        model = GPT.from_checkpoint(load_checkpoint(tmp_path / f"{i}.pt"))
         for name, tensor in ckpt["model"].items():
             assert torch.equal(model.state_dict()[name], tensor), name
         assert not model.training

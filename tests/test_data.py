@@ -208,7 +208,6 @@ def test_tiktoken_tokenizer_round_trip(gpt2_bpe: object) -> None:
     text = "Hello world, <|endoftext|> stays text. Ünïcödé 🙂"
     ids = tok.encode(text)
     assert 50256 not in ids and tok.decode(ids) == text
-    assert tok.to_meta() == {"kind": "tiktoken", "encoding": "r50k_base"}
     with pytest.raises(ValueError, match="token id 50257"):
         tok.decode([50257])
 
@@ -223,9 +222,7 @@ def test_batches_are_windows_of_the_file(tiny_data: Path) -> None:
         assert x[i, j].tolist() == ids[s : s + 16].tolist() and y[i, j].tolist() == ids[s + 1 : s + 17].tolist()
     last = data.num_starts("train") - 1  # the last start's target ends at the file's last token: no window is lost
     assert last + 17 == len(ids) and data.get("train", torch.tensor([last]), "cpu")[1][0].tolist() == ids[-16:].tolist()
-    data.close()  # and after close(), the files open again
-    x2, y2 = data.get("train", starts, "cpu")
-    assert torch.equal(x, x2) and torch.equal(y, y2)
+    data.close()
 
 
 # --- prepared data checked against its metadata on open ----------------------------------------------------------

@@ -15,13 +15,6 @@ if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
 
 
-def without_interpreter(code: str) -> dict:
-    """Run `code` in a fresh Python where Triton compiles for a GPU (no TRITON_INTERPRET); it prints one JSON line."""
-    proc = python("-c", PRELUDE + code, timeout=600, drop=("TRITON_INTERPRET",))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 PRELUDE = """\
 import json, operator, torch, triton
 RESULTS = {}
@@ -168,7 +161,8 @@ RESULTS["offsets"] = products
 
 @pytest.mark.slow  # a fresh interpreter compiles
 def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
-    """The four scripts above in one fresh Python, checked for all they say:
+    """The four scripts above in one fresh Python, where Triton compiles for a GPU (no TRITON_INTERPRET), each
+    printing its results into one JSON line, checked for all they say:
     - torch.compile(dynamic=True), and opcheck's dynamic-shape check, trace the launchers with symbolic sizes: the
       launch parameters' cache must be keyed by plain ints (a SymInt is unhashable);
     - functionalized (as torch.compile's AOT pass does), every tensor a kernel gets may be taken as written and
@@ -181,7 +175,10 @@ def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
     - every product in the matrix product's and the attention's TTIR (an index times a stride) is 64-bit: in 32 bits
       rows * stride_ym wraps once M * N reaches 2**31 (the LM head at vocabulary 50,304 over 42,692 rows), and the
       attention's b * sqb once B * T * 3C does."""
-    results = without_interpreter(TRACE + SHARED_MEMORY + SPECIALIZATION + OFFSETS + "print(json.dumps(RESULTS))\n")
+    code = PRELUDE + TRACE + SHARED_MEMORY + SPECIALIZATION + OFFSETS + "print(json.dumps(RESULTS))\n"
+    proc = python("-c", code, timeout=600, drop=("TRITON_INTERPRET",))  # Triton compiles for a GPU: no interpreter
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
     traced = results["trace"]
     errors = {case: r for case, r in traced.items() if "symbolic" in case and isinstance(r, str)}
     assert not errors, errors

@@ -150,10 +150,8 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     ],
 )
 def test_missing_prerequisites_stop_at_once(shakespeare_path, args, env, message):
-    t0 = time.monotonic()
     proc = run_gpu_sh(*[str(shakespeare_path) if a == "SHAKESPEARE" else a for a in args], **env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < 60  # a check, not a run
 
 
 def test_help_prints_the_usage_and_exits_0():
