@@ -37,7 +37,6 @@ def test_kill_9_then_resume_continues_the_same_run(tmp_path: Path, tiny_data: Pa
     wait_for(lambda: n_train_records(tmp_path / "run") >= 15, proc)  # well past the checkpoint at 10, mid-run
     proc.kill()  # SIGKILL: no handler runs
     proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
     assert (tmp_path / "run" / ".lock").read_text() == f"{proc.pid}\n"  # left by the killed run (held no more)
     k = load_checkpoint(tmp_path / "run" / "ckpt.pt")["iter_num"]
     assert k >= 10 and k % 10 == 0
