@@ -37,20 +37,25 @@ def full_disk_in_torchs_writer():
     raise RuntimeError("[enforce fail at inline_container.cc:672] . file write failed")
 
 
+def interrupted():  # Ctrl-C outside torch's writer (its flush, the fsync): the interrupt goes on up
+    raise KeyboardInterrupt
+
+
 def full_disk():
     raise OSError(28, "No space left on device")
 
 
 @pytest.mark.parametrize(
-    ("fault", "message"),
+    ("fault", "raised", "message"),
     [
-        (full_disk, r"cannot save .*ckpt.pt \(No space left on device\): any checkpoint"),
-        (full_disk_in_torchs_writer, r"\(\[enforce fail .* file write failed\): any checkpoint"),
+        (interrupted, KeyboardInterrupt, None),
+        (full_disk, CheckpointError, r"cannot save .*ckpt.pt \(No space left on device\): any checkpoint"),
+        (full_disk_in_torchs_writer, CheckpointError, r"\(\[enforce fail .* file write failed\): any checkpoint"),
     ],
-    ids=["disk-full", "disk-full-in-torchs-writer"],
+    ids=["interrupted", "disk-full", "disk-full-in-torchs-writer"],
 )
-def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch, fault, message):
-    """(Interrupted mid-write: the next test, through torch's own writer.)"""
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch, fault, raised, message):
+    """(Ctrl-C inside torch's own writer, which turns it into a RuntimeError: the next test.)"""
     path = tmp_path / "ckpt.pt"
     save_checkpoint(path, _checkpoint())
     before = path.read_bytes()
@@ -60,7 +65,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path, monkeypa
         fault()
 
     monkeypatch.setattr(checkpoint.torch, "save", write_part_then_fail)
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(raised, match=message):
         save_checkpoint(path, _checkpoint())
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["ckpt.pt"]  # no temporary file left behind
