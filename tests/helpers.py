@@ -31,6 +31,7 @@ from machinery.command import run_command
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the README, then the chapters in reading order
 TEXT = "the quick brown fox jumps over the lazy dog; a stitch in time saves nine.\n" * 200
 VOCAB = len(set(TEXT))  # 30
 

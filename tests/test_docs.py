@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT, TINY, skip_an_interpreter_block, tiny_model
+from helpers import DOCS, ROOT, TINY, skip_an_interpreter_block, tiny_model
 
 RESULTS = ROOT / "docs" / "05-results.md"
 # docs/02 has a test of its own, for its quoted kernel
@@ -86,7 +86,6 @@ def test_the_readmes_sample_comes_from_the_file_it_cites() -> None:
     assert sample.strip() and sample in (ROOT / "bench/results/quickstart_cpu.log").read_text(encoding="utf-8")
 
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
 ROUNDING = 1e-9  # printed numbers below this are rounding, equal to any other such number
 PRINTED_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")  # 4e-16 too

@@ -260,7 +260,7 @@ def write_tensors(folder: Path, tensors: dict) -> None:
     save_file(tensors, folder / "model.safetensors")
 
 
-def nan_weight(folder: Path) -> None:
+def nan_tensor(folder: Path) -> None:
     from safetensors.torch import load_file
 
     tensors = load_file(folder / "model.safetensors")
@@ -283,7 +283,7 @@ GPT2_DAMAGE = {
         lambda f: write_tensors(f, {"encoder.weight": torch.zeros(2, 2)}),
         "lack 28 of GPT-2's tensors (wte.weight, wpe.weight, h.0.ln_1.weight, ...)",
     ),
-    "nan-weight": (nan_weight, "are not finite (NaN or inf) in 1 tensors (h.0.ln_1.weight): the weights are damaged"),
+    "nan-weight": (nan_tensor, "are not finite (NaN or inf) in 1 tensors (h.0.ln_1.weight): the weights are damaged"),
     "vocab-disagrees": (
         lambda f: set_config(f, vocab_size=VOCAB + 1),
         f"config.json has vocab_size={VOCAB + 1}, but the weights' token embedding (wte) has {VOCAB} rows",

@@ -20,6 +20,7 @@ import pytest
 
 from helpers import (
     CHARS,
+    DOCS,
     ROOT,
     TINY_TRAIN,
     TRITON_SKIP,
@@ -29,8 +30,7 @@ from helpers import (
     write_meta,
 )
 
-# The README first, then the chapters in reading order: the order their commands run in.
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# DOCS lists the README first, then the chapters in reading order: the order their commands run in.
 TEXT = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
 README = TEXT[ROOT / "README.md"]
 QUICKSTART_CKPT = Path("out-shakespeare-char-cpu") / "ckpt.pt"
