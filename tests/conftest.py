@@ -91,12 +91,3 @@ def triton_compiled_for_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if layernorm_triton is not None:
         monkeypatch.setattr(layernorm_triton, "INTERPRET", False)
-
-
-@pytest.fixture
-def cuda_rng_is_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.cuda's generator state calls answered by the CPU's generator, which dropout draws from on the CPU."""
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.get_rng_state())
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": torch.set_rng_state(state))

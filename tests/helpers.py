@@ -31,6 +31,7 @@ from machinery.command import run_command
 from model import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the README, then the chapters in reading order
 TEXT = "the quick brown fox jumps over the lazy dog; a stitch in time saves nine.\n" * 200
 VOCAB = len(set(TEXT))  # 30
 
@@ -194,12 +195,6 @@ PAYLOADS: dict[str, Callable[[Path], RunsCodeOnLoad]] = {
 }
 
 
-def save_with_payload(path: Path, checkpoint: dict, marker: Path, payload: str = "Path.touch") -> None:
-    """`checkpoint` (otherwise valid) saved to `path` with one more entry whose unpickling would write `marker`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({**checkpoint, "note": PAYLOADS[payload](marker)}, path)
-
-
 def make_dataset(folder: Path, text: str = TEXT, val_fraction: float = 0.1) -> Path:
     """A character-level dataset in the data/<name>/ format: train.bin, val.bin (uint16), meta.json."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -281,12 +276,12 @@ def diverge_at(monkeypatch: pytest.MonkeyPatch, at: int, factor: float) -> None:
     monkeypatch.setattr(GPT, "forward", diverging_forward)
 
 
-def start(args: list[str]) -> subprocess.Popen[str]:
-    """`python train.py ARGS`, started in the background."""
+def start(*args: str | Path, **env: str) -> subprocess.Popen[str]:
+    """`python ARGS` started in the background from the repository's root, `env` added to its environment."""
     return subprocess.Popen(
-        [sys.executable, "train.py", *args],
+        [sys.executable, *map(str, args)],
         cwd=ROOT,
-        env=subprocess_env(),
+        env=subprocess_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -296,8 +291,8 @@ def start(args: list[str]) -> subprocess.Popen[str]:
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        if proc.poll() is not None:  # (what it printed: stderr, or stdout where stderr goes into it)
+            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.communicate()}"[-3000:])
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError("timed out waiting for the run")

@@ -6,7 +6,6 @@ anywhere), always with --out_dir in a temporary folder: the tests never write in
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -51,8 +50,7 @@ def test_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path, script
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     if script == CHAR:
         itos = meta["tokenizer"]["itos"]
-        assert meta["vocab_size"] == 65 and meta["tokenizer"]["kind"] == "char" and itos == sorted(itos)
-        assert len(itos) == 65
+        assert meta["vocab_size"] == len(itos) == 65 and meta["tokenizer"]["kind"] == "char" and itos == sorted(itos)
     else:
         assert meta["vocab_size"] == 50257 and meta["tokenizer"] == {"kind": "tiktoken", "encoding": "r50k_base"}
     train, val = load_bin(out / "train.bin"), load_bin(out / "val.bin")
@@ -62,8 +60,6 @@ def test_prepare_tiny_shakespeare(shakespeare_path: Path, tmp_path: Path, script
     assert (meta["train_bytes"], meta["val_bytes"]) == (len(train_text.encode()), len(val_text.encode()))
     tok = tokenizer_from_meta(meta["tokenizer"])
     assert tok.decode(train.tolist()) == train_text and tok.decode(val.tolist()) == val_text
-    for split in ("train", "val"):
-        assert meta[f"{split}_sha256"] == hashlib.sha256((out / f"{split}.bin").read_bytes()).hexdigest()
 
 
 # --- where the text comes from -------------------------------------------------------------------------------------
@@ -80,8 +76,8 @@ def test_a_download_is_saved_as_input_txt_which_the_next_run_uses(tmp_path: Path
     meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
     tok = tokenizer_from_meta(meta["tokenizer"])
     # \r\n is kept as is (no newline translation) and non-ASCII characters survive the JSON vocabulary.
-    assert "\r" in meta["tokenizer"]["itos"] and "—" in meta["tokenizer"]["itos"]
     assert tok.decode(load_bin(out / "train.bin").tolist() + load_bin(out / "val.bin").tolist()) == text
+    PreparedData(str(out), "remote", block_size=4)  # and its meta.json (sizes, sha256s) describes what it wrote
 
 
 @pytest.mark.parametrize("script", [CHAR, BPE], ids=["char", "bpe"])
@@ -157,7 +153,7 @@ def test_bpe_without_tiktoken_cache_mentions_tiktoken_cache_dir(tmp_path: Path) 
     proc = python(
         BPE, "--input", path, "--out_dir", tmp_path / "out", cwd=tmp_path, TIKTOKEN_CACHE_DIR=no_cache, **NO_DOWNLOADS
     )
-    assert_one_line_error(proc, 1, "error: ", "r50k_base", "TIKTOKEN_CACHE_DIR")
+    assert_one_line_error(proc, 1, "error: ", "r50k_base", "internet", "TIKTOKEN_CACHE_DIR", no_cache)
 
 
 # --- tokenizers ----------------------------------------------------------------------------------------------------
@@ -209,23 +205,9 @@ def test_tiktoken_tokenizer_round_trip(gpt2_bpe: object) -> None:
     assert isinstance(tok, TiktokenTokenizer) and tok.vocab_size == 50257 and tok.eot_token == 50256
     text = "Hello world, <|endoftext|> stays text. Ünïcödé 🙂"
     ids = tok.encode(text)
-    assert ids[:2] == [15496, 995]  # GPT-2's ids for "Hello", " world"
     assert 50256 not in ids and tok.decode(ids) == text
-    assert tok.to_meta() == {"kind": "tiktoken", "encoding": "r50k_base"}
     with pytest.raises(ValueError, match="token id 50257"):
         tok.decode([50257])
-
-
-def test_char_tokenizer_does_not_import_tiktoken() -> None:
-    code = "import sys\nfrom machinery import tokenizer\ntokenizer.CharTokenizer.from_text('ab')\n"
-    code += "assert 'tiktoken' not in sys.modules"
-    proc = python("-c", code)
-    assert proc.returncode == 0, proc.stderr
-
-
-def test_split_text_matches_nanogpt() -> None:
-    assert split_text("abcdefghij") == ("abcdefghi", "j")
-    assert split_text("x" * 1_115_394)[0] == "x" * 1_003_854
 
 
 def test_batches_are_windows_of_the_file(tiny_data: Path) -> None:
@@ -238,9 +220,7 @@ def test_batches_are_windows_of_the_file(tiny_data: Path) -> None:
         assert x[i, j].tolist() == ids[s : s + 16].tolist() and y[i, j].tolist() == ids[s + 1 : s + 17].tolist()
     last = data.num_starts("train") - 1  # the last start's target ends at the file's last token: no window is lost
     assert last + 17 == len(ids) and data.get("train", torch.tensor([last]), "cpu")[1][0].tolist() == ids[-16:].tolist()
-    data.close()  # and after close(), the files open again
-    x2, y2 = data.get("train", starts, "cpu")
-    assert torch.equal(x, x2) and torch.equal(y, y2)
+    data.close()
 
 
 # --- prepared data checked against its metadata on open ----------------------------------------------------------
@@ -268,6 +248,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         (lambda d: (d / "val.bin").write_bytes((d / "val.bin").read_bytes() + b"\x00"), "val.bin holds 2,961 bytes"),
         (lambda d: _set_meta(d, val_bytes=100), "has val_bytes=100 for val_tokens=1480: each token is at least one"),
         (lambda d: _set_meta(d, train_sha256="abc"), "train.bin is not the file prepared with"),
+        (lambda d: make_dataset(d, text="abcdefghij" * 10), "has 10 tokens but block_size is 16"),
     ],
     ids=[
         "vocab-0",
@@ -284,6 +265,7 @@ def _set_meta(folder: Path, **changes: object) -> None:
         "val-odd-bytes",
         "val-bytes-below-tokens",
         "sha256-malformed",
+        "shorter-than-a-block",
     ],
 )
 def test_prepared_data_that_does_not_match_its_metadata_is_refused_on_open(

@@ -1,9 +1,9 @@
 """The chapters' figures against the files they cite, what their code prints, and each chapter's sources.
 
 docs/05's table of runs names, for every val loss the chapters quote, the file it comes from: each figure is read
-back from that file; so are chapter 1's residual stream and chapter 3's BatchNorm failures. A ```python block
-followed by a ```text block shows what the code prints: it is run and its output compared. Chapters 01 and 03 to 06
-end with a "Sources" list whose links are well formed.
+back from that file; so are chapter 1's residual stream and chapter 3's BatchNorm failures. Every ```python block
+of the README and docs/ runs; one followed by a ```text block shows what it prints, and its output is compared.
+Chapters 01 and 03 to 06 end with a "Sources" list whose links are well formed.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import ROOT, TINY, skip_an_interpreter_block, tiny_model
+from helpers import DOCS, ROOT, TINY, skip_an_interpreter_block, tiny_model
 
 RESULTS = ROOT / "docs" / "05-results.md"
 # docs/02 has a test of its own, for its quoted kernel
@@ -53,11 +52,6 @@ def markdown_table_after(text: str, first_header: str) -> list[dict[str, str]]:
 RUNS = markdown_table_after(RESULTS.read_text(encoding="utf-8"), "run")  # docs/05's table of runs
 
 
-def test_the_runs_table_lists_every_quoted_val_loss() -> None:
-    figures = {row["val loss"] for row in RUNS}
-    assert {"1.8667", "1.8894", "1.8979", "1.9018", "1.9047", "2.1528", "2.1618", "2.1662"} <= figures
-
-
 @pytest.mark.parametrize("row", RUNS, ids=lambda row: f"{row['run']}-{row['norm']}-{row['val loss']}")
 def test_each_val_loss_is_in_the_file_it_cites(row: dict[str, str]) -> None:
     (cited,) = re.findall(r"`([^`]+)`", row["file"])
@@ -86,30 +80,28 @@ def test_each_chapter_ends_with_its_sources(chapter: str) -> None:
     assert all(WELL_FORMED.fullmatch(link) for link in links), links
 
 
-def test_the_readme_links_the_layernorm_paper_and_its_sample_comes_from_the_file_it_cites() -> None:
+def test_the_readmes_sample_comes_from_the_file_it_cites() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "(https://arxiv.org/abs/1607.06450)" in readme
     (sample,) = re.findall(r"\(`bench/results/quickstart_cpu.log`\):\n\n```\n(.*?)```", readme, re.S)
     assert sample.strip() and sample in (ROOT / "bench/results/quickstart_cpu.log").read_text(encoding="utf-8")
 
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
 ROUNDING = 1e-9  # printed numbers below this are rounding, equal to any other such number
 PRINTED_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")  # 4e-16 too
 
 
-def printed_blocks(text: str) -> list[tuple[str, str]]:
-    """(code, output) for every ```python block followed directly by a ```text block: the output it prints."""
+def python_blocks(text: str) -> list[tuple[str, str | None]]:
+    """(code, output) for every ```python block: its output is the ```text block directly after it, or None."""
     blocks = list(FENCE.finditer(text))
     return [
-        (a[2], b[2])
-        for a, b in zip(blocks, blocks[1:], strict=False)
-        if a[1] == "python" and b[1] == "text" and not text[a.end() : b.start()].strip()
+        (a[2], b[2] if b is not None and b[1] == "text" and not text[a.end() : b.start()].strip() else None)
+        for a, b in zip(blocks, [*blocks[1:], None], strict=False)
+        if a[1] == "python"
     ]
 
 
-PRINTED = [(doc, i, *pair) for doc in DOCS for i, pair in enumerate(printed_blocks(doc.read_text(encoding="utf-8")))]
+BLOCKS = [(doc, i, *pair) for doc in DOCS for i, pair in enumerate(python_blocks(doc.read_text(encoding="utf-8")))]
 
 
 def same_output(shown: str, printed: str) -> bool:
@@ -125,25 +117,16 @@ def same_output(shown: str, printed: str) -> bool:
 
 
 def test_the_chapters_show_what_their_code_prints() -> None:
-    chapters = {doc.name for doc, *_ in PRINTED}
-    assert {"01-layernorm.md", "02-triton.md"} <= chapters
-    assert sum(doc.name == "01-layernorm.md" for doc, *_ in PRINTED) >= 7
+    chapters = [doc.name for doc, _, _, shown in BLOCKS if shown is not None]
+    assert {"01-layernorm.md", "02-triton.md"} <= set(chapters) and chapters.count("01-layernorm.md") >= 7
 
 
-@pytest.mark.parametrize(("doc", "i", "code", "shown"), PRINTED, ids=[f"{d.name}-{i}" for d, i, *_ in PRINTED])
-def test_each_printed_output_is_what_its_block_prints(doc, i, code, shown, capsys: pytest.CaptureFixture[str]):
+@pytest.mark.parametrize(("doc", "i", "code", "shown"), BLOCKS, ids=[f"{d.name}-{i}" for d, i, *_ in BLOCKS])
+def test_each_python_block_runs_and_prints_what_its_text_block_shows(doc, i, code, shown, capsys):
     skip_an_interpreter_block(code)
-    exec(compile(code, f"{doc.name}, printing block {i}", "exec"), {"__name__": f"printed_{i}"})
+    exec(compile(code, f"{doc.name}, python block {i}", "exec"), {"__name__": f"block_{i}"})
     printed = capsys.readouterr().out
-    assert same_output(shown, printed), f"{doc.name} shows:\n{shown}\nits block prints:\n{printed}"
-
-
-def test_a_changed_output_is_caught() -> None:
-    shown = "offset 10000: largest error, one-pass 3.3e+01, two-pass 2.5e-06\n"
-    assert same_output(shown, shown.replace("2.5e-06", "2.6e-06"))  # the CPU's rounding
-    assert not same_output(shown, shown.replace("2.5e-06", "4.8e-06"))
-    assert not same_output(shown, shown.replace("one-pass", "two-pass"))
-    assert same_output("error 4e-16\n", "error 1e-17\n")
+    assert shown is None or same_output(shown, printed), f"{doc.name} shows:\n{shown}\nits block prints:\n{printed}"
 
 
 def figures_in(text: str) -> set[str]:
@@ -188,20 +171,11 @@ def test_batchnorms_three_failures_come_from_their_file() -> None:
     assert f"{round(result['run_time_s'])} s" in section  # the experiment's run time, stated with its figures
 
 
-def load_experiment(name: str):
-    """experiments/NAME.py as a module (its folder on sys.path, as when it runs)."""
-    if str(ROOT / "experiments") not in sys.path:
-        sys.path.insert(0, str(ROOT / "experiments"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_batchnorm_failures_measures_batch_statistics_and_leaves_the_model_alone() -> None:
+def test_batchnorm_failures_measures_batch_statistics_and_leaves_the_model_alone(monkeypatch) -> None:
     """The measurements behind docs/03's three failures, on fresh tiny models: a measurement in eval mode, or one
     that let BatchNorm's running averages move, would break it."""
-    failures = load_experiment("batchnorm_failures")
+    monkeypatch.syspath_prepend(ROOT / "experiments")  # as when it runs: its folder on the path (common.py)
+    failures = importlib.import_module("batchnorm_failures")
     batchnorm, layernorm = tiny_model("batchnorm"), tiny_model("builtin")
     before = {k: v.clone() for k, v in batchnorm.state_dict().items()}
     window = torch.arange(TINY.block_size) % TINY.vocab_size

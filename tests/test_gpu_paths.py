@@ -1,31 +1,18 @@
 """The paths that run only on a CUDA GPU, exercised on the CPU through the Triton and torch objects they call: the
 triton_op traced with symbolic shapes and functionalized as torch.compile does, the backward kernel compiled for
-GPU targets by Triton's own compiler (shared memory), the attention kernel's arguments specialized by Triton's own
-binder, and what the --cuda_graphs capture is handed. Where a check needs Triton to compile rather than interpret,
-it runs in a fresh Python without TRITON_INTERPRET, as on a GPU machine (nothing is launched)."""
+GPU targets by Triton's own compiler (shared memory), and the attention kernel's arguments specialized by Triton's
+own binder. Where a check needs Triton to compile rather than interpret, it runs in a fresh Python without
+TRITON_INTERPRET, as on a GPU machine (nothing is launched). (What the --cuda_graphs capture is handed, through
+torch's own make_graphed_callables: test_train.py.)"""
 
-import contextlib
-import dataclasses
 import json
 
 import pytest
-import torch
 
-import train
-from helpers import TRITON_SKIP, python, tiny_args
-from machinery import options
-from machinery import run as run_state
-from machinery.device import Dist
+from helpers import TRITON_SKIP, python
 
 if TRITON_SKIP is not None:
     pytest.skip(TRITON_SKIP, allow_module_level=True)
-
-
-def without_interpreter(code: str) -> dict:
-    """Run `code` in a fresh Python where Triton compiles for a GPU (no TRITON_INTERPRET); it prints one JSON line."""
-    proc = python("-c", PRELUDE + code, timeout=600, drop=("TRITON_INTERPRET",))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 PRELUDE = """\
@@ -174,7 +161,8 @@ RESULTS["offsets"] = products
 
 @pytest.mark.slow  # a fresh interpreter compiles
 def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
-    """The four scripts above in one fresh Python, checked for all they say:
+    """The four scripts above in one fresh Python, where Triton compiles for a GPU (no TRITON_INTERPRET), each
+    printing its results into one JSON line, checked for all they say:
     - torch.compile(dynamic=True), and opcheck's dynamic-shape check, trace the launchers with symbolic sizes: the
       launch parameters' cache must be keyed by plain ints (a SymInt is unhashable);
     - functionalized (as torch.compile's AOT pass does), every tensor a kernel gets may be taken as written and
@@ -187,7 +175,10 @@ def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
     - every product in the matrix product's and the attention's TTIR (an index times a stride) is 64-bit: in 32 bits
       rows * stride_ym wraps once M * N reaches 2**31 (the LM head at vocabulary 50,304 over 42,692 rows), and the
       attention's b * sqb once B * T * 3C does."""
-    results = without_interpreter(TRACE + SHARED_MEMORY + SPECIALIZATION + OFFSETS + "print(json.dumps(RESULTS))\n")
+    code = PRELUDE + TRACE + SHARED_MEMORY + SPECIALIZATION + OFFSETS + "print(json.dumps(RESULTS))\n"
+    proc = python("-c", code, timeout=600, drop=("TRITON_INTERPRET",))  # Triton compiles for a GPU: no interpreter
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
     traced = results["trace"]
     errors = {case: r for case, r in traced.items() if "symbolic" in case and isinstance(r, str)}
     assert not errors, errors
@@ -205,48 +196,3 @@ def test_the_gpu_only_paths_trace_and_compile_as_on_a_gpu():
     for case, types in results["offsets"].items():
         assert types, case  # (the kernel has index * stride products, read here)
         assert all(t == "i64" or t.endswith("xi64>") for t in types), (case, types)
-
-
-# ---- --cuda_graphs: what the capture is handed ----
-
-
-def test_the_capture_leaves_the_dropout_stream_where_setup_put_it(
-    tmp_path, tiny_data, monkeypatch, cuda_rng_is_the_cpus
-):
-    """torch.cuda.make_graphed_callables runs its warm-up forward and backward passes eagerly, and with dropout they
-    draw masks from the generator that setup() seeded or a resume restored: a resumed run would train on shifted
-    masks. wrap() puts the generator back. Run through torch's own make_graphed_callables on the CPU, only its CUDA
-    calls (streams, synchronize, the graph objects) made no-ops, so its warm-up loop and the eager capture draw."""
-
-    class Graph:
-        def replay(self):
-            pass
-
-    for name, stub in [
-        ("synchronize", lambda *a, **k: None),
-        ("Stream", lambda *a, **k: None),
-        ("stream", lambda s: contextlib.nullcontext()),
-        ("CUDAGraph", Graph),
-        ("graph", lambda graph, pool=None: contextlib.nullcontext()),
-    ]:
-        monkeypatch.setattr(torch.cuda, name, stub)
-    monkeypatch.setattr(torch.cuda.graphs, "graph_pool_handle", lambda: None)
-    make_graphed_callables = torch.cuda.make_graphed_callables
-    after_capture = []
-
-    def capture(module, sample):
-        graphed = make_graphed_callables(module, sample)
-        after_capture.append((module, torch.get_rng_state()))
-        return graphed
-
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
-    args = tiny_args(tiny_data, tmp_path / "out", "--max_iters=1", "--dropout=0.2")
-    cfg = dataclasses.replace(options.build_config(options.parse_args(args)), cuda_graphs=True)
-    run_state.make_out_dir(cfg.out_dir)
-    run = train.setup(cfg, {}, None, "cpu", "float32", Dist())  # a --cuda_graphs run as setup() leaves it
-    before = torch.get_rng_state()
-    train.wrap(run)
-    ((module, state),) = after_capture
-    assert not torch.equal(state, before)  # the warm-ups drew dropout masks
-    assert torch.equal(torch.get_rng_state(), before)
-    assert {id(p) for p in module.parameters()} == {id(p) for p in run.model.parameters()}  # the model itself

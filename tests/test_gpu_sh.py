@@ -15,7 +15,7 @@ import time
 import pytest
 
 from bench.common import PACKED
-from helpers import ROOT, needs_triton
+from helpers import ROOT, needs_triton, wait_for
 
 SCRIPT = ROOT / "bench" / "gpu.sh"
 TEXT = SCRIPT.read_text()
@@ -30,13 +30,6 @@ def gpu_sh(*args: str, **env: str) -> list[str]:
 def run_gpu_sh(*args: str, **env: str) -> subprocess.CompletedProcess:
     cmd, full_env = gpu_sh(*args, **env)
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
-
-
-def fake_nanogpt(folder):
-    """What the script checks of a nanoGPT checkout before it plans nanoGPT's step."""
-    folder.mkdir()
-    (folder / "train.py").write_text("")
-    return folder
 
 
 def shares(stdout: str) -> tuple[dict[str, int], int]:
@@ -62,7 +55,9 @@ SELECTED = ["data", "decode", "tests"]
 @needs_triton  # the dry run runs the kernels through Triton's interpreter
 def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakespeare_path):
     out = tmp_path / "out"
-    nanogpt = fake_nanogpt(tmp_path / "nanogpt")
+    nanogpt = tmp_path / "nanogpt"  # what the script checks of a nanoGPT checkout before it plans nanoGPT's step
+    nanogpt.mkdir()
+    (nanogpt / "train.py").write_text("")
     default = {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results" / "gpu").iterdir()}  # OUT's default
     args = ["--dry-run", "--input", str(shakespeare_path), "--nanogpt", str(nanogpt), "--commit", "abc1234"]
     proc = run_gpu_sh(*args, GPU_SH_STEPS=",".join(SELECTED), OUT=str(out))
@@ -77,8 +72,6 @@ def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakes
     rcs = {s["step"]: s["rc"] for s in results["steps"]}
     assert list(rcs) == STEPS, rcs  # every step planned, in the script's order (nanoGPT's too, since it was given)
     assert all(rcs[s] == ("0" if s in SELECTED else "skipped (not selected)") for s in STEPS), rcs
-    assert STEPS[:2] == ["data", "grid_6x384"]  # the step grid first, the tests last
-    assert STEPS[-1] == "tests"
     assert results["machine"]["commit"] == results["decode"]["machine"]["commit"] == "abc1234"  # no git needed
     summary = (out / "summary.md").read_text()
     assert all(f"| {s} | 0 |" in summary for s in SELECTED) and "## decode" in summary
@@ -89,37 +82,17 @@ def test_dry_run_proves_its_plumbing_and_leaves_the_three_files(tmp_path, shakes
     assert "tests/test_batch_invariant_triton.py::" in tests_log
 
 
-@pytest.mark.slow  # the dry run's first steps, one of them cut
+@pytest.mark.slow  # the dry run's first steps, one cut at its limit, then a signal
 @needs_triton
-def test_a_step_cut_at_its_limit_leaves_no_process_behind(tmp_path, shakespeare_path):
+def test_a_step_cut_at_its_limit_or_a_run_stopped_leaves_what_it_finished_and_no_process(tmp_path, shakespeare_path):
     """The step grid cut at 8 s (bench.training, its train.py child and whatever that started), during a run or
     between two, whichever a machine's speed makes it: the step exits 124 (timeout's), the benchmark still writes
-    the JSON of what it measured, saying it was interrupted, and nothing of it runs on."""
+    the JSON of what it measured, saying it was interrupted. Then, as a caller's time limit does, SIGTERM to the
+    whole process group during the next step: the three files hold the steps finished before it. Neither leaves a
+    process of the run behind."""
     out = tmp_path / "out"
-    proc = run_gpu_sh(
-        "--dry-run",
-        "--input",
-        str(shakespeare_path),
-        GPU_SH_STEPS="data,grid_6x384:8",
-        TMPDIR=str(tmp_path),
-        OUT=str(out),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert left_behind(tmp_path) == []
-    results = json.loads((out / "results.json").read_text())
-    assert {s["step"]: s["rc"] for s in results["steps"]}["grid_6x384"] == "124"
-    grid = results["grid_6x384"]
-    runs = [run for runs in grid["runs"].values() for run in runs]
-    finished = sum(not run["interrupted"] for run in runs)  # (a run that was cut is measured as far as it went)
-    assert re.fullmatch(rf"after {finished} of \d+ runs; the rest not started", grid.get("interrupted", "")), grid
-
-
-@pytest.mark.slow  # the dry run's first steps, then a signal
-def test_a_run_stopped_leaves_the_steps_it_finished_and_no_process(tmp_path, shakespeare_path):
-    """As a caller's time limit does: SIGTERM to the whole process group during a step; the three files hold the
-    steps finished before it, and the step's own process group (timeout's) is stopped with the script."""
-    out = tmp_path / "out"
-    cmd, env = gpu_sh("--dry-run", "--input", str(shakespeare_path), GPU_SH_STEPS="data,grid_6x384", OUT=str(out))
+    steps = "data,grid_6x384:8,grid_6x384_compile"
+    cmd, env = gpu_sh("--dry-run", "--input", str(shakespeare_path), GPU_SH_STEPS=steps, OUT=str(out))
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -129,20 +102,22 @@ def test_a_run_stopped_leaves_the_steps_it_finished_and_no_process(tmp_path, sha
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 120
-    while "| data | 0 |" not in ((out / "summary.md").read_text() if (out / "summary.md").exists() else ""):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
-        time.sleep(0.2)
-    time.sleep(2)  # into the grid's first run
+    summary = out / "summary.md"
+    wait_for(lambda: summary.exists() and "| grid_6x384 | 124 |" in summary.read_text(), proc, timeout=180)
+    time.sleep(2)  # into the next step
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
     time.sleep(1)
     assert left_behind(tmp_path) == []
     assert sorted(p.name for p in out.iterdir()) == sorted(PACKED)
-    steps = {s["step"]: s["rc"] for s in json.loads((out / "results.json").read_text())["steps"]}
-    assert steps["data"] == "0" and "grid_6x384" not in steps
+    results = json.loads((out / "results.json").read_text())
+    assert {s["step"]: s["rc"] for s in results["steps"]} == {"data": "0", "grid_6x384": "124"}
+    grid = results["grid_6x384"]
+    runs = [run for runs in grid["runs"].values() for run in runs]
+    finished = sum(not run["interrupted"] for run in runs)  # (a run that was cut is measured as far as it went)
+    assert re.fullmatch(rf"after {finished} of \d+ runs; the rest not started", grid.get("interrupted", "")), grid
     with tarfile.open(out / "gpu_results.tar.gz") as tar:
-        assert "gpu_results/data.log" in tar.getnames()
+        assert {"gpu_results/data.log", "gpu_results/grid_6x384.log"} <= set(tar.getnames())
 
 
 @pytest.mark.slow  # bash and a torch import
@@ -150,7 +125,6 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     """14 s: every share under the 5 s a step needs; without nanoGPT its step has no share, the wide grid one."""
     proc = run_gpu_sh("--dry-run", "--input", str(shakespeare_path), GPU_SH_BUDGET_S="14", OUT=str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"BUDGET=\$\{GPU_SH_BUDGET_S:-\$\(\(DRY \? 1440 : 480\)\)\}", TEXT)  # 8 minutes on a GPU
     plan, _ = shares(proc.stdout)
     assert plan["nanogpt"] == 0 and plan["grid_12x768"] > 0, plan
     steps = json.loads((tmp_path / "out" / "results.json").read_text())["steps"]
@@ -176,10 +150,8 @@ def test_a_spent_budget_skips_the_steps_and_still_reports(tmp_path, shakespeare_
     ],
 )
 def test_missing_prerequisites_stop_at_once(shakespeare_path, args, env, message):
-    t0 = time.monotonic()
     proc = run_gpu_sh(*[str(shakespeare_path) if a == "SHAKESPEARE" else a for a in args], **env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < 60  # a check, not a run
 
 
 def test_help_prints_the_usage_and_exits_0():

@@ -2,6 +2,8 @@
 certificates. Only the device queries are simulated (torch.backends.mps.is_available, the MPS generator's lookup,
 torch.mps.synchronize, torch.mps.driver_allocated_memory); everything behind them is the project's real code, and
 the MPS generator's state really goes through a checkpoint file. Exact resume on a real Apple GPU is untested here.
+The Triton norm's refusal is tested here for every command that builds a model, where triton is missing and where
+its kernels were defined for a GPU that is not here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import sample
 import train
 from bench import common, decoding
 from data.common import run_prepare
@@ -31,22 +34,36 @@ def mps_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
 
 
-# ---- --norm=triton where triton cannot be imported ----
+# ---- --norm=triton where it cannot run, in every command that builds a model ----
 
 
-@pytest.mark.parametrize("device", ["mps", "cpu"])
-def test_triton_missing_is_one_line_naming_the_cause_on_every_device(
-    device: str, mps_here: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+@pytest.mark.parametrize("cause", ["no-triton-package", "kernels-compiled-for-a-gpu"])
+@pytest.mark.parametrize("main", ["train", "sample", "bench.decoding"])
+def test_norm_triton_where_it_cannot_run_is_one_line_naming_the_cause_before_anything_is_read(
+    main: str,
+    cause: str,
+    mps_here: None,
+    triton_compiled_for_a_gpu: None,
+    trained: tuple[Path, dict],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
-    out = tmp_path / "out"
-    err = assert_one_line_error(
-        command(capsys, train.cli, [f"--out_dir={out}", f"--device={device}", "--norm=triton"]), 2
-    )
-    assert err.startswith("error: norm 'triton' needs the triton package"), err
-    assert "Linux only" in err and "'custom' or 'builtin'" in err, err
-    assert "TRITON_INTERPRET" not in err, err  # the interpreter needs triton too: no circle
-    assert not out.exists()  # refused before anything was written
+    """Without the triton package (a Mac, Windows: the cause on every device, the Apple GPU's too), or with its
+    kernels defined for a GPU and no GPU here (a Python started without TRITON_INTERPRET): exit status 2, one line,
+    nothing printed or written."""
+    if cause == "no-triton-package":
+        monkeypatch.setitem(sys.modules, "triton", None)  # what `import triton` does where it is not installed
+    commands = {
+        "train": (train.cli, [f"--out_dir={tmp_path / 'out'}", "--device=mps", "--norm=triton"]),
+        "sample": (sample.main, ["--out_dir", str(trained[0]), "--norm", "triton", "--device", "cpu"]),
+        "bench.decoding": (decoding.main, ["--out_dir", str(trained[0]), "--norms", "triton", "--device", "cpu"]),
+    }
+    proc = command(capsys, *commands[main])
+    err = assert_one_line_error(proc, 2)
+    assert err.startswith("error: norm 'triton' ") and proc.stdout == "" and not (tmp_path / "out").exists(), err
+    if cause == "no-triton-package":  # the interpreter needs triton too: no circle
+        assert "Linux only" in err and "'custom' or 'builtin'" in err and "TRITON_INTERPRET" not in err, err
 
 
 # ---- the MPS generator in the checkpoint ----
@@ -90,12 +107,9 @@ def test_a_certificate_failure_names_the_cause_and_the_fix(
         args = ["--out_dir", str(tmp_path), "--url", url]
         assert run_prepare(args, description=None, script_file=script, make_tokenizer=CharTokenizer.from_text) == 1
         errors.append(capsys.readouterr().err.strip())
-    msg, other = errors
-    assert len(msg.splitlines()) == 1, msg
+    msg, other = errors  # the cause and its fix; for a failure of another kind, neither
     assert CERT_ERROR in msg and "Install Certificates.command" in msg, msg
-    assert f"/Applications/Python {sys.version_info.major}.{sys.version_info.minor}/" in msg, msg
-    assert "--input path/to/tinyshakespeare.txt" in msg, msg
-    assert "--input" in other and "CERTIFICATE" not in other and "Certificates" not in other
+    assert "CERTIFICATE" not in other and "Certificates" not in other, other
 
 
 # ---- benchmarks and memory on MPS ----
@@ -111,9 +125,6 @@ def test_timings_wait_for_the_apple_gpu_and_peak_memory_is_the_drivers_figure(
     monkeypatch.setattr(torch.mps, "synchronize", lambda: events.append("synchronize"))
     common.timed(lambda: events.append("work"), device, calls=2)
     assert events == ["synchronize", "work", "work", "synchronize"]  # queued work before the clock is read
-    events.clear()
-    common.timed(lambda: events.append("work"), "cpu")
-    assert events == ["work"]
 
 
 @pytest.mark.parametrize("device", ["mps", "mps:0"])
@@ -123,8 +134,6 @@ def test_decoding_leaves_out_the_mode_where_it_refuses_the_device_and_refuses_th
     assert decoding.paths_here(list(decoding.PATHS), device) == ["uncached", "cached", "linears"]
     line = capsys.readouterr().out.strip()
     assert len(line.splitlines()) == 1 and line.startswith("leaving out path 'mode': ") and device in line, line
-    assert decoding.paths_here(list(decoding.PATHS), "cpu") == list(decoding.PATHS)  # the mode runs on the CPU
-    assert capsys.readouterr().out == ""
     argv = ["--device", device, "--paths", "mode", "--sizes", "configs/shakespeare_char_cpu.json"]
     err = assert_one_line_error(command(capsys, decoding.main, argv), 1, device)
     assert err.startswith("error: --paths mode cannot run here: ")

@@ -3,8 +3,8 @@ order and then the chapters', with only flags that make it small appended (a lat
 the Quickstart's checkpoint is still the one it trained. Each runs in a process of its own, forked from one that
 imported torch once (tests/one_process.py). A nanoGPT checkpoint sits where the README's "Your nanoGPT checkpoint"
 commands read it, beside the copy. Commands that run for minutes are named in LONG, each with the test that runs
-its plumbing at a tiny size instead, so a new command that is neither fails here. The docs' Python snippets run,
-and every file and picture they link to or cite exists."""
+its plumbing at a tiny size instead, so a new command that is neither fails here. Every file and picture the docs
+link to or cite exists. (The docs' Python blocks run in test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -20,18 +20,17 @@ import pytest
 
 from helpers import (
     CHARS,
+    DOCS,
     ROOT,
     TINY_TRAIN,
     TRITON_SKIP,
     nanogpt_model,
     save_nanogpt_checkpoint,
-    skip_an_interpreter_block,
     subprocess_env,
     write_meta,
 )
 
-# The README first, then the chapters in reading order: the order their commands run in.
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# DOCS lists the README first, then the chapters in reading order: the order their commands run in.
 TEXT = {doc: doc.read_text(encoding="utf-8") for doc in DOCS}
 README = TEXT[ROOT / "README.md"]
 QUICKSTART_CKPT = Path("out-shakespeare-char-cpu") / "ckpt.pt"
@@ -142,12 +141,8 @@ def run_each(commands: list[str], cwd: Path, scratch: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def code_blocks(text: str, language: str = "") -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
-
-
 def test_the_quickstart_and_test_commands_are_what_ci_runs() -> None:
-    quickstart = code_blocks(README.split("## Quickstart")[1])[0].splitlines()
+    quickstart = re.findall(r"```\n(.*?)```", README.split("## Quickstart")[1], re.S)[0].splitlines()
     assert quickstart == [
         "python3 -m venv .venv && . .venv/bin/activate",
         "pip install -r requirements.txt",
@@ -202,15 +197,6 @@ def test_every_doc_command_runs_as_printed(clone: Path, tmp_path: Path) -> None:
 
 def test_long_commands_are_still_in_the_docs() -> None:
     assert set(LONG) <= set(readme_commands())
-
-
-SNIPPETS = [(doc, i, code) for doc in DOCS for i, code in enumerate(code_blocks(TEXT[doc], "python"))]
-
-
-@pytest.mark.parametrize(("doc", "i", "code"), SNIPPETS, ids=[f"{d.name}-{i}" for d, i, _ in SNIPPETS])
-def test_python_snippets_run(doc: Path, i: int, code: str, capsys: pytest.CaptureFixture[str]) -> None:
-    skip_an_interpreter_block(code)
-    exec(compile(code, f"{doc.name}, python block {i}", "exec"), {"__name__": f"snippet_{i}"})
 
 
 def slug(heading: str) -> str:

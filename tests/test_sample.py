@@ -13,10 +13,8 @@ import torch
 
 import sample
 from helpers import (
-    NO_DOWNLOADS,
     assert_one_line_error,
     command,
-    python,
     randomize_norms,
     save_model,
     sharpen_logits,
@@ -145,31 +143,6 @@ def test_sample_prints_a_character_cut_between_bpe_tokens_whole(
 
 
 # --- errors: one line, no traceback ----------------------------------------------------------------------------------
-
-
-def test_triton_where_it_cannot_run_is_refused_before_the_model_is_built(
-    out_dir: Path, triton_compiled_for_a_gpu, capsys
-):
-    """On the CPU without Triton's interpreter (kernels defined for a GPU), or without triton at all."""
-    proc = command(capsys, sample.main, ["--out_dir", str(out_dir), "--norm", "triton", *CPU])
-    assert assert_one_line_error(proc, 2).startswith("error: norm 'triton' ") and proc.stdout == ""
-
-
-@pytest.mark.slow
-def test_missing_tiktoken_ranks_say_what_to_download_and_where_to_put_it(bpe_dir: Path, tmp_path: Path) -> None:
-    # An empty cache, and downloads forced to fail even on a machine with internet access.
-    empty = str(tmp_path / "empty")
-    proc = python("sample.py", "--out_dir", bpe_dir, *CPU, TIKTOKEN_CACHE_DIR=empty, **NO_DOWNLOADS)
-    err = assert_one_line_error(
-        proc,
-        1,
-        "error: tiktoken could not load the BPE ranks of 'r50k_base'",
-        "internet",
-        "tiktoken.get_encoding('r50k_base')",
-        "TIKTOKEN_CACHE_DIR",
-        str(tmp_path / "empty"),
-    )
-    assert "shared" not in err and proc.stdout == ""
 
 
 @pytest.mark.parametrize(
