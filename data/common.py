@@ -66,7 +66,7 @@ def read_text_file(path: Path) -> str:
     try:
         data = path.read_bytes()
     except OSError as e:  # no such file, a directory, no permission
-        raise Failure(f"cannot read {path}: {e.strerror or e}") from None
+        raise Failure(f"cannot read {path}: {e.strerror or e}; give the path of a UTF-8 text file") from None
     except MemoryError:
         raise Failure(f"{path} is too large to read into memory here; give a smaller text") from None
     return decode_text(data, str(path))
@@ -163,7 +163,10 @@ def prepare(
     input_path: Path | None, out_dir: Path, url: str, script: str, make_tokenizer: Callable[[str], Any]
 ) -> None:
     """run_prepare's work, once its arguments are read."""
-    out_dir.mkdir(parents=True, exist_ok=True)  # (an OSError names the folder: one line at the front door)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in its path, no permission
+        raise Failure(f"cannot create --out_dir {out_dir}: {e.strerror or e}; give a folder you can write to") from None
     text, source = read_text_source(input_path, out_dir, url, script)
     try:
         tok = make_tokenizer(text)

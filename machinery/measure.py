@@ -14,14 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from machinery import options
+from machinery.command import BadOption
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_config(config: str, sets: Sequence[str], *flags: str) -> options.TrainConfig:
-    """train.py's options from a config file, KEY=VALUE items and --key=value flags on top, typed and checked by
-    machinery/options.py (a ConfigError, one line through the front door, if one is wrong)."""
-    return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
+    """train.py's options from a config file, KEY=VALUE items (--set) and --key=value flags on top, typed and checked
+    by machinery/options.py; a bad one is one line naming --set, whose options `python train.py --help` lists."""
+    try:
+        return options.build_config(options.parse_args([config, *(f"--{item}" for item in sets), *flags]))
+    except BadOption as e:
+        told = str(e).replace("--help", "python train.py --help")  # (this command's --help does not list them)
+        raise BadOption(f"--set {' '.join(sets)}: {told}") from None
 
 
 def progress(done: int, total: int, t0: float) -> str:

@@ -159,7 +159,7 @@ def test_compare_writes_the_curves_and_skips_triton_without_a_gpu(bench_files, t
     [
         (["--norms", "layer"], "'layer' is not a norm"),
         (["--modes", "fast"], "'fast' is not one of eager"),
-        (["--set", "batchsize=3"], "batchsize"),
+        (["--set", "batchsize=3"], "--set batchsize=3: unknown argument"),
         (["--out", "/proc/no/x.json"], "--out /proc/no/x.json: its folder cannot be created"),
         (["--out", "/tmp"], "--out /tmp: a folder; give a file path"),
         (["--target_val", "nan"], "--target_val: must be >= 0.0, got nan"),

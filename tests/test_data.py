@@ -115,6 +115,12 @@ def test_an_input_that_is_not_text_is_named_in_one_line(
     assert_one_line_error(proc, 1, "error: ", name, *fragments)
 
 
+def test_an_out_dir_that_cannot_be_created_is_named_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x", encoding="utf-8")
+    proc = python(CHAR, "--input", ROOT / "README.md", "--out_dir", tmp_path / "a-file" / "data", cwd=tmp_path)
+    assert_one_line_error(proc, 1, "--out_dir", "a-file")
+
+
 @pytest.mark.parametrize(
     ("script", "text", "fragment"),
     [
