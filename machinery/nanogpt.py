@@ -72,9 +72,12 @@ def read_meta(path: Path, vocab_size: int) -> dict[str, Any]:
             raise ValueError(
                 f"it holds {tokenizer.vocab_size} characters, but the checkpoint's vocabulary is {vocab_size} tokens"
             )
+    except FileNotFoundError:  # (only a --meta names a file that may not be there)
+        raise MetaError(f"--meta={path}: no such file; give the meta.pkl that nanoGPT's prepare.py wrote") from None
     except Exception as e:  # the unpickler's, Python's or ours: one line
+        why = "no 'itos' dict of the token ids 0..n-1" if isinstance(e, KeyError) else first_line(e)
         raise MetaError(
-            f"{path} is not this checkpoint's meta.pkl ({type(e).__name__}: {first_line(e)}): give the meta.pkl that "
+            f"{path} is not this checkpoint's meta.pkl ({type(e).__name__}: {why}): give the meta.pkl that "
             f"nanoGPT's prepare.py wrote for its dataset with --meta=PATH"
         ) from None
     return tokenizer.to_meta()
