@@ -127,7 +127,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if a weight is not finite."""
     path = Path(path)
     if not path.is_file():  # missing, a folder, or a device or pipe (a read that may never end)
-        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+        if path.is_dir():
+            raise CheckpointError(
+                f"no checkpoint at {path} (a folder): give --out_dir={path} or --ckpt={path / 'ckpt.pt'}"
+            )
+        what = "not a regular file" if path.exists() else "no such file"
         raise CheckpointError(
             f"no checkpoint at {path} ({what}): give the path of a ckpt.pt file, or train one first "
             f"(python train.py ... --out_dir={path.parent}) or point --out_dir at the folder holding ckpt.pt"

@@ -139,7 +139,7 @@ def test_damaged_files_are_corrupt_in_one_line_that_never_suggests_an_unsafe_loa
 def test_a_folder_or_a_device_is_named(tmp_path):
     """(A missing file: test_sample.py's test_bad_arguments.)"""
     (tmp_path / "ckpt.pt").mkdir()
-    with pytest.raises(CheckpointError, match=r"no checkpoint at .*ckpt.pt \(a folder\)"):
+    with pytest.raises(CheckpointError, match=r"no checkpoint at .*ckpt.pt \(a folder\): give --out_dir="):
         load_checkpoint(tmp_path / "ckpt.pt")
     with pytest.raises(CheckpointError, match=r"no checkpoint at /dev/null \(not a regular file\)"):
         load_checkpoint("/dev/null")
