@@ -195,7 +195,8 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """mask: None (causal), or which keys each query may see, [T, keys] or [B, 1, T, keys] (padding_mask)."""
+        """mask: None where causal attention needs none (a pass without a cache, or one new token after it), else
+        which keys each query may see, [T, keys] or [B, 1, T, keys] (GPT.hidden_states builds it)."""
         B, T, C = x.size()
         # [B, T, 3C] -> three views of shape [B, n_head, T, head_size] (one reshape, no copies)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)

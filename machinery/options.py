@@ -1,5 +1,6 @@
 """train.py's options: one dataclass (each option's default and meaning), a JSON config file that sets some of
-them, and `--key=value` flags that override both. Every bad value is one ConfigError naming the option."""
+them, and `--key=value` flags that override both. Every bad value is one BadOption line naming the option (a
+ConfigError; argparse's own, through machinery.command, for a flag it cannot read)."""
 
 from __future__ import annotations
 
@@ -204,7 +205,7 @@ def parser() -> ArgumentParser:
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
-    """argv -> {key: typed value} from the config file (if one is given), then the flags; ConfigError if one is
+    """argv -> {key: typed value} from the config file (if one is given), then the flags; a BadOption if one is
     bad. `--help` prints the options and raises SystemExit(0)."""
     args, unknown = parser().parse_known_args([spelt_out(arg) for arg in argv])
     if unknown:  # an option of another name, or a second config file
