@@ -89,14 +89,6 @@ class Dist:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.control)
         return [bool(v) for v in t.tolist()]
 
-    def gather(self, obj: Any) -> list[Any] | None:
-        """Every process's `obj`, in rank order, on rank 0 (None on the others)."""
-        if not self.enabled:
-            return [obj]
-        out = [None] * self.world_size if self.master else None
-        torch.distributed.gather_object(obj, out, dst=0, group=self.control)
-        return out
-
 
 JOIN_NOTE_S = 10.0  # a wait for the other processes longer than this is said, with what to do
 

@@ -58,7 +58,9 @@ class Run:
         """Checkpoint the run after `iter_num` iterations. Every process calls it: their RNG states are gathered
         (each has its own dropout stream), and rank 0 writes the whole state of the run."""
         rng = rng_state(self.data_gen)
-        ranks = self.dist.gather(rng)
+        ranks = [None] * self.dist.world_size if self.dist.master else None  # every process's rng, on rank 0
+        if self.dist.enabled:
+            torch.distributed.gather_object(rng, ranks, dst=0, group=self.dist.control)
         if not self.dist.master:
             return
         ckpt = {
@@ -79,6 +81,7 @@ class Run:
         save_checkpoint(path, ckpt)
         if path == self.ckpt_path:
             self.last_saved = iter_num
+            print(f"saved checkpoint {path}", flush=True)
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Load the optimizer, the scaler, this process's RNG states, the iteration and the best val loss of a
