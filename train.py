@@ -280,7 +280,6 @@ def train(
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
     start = run.iter_num
     it = start
-    stop_reason = None
     with (
         runlog.open_log(cfg, dist, start if resumed else None) as log,
         StopRequest(dist, catch=not cfg.eval_only, saves=cfg.save_checkpoint) as stop,
@@ -289,10 +288,10 @@ def train(
         window = runlog.LossWindow(dist, tokens_per_iter, log)
         while True:
             over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
-            stop_reason = stop_reason or stop.agreed(over_time)
+            stop_reason = stop.agreed(over_time)  # (the same on every process)
             end = it >= cfg.max_iters or stop_reason == "max_wall_s" or cfg.eval_only
-            just_resumed = resumed and it == start  # evaluated just before its checkpoint was saved
-            if end or (it % cfg.eval_interval == 0 and not just_resumed):
+            # every eval_interval iterations and at the end; not at a resume's start (evaluated before it was saved)
+            if end or (it % cfg.eval_interval == 0 and not (resumed and it == start)):
                 t0 = time.perf_counter()
                 finite(window.read(), run)  # never evaluate or save weights that a NaN went through
                 losses = estimate_loss(model, run)
