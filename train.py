@@ -201,10 +201,7 @@ def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, fl
 
 
 def save(run: Run, it: int, path: Path) -> None:
-    """Checkpoint the run after `it` iterations, if every weight is finite (else diverged(): the last one stays);
-    with save_checkpoint=False, nothing."""
-    if not run.cfg.save_checkpoint:
-        return
+    """Checkpoint the run after `it` iterations, if every weight is finite (else diverged(): the last one stays)."""
     if not all(bool(torch.isfinite(t).all()) for t in run.model.state_dict().values() if t.is_floating_point()):
         raise diverged(f"the weights are not finite at iteration {it}", run)
     run.save(path, it)
@@ -312,7 +309,8 @@ def train(
                     raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
                 improved = losses["val"] < run.best_val
                 run.best_val = min(run.best_val, losses["val"])
-                if it > start and (improved or cfg.always_save_checkpoint):  # (eval_only: it == start, never saves)
+                # (eval_only: it == start, so never saves)
+                if it > start and cfg.save_checkpoint and (improved or cfg.always_save_checkpoint):
                     save(run, it, run.ckpt_path)
                 window.paused_s += time.perf_counter() - t0
             if end:
