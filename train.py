@@ -178,27 +178,6 @@ def estimate_loss(model: torch.nn.Module, run: Run) -> dict[str, float]:
     return {"train": train_loss, "val": val_loss}
 
 
-def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]) -> tuple[float, bool]:
-    """Estimate the losses and log them; return the val loss and whether it is the best yet (kept in run.best_val).
-    A loss that is not finite stops the run."""
-    losses = estimate_loss(model, run)
-    bpb = run.data.bits_per_byte("val", losses["val"])  # (None for a dataset whose meta.json has no byte counts)
-    in_bits = f" ({bpb:.4f} bits/byte)" if bpb is not None else ""
-    run.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{in_bits}")
-    scalars = {"eval/train_loss": losses["train"], "val/loss": losses["val"]}
-    if bpb is not None:
-        scalars["val/bpb"] = bpb
-    log(
-        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "val_bpb": bpb},
-        wandb=scalars,
-    )
-    if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
-        raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
-    improved = losses["val"] < run.best_val
-    run.best_val = min(run.best_val, losses["val"])
-    return losses["val"], improved
-
-
 def diverged(what: str, run: Run) -> Failure:
     """The error that stops a run whose loss or weights are not finite, with the command that goes on: a resume
     from the last checkpoint this run wrote or resumed; else (none yet, or only the one an --overwrite replaces) the
@@ -222,15 +201,10 @@ def finite(read: list[tuple[int, float, float]], run: Run) -> list[tuple[int, fl
 
 
 def save(run: Run, it: int, path: Path) -> None:
-    """Checkpoint the run after `it` iterations, if every weight is finite (else diverged(): the last one stays);
-    with save_checkpoint=False, nothing."""
-    if not run.cfg.save_checkpoint:
-        return
+    """Checkpoint the run after `it` iterations, if every weight is finite (else diverged(): the last one stays)."""
     if not all(bool(torch.isfinite(t).all()) for t in run.model.state_dict().values() if t.is_floating_point()):
         raise diverged(f"the weights are not finite at iteration {it}", run)
     run.save(path, it)
-    if path == run.ckpt_path:
-        run.dist.print(f"saved checkpoint {path}")
 
 
 def save_interrupted(run: Run, it: int, signum: int) -> Interrupted:
@@ -303,8 +277,6 @@ def train(
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
     start = run.iter_num
     it = start
-    last_val = None
-    stop_reason = None
     with (
         runlog.open_log(cfg, dist, start if resumed else None) as log,
         StopRequest(dist, catch=not cfg.eval_only, saves=cfg.save_checkpoint) as stop,
@@ -313,14 +285,32 @@ def train(
         window = runlog.LossWindow(dist, tokens_per_iter, log)
         while True:
             over_time = cfg.max_wall_s is not None and time.perf_counter() - t_start > cfg.max_wall_s
-            stop_reason = stop_reason or stop.agreed(over_time)
+            stop_reason = stop.agreed(over_time)  # (the same on every process)
             end = it >= cfg.max_iters or stop_reason == "max_wall_s" or cfg.eval_only
-            just_resumed = resumed and it == start  # evaluated just before its checkpoint was saved
-            if end or (it % cfg.eval_interval == 0 and not just_resumed):
+            # every eval_interval iterations and at the end; not at a resume's start (evaluated before it was saved)
+            if end or (it % cfg.eval_interval == 0 and not (resumed and it == start)):
                 t0 = time.perf_counter()
                 finite(window.read(), run)  # never evaluate or save weights that a NaN went through
-                last_val, improved = evaluate(model, run, it, log)
-                if it > start and not cfg.eval_only and (improved or cfg.always_save_checkpoint):
+                losses = estimate_loss(model, run)
+                bpb = run.data.bits_per_byte("val", losses["val"])  # (None: a meta.json without byte counts)
+                in_bits = f" ({bpb:.4f} bits/byte)" if bpb is not None else ""
+                dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{in_bits}")
+                log(
+                    {
+                        "kind": "eval",
+                        "iter": it,
+                        "train_loss": losses["train"],
+                        "val_loss": losses["val"],
+                        "val_bpb": bpb,
+                    },
+                    wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb},
+                )
+                if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
+                    raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
+                improved = losses["val"] < run.best_val
+                run.best_val = min(run.best_val, losses["val"])
+                # (eval_only: it == start, so never saves)
+                if it > start and cfg.save_checkpoint and (improved or cfg.always_save_checkpoint):
                     save(run, it, run.ckpt_path)
                 window.paused_s += time.perf_counter() - t0
             if end:
@@ -345,7 +335,7 @@ def train(
             it += 1
         summary = window.summary(
             iters=it,
-            final_val_loss=last_val,
+            final_val_loss=losses["val"],  # (the loop ends after an evaluation)
             best_val_loss=run.best_val if math.isfinite(run.best_val) else None,
             best_val_bpb=run.data.bits_per_byte("val", run.best_val) if math.isfinite(run.best_val) else None,
             peak_memory_bytes=peak_memory(device),
@@ -417,8 +407,11 @@ def file_version(path: Path) -> tuple[int, int, int] | None:
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """main() through the front door: its exit status, every expected failure one line on stderr."""
-    lower = "--batch_size or --block_size, or the model's size (--n_layer, --n_embd)"
-    return run_command(lambda: main(argv), lower, "interrupted: quit without saving")
+    return run_command(
+        lambda: main(argv),
+        lower="--batch_size or --block_size, or the model's size (--n_layer, --n_embd)",
+        interrupted="interrupted: quit without saving",
+    )
 
 
 if __name__ == "__main__":

@@ -81,22 +81,6 @@ class Dist:
             torch.distributed.all_reduce(t)
         return t
 
-    def any(self, flags: list[bool]) -> list[bool]:
-        """Each flag, true if it is true on any process (over the CPU group: no GPU sync)."""
-        if not self.enabled:  # asked at every iteration: one process builds no tensor
-            return [bool(v) for v in flags]
-        t = torch.tensor(flags, dtype=torch.float32)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.control)
-        return [bool(v) for v in t.tolist()]
-
-    def gather(self, obj: Any) -> list[Any] | None:
-        """Every process's `obj`, in rank order, on rank 0 (None on the others)."""
-        if not self.enabled:
-            return [obj]
-        out = [None] * self.world_size if self.master else None
-        torch.distributed.gather_object(obj, out, dst=0, group=self.control)
-        return out
-
 
 JOIN_NOTE_S = 10.0  # a wait for the other processes longer than this is said, with what to do
 
@@ -264,7 +248,12 @@ class StopRequest:
     def agreed(self, wall: bool) -> str | None:
         """'max_wall_s' or 'signal' once any process has passed its time limit or seen a signal, else None. Every
         process asks at every iteration, so all of them stop at the same one."""
-        wall, signalled = self.dist.any([wall, self.signum is not None])
+        flags = [wall, self.signum is not None]
+        if self.dist.enabled:  # (one process, asked at every iteration, builds no tensor)
+            t = torch.tensor(flags, dtype=torch.float32)  # true on any process: their MAX, over the CPU group
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.dist.control)
+            flags = [bool(v) for v in t.tolist()]
+        wall, signalled = flags
         if signalled and self.signum is None:  # another process got it
             self.signum = signal.SIGINT
         return "max_wall_s" if wall else "signal" if signalled else None

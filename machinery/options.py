@@ -183,7 +183,9 @@ def spelt_out(arg: str) -> str:
     return f"--{key}{eq}{value}" if eq or TYPES.get(key) is not bool else f"--{key}=true"
 
 
-def parser() -> ArgumentParser:
+def parse_args(argv: list[str]) -> dict[str, Any]:
+    """argv -> {key: typed value} from the config file (if one is given), then the flags; a BadOption if one is
+    bad. `--help` prints the options and raises SystemExit(0)."""
     p = ArgumentParser(
         prog="train.py",
         usage="python train.py [CONFIG.json] [--key=value ...]",
@@ -201,13 +203,7 @@ def parser() -> ArgumentParser:
             metavar=type_name(f.name),
             help=f"{f.metadata['help']}{choices} (default: {f.default})",
         )
-    return p
-
-
-def parse_args(argv: list[str]) -> dict[str, Any]:
-    """argv -> {key: typed value} from the config file (if one is given), then the flags; a BadOption if one is
-    bad. `--help` prints the options and raises SystemExit(0)."""
-    args, unknown = parser().parse_known_args([spelt_out(arg) for arg in argv])
+    args, unknown = p.parse_known_args([spelt_out(arg) for arg in argv])
     if unknown:  # an option of another name, or a second config file
         hint = _did_you_mean(unknown[0].lstrip("-").partition("=")[0], list(TYPES), " (did you mean --{}?)")
         raise ConfigError(

@@ -57,8 +57,14 @@ class Run:
     def save(self, path: Path, iter_num: int) -> None:
         """Checkpoint the run after `iter_num` iterations. Every process calls it: their RNG states are gathered
         (each has its own dropout stream), and rank 0 writes the whole state of the run."""
-        rng = rng_state(self.data_gen)
-        ranks = self.dist.gather(rng)
+        rng = {"torch": torch.get_rng_state(), "data": self.data_gen.get_state()}  # weights, dropout; the data stream
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            rng["cuda"] = torch.cuda.get_rng_state()  # this process's GPU
+        if torch.backends.mps.is_available():  # dropout on MPS draws from the Apple GPU's own generator
+            rng["mps"] = torch.mps.get_rng_state()
+        ranks = [None] * self.dist.world_size if self.dist.master else None  # every process's rng, on rank 0
+        if self.dist.enabled:
+            torch.distributed.gather_object(rng, ranks, dst=0, group=self.dist.control)
         if not self.dist.master:
             return
         ckpt = {
@@ -79,6 +85,7 @@ class Run:
         save_checkpoint(path, ckpt)
         if path == self.ckpt_path:
             self.last_saved = iter_num
+            print(f"saved checkpoint {path}", flush=True)
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Load the optimizer, the scaler, this process's RNG states, the iteration and the best val loss of a
@@ -101,7 +108,12 @@ class Run:
             self.data_gen.set_state(ckpt["rng"]["data"].cpu())  # the same stream on every process
             ranks = ckpt.get("rng_ranks") or [ckpt["rng"]]
             if len(ranks) == self.dist.world_size or self.dist.master:
-                set_rng_state(ranks[self.dist.rank] if len(ranks) == self.dist.world_size else ranks[0])
+                rng = ranks[self.dist.rank] if len(ranks) == self.dist.world_size else ranks[0]
+                torch.set_rng_state(rng["torch"].cpu())
+                if isinstance(rng.get("cuda"), torch.Tensor) and torch.cuda.is_available():
+                    torch.cuda.set_rng_state(rng["cuda"].cpu())
+                if isinstance(rng.get("mps"), torch.Tensor) and torch.backends.mps.is_available():
+                    torch.mps.set_rng_state(rng["mps"].cpu())
             else:
                 torch.manual_seed(int(ckpt["config"]["seed"]) + self.dist.rank + 7919 * int(ckpt["iter_num"]))
             self.iter_num, best = ckpt["iter_num"], ckpt["best_val_loss"]
@@ -121,24 +133,6 @@ class Run:
             self.ckpt_path
         )
         self.last_saved = self.iter_num if same_file else None
-
-
-def rng_state(data_gen: torch.Generator) -> dict[str, Any]:
-    """This process's random state: torch's (weights, dropout), the data stream's, and the GPU's (CUDA or MPS)."""
-    rng = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rng["cuda"] = torch.cuda.get_rng_state()  # this process's GPU
-    if torch.backends.mps.is_available():  # dropout on MPS draws from the Apple GPU's own generator
-        rng["mps"] = torch.mps.get_rng_state()
-    return rng
-
-
-def set_rng_state(rng: dict[str, Any]) -> None:
-    torch.set_rng_state(rng["torch"].cpu())
-    if isinstance(rng.get("cuda"), torch.Tensor) and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"].cpu())
-    if isinstance(rng.get("mps"), torch.Tensor) and torch.backends.mps.is_available():
-        torch.mps.set_rng_state(rng["mps"].cpu())
 
 
 def load_resume(path: Path) -> dict[str, Any]:

@@ -118,8 +118,8 @@ def open_log(cfg: TrainConfig, dist: Dist, resumed_at: int | None) -> Iterator[C
                     metrics.flush()
                 except OSError as e:  # a full disk: name the file (a write's error names none)
                     raise OSError(e.errno, e.strerror, str(path)) from None
-            if run is not None and wandb is not None:
-                run.log(wandb, step=rec["iter"])
+            if run is not None and wandb is not None:  # (a figure of None, such as val/bpb without byte counts: none)
+                run.log({k: v for k, v in wandb.items() if v is not None}, step=rec["iter"])
             if run is not None and rec["kind"] == "summary":
                 run.summary.update(rec)
 
