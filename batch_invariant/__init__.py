@@ -166,24 +166,16 @@ def row_sum(x: torch.Tensor, *, kernels: str = "auto") -> torch.Tensor:
     return in_blocks(rows, lambda block: _STOCK_SUM(block, -1)).view(x.shape[:-1])
 
 
-def _reduction(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> tuple[Any, bool] | None:
-    """(x, keepdim) where a sum or mean's arguments reduce the last dimension of a floating-point tensor of some
-    rows, as the norms call it; else None (the call is left to torch)."""
-    if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1 and dtype is None):
-        return None
-    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
-    return (x, keepdim) if len(dims) == 1 and dims[0] in (-1, x.dim() - 1) and x.numel() else None
-
-
 def row_reduction(stock: Callable[..., torch.Tensor], mean: bool, kernels: str) -> Callable[..., torch.Tensor]:
-    """Tensor.sum (mean=False) or Tensor.mean in the mode: over the last dimension of a floating-point tensor
-    through row_sum (a mean divides the row's sum by its length); any other call as `stock`, the method it replaces."""
+    """Tensor.sum (mean=False) or Tensor.mean in the mode: over the last dimension of a floating-point tensor of some
+    rows, as the norms call it, through row_sum (a mean divides the row's sum by its length); any other call as
+    `stock`, the method it replaces."""
 
-    def reduce(*args: Any, **kwargs: Any) -> torch.Tensor:
-        found = _reduction(*args, **kwargs)
-        if found is None or (found[0].is_cuda and not CUDA_ROW_SUMS):
-            return stock(*args, **kwargs)
-        x, keepdim = found
+    def reduce(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> torch.Tensor:
+        dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+        rows = x.is_floating_point() and x.dim() >= 1 and x.numel() > 0 and dtype is None  # (else: left to torch)
+        if not (rows and len(dims) == 1 and dims[0] in (-1, x.dim() - 1)) or (x.is_cuda and not CUDA_ROW_SUMS):
+            return stock(x, dim, keepdim, dtype=dtype)
         sums = row_sum(x, kernels=kernels)
         out = sums / x.size(-1) if mean else sums
         return out.unsqueeze(-1) if keepdim else out
