@@ -190,7 +190,7 @@ def prepare(
     train_bin, val_bin = (a.astype(np.uint16).tobytes() for a in ids)
     meta = {
         "vocab_size": tok.vocab_size,
-        "tokenizer": tok.to_meta(),
+        "tokenizer": tok.meta,
         "train_tokens": n_train,
         "val_tokens": n_val,
         "train_bytes": len(parts[0].encode("utf-8")),  # for bits per byte (PreparedData.bits_per_byte)

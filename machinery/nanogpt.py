@@ -80,7 +80,7 @@ def read_meta(path: Path, vocab_size: int) -> dict[str, Any]:
             f"{path} is not this checkpoint's meta.pkl ({type(e).__name__}: {why}): give the meta.pkl that "
             f"nanoGPT's prepare.py wrote for its dataset with --meta=PATH"
         ) from None
-    return tokenizer.to_meta()
+    return tokenizer.meta
 
 
 def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = None) -> dict[str, Any]:
