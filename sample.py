@@ -149,22 +149,28 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
 
     torch.manual_seed(args.seed)  # seeds every device's generator
     idx, mask = pad_left(rows, pad_token=eot or 0)
-    decoding = {"temperature": args.temperature, "top_k": args.top_k or None, "use_kv_cache": not args.no_kv_cache}
-    stop = decoding["stop_token"] = None if args.ignore_eot else eot  # GPT-2's <|endoftext|>; characters have none
+    stop = None if args.ignore_eot else eot  # GPT-2's <|endoftext|>; characters have none
     samples = []
     with autocast(device, dtype):
         for _ in range(args.num_samples):
             try:  # the checks run here, before anything is printed; their messages start with the argument's name
-                steps = model.stream(idx.to(device), args.max_new_tokens, attention_mask=mask.to(device), **decoding)
+                steps = model.stream(
+                    idx.to(device),
+                    args.max_new_tokens,
+                    attention_mask=mask.to(device),
+                    temperature=args.temperature,
+                    top_k=args.top_k or None,
+                    use_kv_cache=not args.no_kv_cache,
+                    stop_token=stop,
+                )
             except ValueError as e:
                 raise BadOption(f"--{e}") from None
             if len(prompts) == 1:  # streamed: each piece printed as soon as it is whole
-                pieces = [prompt]
+                samples.append(prompt)
                 print(prompt, end="", flush=True)
                 for piece in tokenizer.decode_stream(int(t[0]) for t, _ in steps if int(t[0]) != stop):
                     print(piece, end="", flush=True)
-                    pieces.append(piece)
-                samples.append("".join(pieces))
+                    samples[-1] += piece
                 print("\n" + SEPARATOR, flush=True)
                 continue
             new = torch.cat([t for t, _ in steps] or [idx[:, :0]], dim=1).tolist()  # the batch, then each row
