@@ -52,7 +52,6 @@ WORLDS = {
 }
 RAGGED_COLUMNS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant mode"}
 SUFFIX = {"rows": "", "batch_invariant_rows": " (batch-invariant)"}  # after a row's name among errors and failures
-HEADER = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
 LEGEND = (
     "(1) alone vs batch: max |logit difference| over every step, a prompt decoded alone vs in row 0 of the batch.",
     "(2) cached vs full: max |logit difference| between the batch's cached decoding and one full forward pass.",
@@ -256,7 +255,9 @@ def aligned(cells: list[tuple[str, ...]], rule: bool = False) -> list[str]:
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """One world's rows as aligned text lines."""
-    cells = [HEADER]
+    cells = [
+        ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
+    ]
     for r in rows:
         ab = r["alone_vs_batch"]
         steps = len(ab["per_step_max_abs_diff"])
@@ -274,15 +275,14 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def ragged_table(result: dict[str, Any]) -> list[str]:
     """Check (4) of every row, in each world, as aligned text lines under a title naming the prompts' lengths."""
     worlds = [w for w in WORLDS if w in result]  # "rows" always; the mode's where it ran
-    names = [r["name"] for r in result["rows"]]
-    if not names:  # every row skipped
+    if not result["rows"]:  # every row skipped
         return []
     lengths = ", ".join(map(str, result["rows"][0]["ragged_vs_alone"]["lengths"]))
     cells = [("row", *(RAGGED_COLUMNS[w] for w in worlds))]
-    for i, name in enumerate(names):
+    for i, row in enumerate(result["rows"]):
         checks = [result[w][i]["ragged_vs_alone"] for w in worlds]
         shown = [f"{show_diff(c['max_abs_diff'])}, tokens {'agree' if c['tokens_agree'] else 'differ'}" for c in checks]
-        cells.append((name, *shown))
+        cells.append((row["name"], *shown))
     title = f"(4) ragged: prompts of {lengths} tokens left padded into one batch, each row vs alone:"
     return [title, *aligned(cells)]
 

@@ -41,7 +41,6 @@ from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from
 from model import GPT, pad_left
 
 SEPARATOR = "-" * 40
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 MIN_TEMPERATURE = 1e-6  # the logits over it stay finite in float32 up to 3e32: any model's
 
 
@@ -63,7 +62,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=DTYPES,
+        choices=("auto", "float32", "bfloat16", "float16"),
         help="autocast dtype; auto (default): bfloat16 on a GPU that has it, else float32",
     )
     p.add_argument("--norm", choices=(*NORMS, NO_NORM), help="run with this norm instead of the checkpoint's")
