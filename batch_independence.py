@@ -343,7 +343,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     x = (torch.randn(args.batch_size, args.prompt_len, config.n_embd, generator=gen) * 2 + 1).to(device)
     worlds = ["rows"] if why else list(WORLDS)
     rows = {world: [] for world in worlds}
-    skipped = {}
     result = {
         "source": source,
         "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
@@ -352,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **{k: getattr(args, k) for k in ("prompt_len", "new_tokens", "batch_size")},
         "tolerance": args.tol,
         "notes": notes,
-        "skipped": skipped,
+        "skipped": {},
         **rows,  # "rows": with PyTorch's kernels; "batch_invariant_rows": in the mode (absent where it refuses)
     }
     for name in args.rows:  # the Triton norm refuses to build, or its first forward refuses, where it cannot run
@@ -361,8 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows[world].append(run_row(name, config, state, prompts, x, args, world != "rows"))
                 write_json(result, args.out)  # (result holds the lists of rows)
         except TritonUnavailableError as e:  # not a measurement: the row is skipped, with its message
-            skipped[name] = str(e)
-    missing = [n for n in args.require or [] if n in skipped]
+            result["skipped"][name] = str(e)
+    missing = [n for n in args.require or [] if n in result["skipped"]]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
     failed = [r["name"] + SUFFIX[w] for w in worlds for r in rows[w] if r["required"] and not r["passed"]] + missing
     result |= {"failed": failed, "ok": not failed}

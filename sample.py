@@ -131,8 +131,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     args = parse_args(argv)
     device = resolve_device(args.device)  # train.py's rule
     # the prompt: --start itself, or the UTF-8 file named after 'FILE:' (read as the prepare scripts do); or --prompts
-    prompt = read_text_file(Path(args.start.removeprefix("FILE:"))) if args.start.startswith("FILE:") else args.start
-    prompts = [prompt]
+    prompts = [read_text_file(Path(args.start.removeprefix("FILE:"))) if args.start.startswith("FILE:") else args.start]
     if args.prompts is not None:
         if args.start != "\n":
             raise BadOption("--start and --prompts each give the prompt: give one of them")
@@ -165,8 +164,8 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
             except ValueError as e:
                 raise BadOption(f"--{e}") from None
             if len(prompts) == 1:  # streamed: each piece printed as soon as it is whole
-                samples.append(prompt)
-                print(prompt, end="", flush=True)
+                samples.append(prompts[0])
+                print(prompts[0], end="", flush=True)
                 for piece in tokenizer.decode_stream(int(t[0]) for t, _ in steps if int(t[0]) != stop):
                     print(piece, end="", flush=True)
                     samples[-1] += piece

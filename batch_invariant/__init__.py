@@ -195,16 +195,14 @@ def batch_invariant(
     `kernels`: "auto" (by the tensors' device), "torch" or "triton"."""
     if kernels not in KERNELS:
         raise ValueError(f"batch_invariant(kernels={kernels!r}): choose one of {', '.join(KERNELS)}")
-    saved = F.linear, F.scaled_dot_product_attention
-    saved_reductions = torch.Tensor.sum, torch.Tensor.mean
+    saved = F.linear, F.scaled_dot_product_attention, torch.Tensor.sum, torch.Tensor.mean
     for name, fixed in zip(FIXES, (linear, attention), strict=True):
         if enabled and fixed:
             setattr(F, name, functools.partial(FIXES[name], kernels=kernels))
     if enabled:
-        torch.Tensor.sum = row_reduction(saved_reductions[0], mean=False, kernels=kernels)
-        torch.Tensor.mean = row_reduction(saved_reductions[1], mean=True, kernels=kernels)
+        torch.Tensor.sum = row_reduction(torch.Tensor.sum, mean=False, kernels=kernels)
+        torch.Tensor.mean = row_reduction(torch.Tensor.mean, mean=True, kernels=kernels)
     try:
         yield
     finally:
-        F.linear, F.scaled_dot_product_attention = saved
-        torch.Tensor.sum, torch.Tensor.mean = saved_reductions
+        F.linear, F.scaled_dot_product_attention, torch.Tensor.sum, torch.Tensor.mean = saved

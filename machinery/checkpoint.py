@@ -177,8 +177,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(
             f"{path} is incomplete or malformed ({type(e).__name__}: {first_line(e)}); use another checkpoint"
         ) from None
-    weights = checkpoint["model"].items()
-    bad = [k for k, t in weights if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all()]
+    bad = [
+        k
+        for k, t in checkpoint["model"].items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all()
+    ]
     if bad:
         raise CheckpointError(
             f"{path} holds weights that are not finite (NaN or inf) in {len(bad)} tensors ({', '.join(bad[:3])}"
