@@ -155,9 +155,12 @@ def compare(pair: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, 
     """Checks (2) and (3): max |a - b| over the two tensors that pair() computes, the largest |b| (the scale the
     tolerance is relative to), or the error that stopped it."""
     out, error = attempt(lambda: [t.float() for t in pair()])
-    diff = None if out is None else (out[0] - out[1]).abs().max().item()
-    scale = None if out is None else out[1].abs().max().item()
-    return {"max_abs_diff": diff, "scale": scale, "error": error, "bit_exact": out and torch.equal(*out)}
+    return {
+        "max_abs_diff": None if out is None else (out[0] - out[1]).abs().max().item(),
+        "scale": None if out is None else out[1].abs().max().item(),
+        "error": error,
+        "bit_exact": out and torch.equal(*out),
+    }
 
 
 @torch.no_grad()

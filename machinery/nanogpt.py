@@ -38,10 +38,9 @@ def is_checkpoint(obj: Any) -> bool:
 
 def to_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     """A nanoGPT checkpoint as this project's readers take it: its LayerNorm named builtin, no optimizer."""
-    weights = {k: v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")}  # the mask, not c_attn.bias
     return {
         "format": FORMAT,
-        "model": weights,
+        "model": {k: v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")},  # the mask, not c_attn.bias
         "model_args": {**ckpt["model_args"], "norm": "builtin"},
         "iter_num": ckpt["iter_num"],
         "best_val_loss": ckpt.get("best_val_loss"),
