@@ -52,7 +52,6 @@ WORLDS = {
 }
 RAGGED_COLUMNS = {"rows": "PyTorch's kernels", "batch_invariant_rows": "batch-invariant mode"}
 SUFFIX = {"rows": "", "batch_invariant_rows": " (batch-invariant)"}  # after a row's name among errors and failures
-HEADER = ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
 LEGEND = (
     "(1) alone vs batch: max |logit difference| over every step, a prompt decoded alone vs in row 0 of the batch.",
     "(2) cached vs full: max |logit difference| between the batch's cached decoding and one full forward pass.",
@@ -156,9 +155,12 @@ def compare(pair: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, 
     """Checks (2) and (3): max |a - b| over the two tensors that pair() computes, the largest |b| (the scale the
     tolerance is relative to), or the error that stopped it."""
     out, error = attempt(lambda: [t.float() for t in pair()])
-    diff = None if out is None else (out[0] - out[1]).abs().max().item()
-    scale = None if out is None else out[1].abs().max().item()
-    return {"max_abs_diff": diff, "scale": scale, "error": error, "bit_exact": out and torch.equal(*out)}
+    return {
+        "max_abs_diff": None if out is None else (out[0] - out[1]).abs().max().item(),
+        "scale": None if out is None else out[1].abs().max().item(),
+        "error": error,
+        "bit_exact": out and torch.equal(*out),
+    }
 
 
 @torch.no_grad()
@@ -256,7 +258,9 @@ def aligned(cells: list[tuple[str, ...]], rule: bool = False) -> list[str]:
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """One world's rows as aligned text lines."""
-    cells = [HEADER]
+    cells = [
+        ("row", "normalizes with", "(1) alone vs batch", "tokens", "(2) cached vs full", "(3) norm alone", "result")
+    ]
     for r in rows:
         ab = r["alone_vs_batch"]
         steps = len(ab["per_step_max_abs_diff"])
@@ -274,15 +278,14 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def ragged_table(result: dict[str, Any]) -> list[str]:
     """Check (4) of every row, in each world, as aligned text lines under a title naming the prompts' lengths."""
     worlds = [w for w in WORLDS if w in result]  # "rows" always; the mode's where it ran
-    names = [r["name"] for r in result["rows"]]
-    if not names:  # every row skipped
+    if not result["rows"]:  # every row skipped
         return []
     lengths = ", ".join(map(str, result["rows"][0]["ragged_vs_alone"]["lengths"]))
     cells = [("row", *(RAGGED_COLUMNS[w] for w in worlds))]
-    for i, name in enumerate(names):
+    for i, row in enumerate(result["rows"]):
         checks = [result[w][i]["ragged_vs_alone"] for w in worlds]
         shown = [f"{show_diff(c['max_abs_diff'])}, tokens {'agree' if c['tokens_agree'] else 'differ'}" for c in checks]
-        cells.append((name, *shown))
+        cells.append((row["name"], *shown))
     title = f"(4) ragged: prompts of {lengths} tokens left padded into one batch, each row vs alone:"
     return [title, *aligned(cells)]
 
@@ -343,7 +346,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     x = (torch.randn(args.batch_size, args.prompt_len, config.n_embd, generator=gen) * 2 + 1).to(device)
     worlds = ["rows"] if why else list(WORLDS)
     rows = {world: [] for world in worlds}
-    skipped = {}
     result = {
         "source": source,
         "model": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")},
@@ -352,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **{k: getattr(args, k) for k in ("prompt_len", "new_tokens", "batch_size")},
         "tolerance": args.tol,
         "notes": notes,
-        "skipped": skipped,
+        "skipped": {},
         **rows,  # "rows": with PyTorch's kernels; "batch_invariant_rows": in the mode (absent where it refuses)
     }
     for name in args.rows:  # the Triton norm refuses to build, or its first forward refuses, where it cannot run
@@ -361,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows[world].append(run_row(name, config, state, prompts, x, args, world != "rows"))
                 write_json(result, args.out)  # (result holds the lists of rows)
         except TritonUnavailableError as e:  # not a measurement: the row is skipped, with its message
-            skipped[name] = str(e)
-    missing = [n for n in args.require or [] if n in skipped]
+            result["skipped"][name] = str(e)
+    missing = [n for n in args.require or [] if n in result["skipped"]]
     notes += [f"{n} is required but was skipped: counted as a failure" for n in missing]
     failed = [r["name"] + SUFFIX[w] for w in worlds for r in rows[w] if r["required"] and not r["passed"]] + missing
     result |= {"failed": failed, "ok": not failed}

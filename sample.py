@@ -41,7 +41,6 @@ from machinery.tokenizer import CharTokenizer, TiktokenTokenizer, tokenizer_from
 from model import GPT, pad_left
 
 SEPARATOR = "-" * 40
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 MIN_TEMPERATURE = 1e-6  # the logits over it stay finite in float32 up to 3e32: any model's
 
 
@@ -63,7 +62,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=DTYPES,
+        choices=("auto", "float32", "bfloat16", "float16"),
         help="autocast dtype; auto (default): bfloat16 on a GPU that has it, else float32",
     )
     p.add_argument("--norm", choices=(*NORMS, NO_NORM), help="run with this norm instead of the checkpoint's")
@@ -132,8 +131,7 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
     args = parse_args(argv)
     device = resolve_device(args.device)  # train.py's rule
     # the prompt: --start itself, or the UTF-8 file named after 'FILE:' (read as the prepare scripts do); or --prompts
-    prompt = read_text_file(Path(args.start.removeprefix("FILE:"))) if args.start.startswith("FILE:") else args.start
-    prompts = [prompt]
+    prompts = [read_text_file(Path(args.start.removeprefix("FILE:"))) if args.start.startswith("FILE:") else args.start]
     if args.prompts is not None:
         if args.start != "\n":
             raise BadOption("--start and --prompts each give the prompt: give one of them")
@@ -149,22 +147,28 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
 
     torch.manual_seed(args.seed)  # seeds every device's generator
     idx, mask = pad_left(rows, pad_token=eot or 0)
-    decoding = {"temperature": args.temperature, "top_k": args.top_k or None, "use_kv_cache": not args.no_kv_cache}
-    stop = decoding["stop_token"] = None if args.ignore_eot else eot  # GPT-2's <|endoftext|>; characters have none
+    stop = None if args.ignore_eot else eot  # GPT-2's <|endoftext|>; characters have none
     samples = []
     with autocast(device, dtype):
         for _ in range(args.num_samples):
             try:  # the checks run here, before anything is printed; their messages start with the argument's name
-                steps = model.stream(idx.to(device), args.max_new_tokens, attention_mask=mask.to(device), **decoding)
+                steps = model.stream(
+                    idx.to(device),
+                    args.max_new_tokens,
+                    attention_mask=mask.to(device),
+                    temperature=args.temperature,
+                    top_k=args.top_k or None,
+                    use_kv_cache=not args.no_kv_cache,
+                    stop_token=stop,
+                )
             except ValueError as e:
                 raise BadOption(f"--{e}") from None
             if len(prompts) == 1:  # streamed: each piece printed as soon as it is whole
-                pieces = [prompt]
-                print(prompt, end="", flush=True)
+                samples.append(prompts[0])
+                print(prompts[0], end="", flush=True)
                 for piece in tokenizer.decode_stream(int(t[0]) for t, _ in steps if int(t[0]) != stop):
                     print(piece, end="", flush=True)
-                    pieces.append(piece)
-                samples.append("".join(pieces))
+                    samples[-1] += piece
                 print("\n" + SEPARATOR, flush=True)
                 continue
             new = torch.cat([t for t, _ in steps] or [idx[:, :0]], dim=1).tolist()  # the batch, then each row

@@ -166,24 +166,16 @@ def row_sum(x: torch.Tensor, *, kernels: str = "auto") -> torch.Tensor:
     return in_blocks(rows, lambda block: _STOCK_SUM(block, -1)).view(x.shape[:-1])
 
 
-def _reduction(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> tuple[Any, bool] | None:
-    """(x, keepdim) where a sum or mean's arguments reduce the last dimension of a floating-point tensor of some
-    rows, as the norms call it; else None (the call is left to torch)."""
-    if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1 and dtype is None):
-        return None
-    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
-    return (x, keepdim) if len(dims) == 1 and dims[0] in (-1, x.dim() - 1) and x.numel() else None
-
-
 def row_reduction(stock: Callable[..., torch.Tensor], mean: bool, kernels: str) -> Callable[..., torch.Tensor]:
-    """Tensor.sum (mean=False) or Tensor.mean in the mode: over the last dimension of a floating-point tensor
-    through row_sum (a mean divides the row's sum by its length); any other call as `stock`, the method it replaces."""
+    """Tensor.sum (mean=False) or Tensor.mean in the mode: over the last dimension of a floating-point tensor of some
+    rows, as the norms call it, through row_sum (a mean divides the row's sum by its length); any other call as
+    `stock`, the method it replaces."""
 
-    def reduce(*args: Any, **kwargs: Any) -> torch.Tensor:
-        found = _reduction(*args, **kwargs)
-        if found is None or (found[0].is_cuda and not CUDA_ROW_SUMS):
-            return stock(*args, **kwargs)
-        x, keepdim = found
+    def reduce(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> torch.Tensor:
+        dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+        rows = x.is_floating_point() and x.dim() >= 1 and x.numel() > 0 and dtype is None  # (else: left to torch)
+        if not (rows and len(dims) == 1 and dims[0] in (-1, x.dim() - 1)) or (x.is_cuda and not CUDA_ROW_SUMS):
+            return stock(x, dim, keepdim, dtype=dtype)
         sums = row_sum(x, kernels=kernels)
         out = sums / x.size(-1) if mean else sums
         return out.unsqueeze(-1) if keepdim else out
@@ -203,16 +195,14 @@ def batch_invariant(
     `kernels`: "auto" (by the tensors' device), "torch" or "triton"."""
     if kernels not in KERNELS:
         raise ValueError(f"batch_invariant(kernels={kernels!r}): choose one of {', '.join(KERNELS)}")
-    saved = F.linear, F.scaled_dot_product_attention
-    saved_reductions = torch.Tensor.sum, torch.Tensor.mean
+    saved = F.linear, F.scaled_dot_product_attention, torch.Tensor.sum, torch.Tensor.mean
     for name, fixed in zip(FIXES, (linear, attention), strict=True):
         if enabled and fixed:
             setattr(F, name, functools.partial(FIXES[name], kernels=kernels))
     if enabled:
-        torch.Tensor.sum = row_reduction(saved_reductions[0], mean=False, kernels=kernels)
-        torch.Tensor.mean = row_reduction(saved_reductions[1], mean=True, kernels=kernels)
+        torch.Tensor.sum = row_reduction(torch.Tensor.sum, mean=False, kernels=kernels)
+        torch.Tensor.mean = row_reduction(torch.Tensor.mean, mean=True, kernels=kernels)
     try:
         yield
     finally:
-        F.linear, F.scaled_dot_product_attention = saved
-        torch.Tensor.sum, torch.Tensor.mean = saved_reductions
+        F.linear, F.scaled_dot_product_attention, torch.Tensor.sum, torch.Tensor.mean = saved

@@ -147,27 +147,23 @@ def run_prepare(
     parser.add_argument("--url", default=TINY_SHAKESPEARE_URL, help=url)
     script = str(Path(script_file).resolve().relative_to(ROOT))
 
-    def main() -> None:
-        args = parser.parse_args(argv)  # (a bad one is a BadOption: one line, exit 2)
-        prepare(args.input, args.out_dir, args.url, script, make_tokenizer)
-
-    # Ctrl-C: write_atomic leaves the folder as it was, or without meta.json: never half a set
+    # A bad argument is a BadOption: one line, exit 2. Ctrl-C: write_atomic leaves the folder as it was, or without
+    # meta.json: never half a set
     return run_command(
-        main,
+        lambda: prepare(parser.parse_args(argv), script, make_tokenizer),
         "the text's size",
         "interrupted: no half-written file is left in the output folder; run this again to prepare it",
     )
 
 
-def prepare(
-    input_path: Path | None, out_dir: Path, url: str, script: str, make_tokenizer: Callable[[str], Any]
-) -> None:
-    """run_prepare's work, once its arguments are read."""
+def prepare(args: argparse.Namespace, script: str, make_tokenizer: Callable[[str], Any]) -> None:
+    """run_prepare's work, once its arguments (--input, --out_dir, --url) are read."""
+    out_dir = args.out_dir
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file in its path, no permission
         raise Failure(f"cannot create --out_dir {out_dir}: {e.strerror or e}; give a folder you can write to") from None
-    text, source = read_text_source(input_path, out_dir, url, script)
+    text, source = read_text_source(args.input, out_dir, args.url, script)
     try:
         tok = make_tokenizer(text)
     except (ValueError, RuntimeError) as e:
@@ -190,7 +186,7 @@ def prepare(
     train_bin, val_bin = (a.astype(np.uint16).tobytes() for a in ids)
     meta = {
         "vocab_size": tok.vocab_size,
-        "tokenizer": tok.to_meta(),
+        "tokenizer": tok.meta,
         "train_tokens": n_train,
         "val_tokens": n_val,
         "train_bytes": len(parts[0].encode("utf-8")),  # for bits per byte (PreparedData.bits_per_byte)

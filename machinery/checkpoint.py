@@ -22,6 +22,7 @@ import glob
 import hashlib
 import os
 import pickle
+import re
 import resource
 import tempfile
 import warnings
@@ -75,15 +76,6 @@ def _feed(digest: Any, value: Any) -> None:
         digest.update(f"{type(value).__name__} {value!r};".encode())
 
 
-def interrupted(e: BaseException | None) -> bool:
-    """Whether a KeyboardInterrupt is e or anywhere in what it was raised while handling."""
-    while e is not None:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        e = e.__context__
-    return False
-
-
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
     """Write `checkpoint` with its checksum to a temporary file beside `path`, flush it to disk, then rename it over
     `path`: a rename within one directory is atomic, so a crash at any moment leaves either the old checkpoint or the
@@ -103,8 +95,13 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
     except BaseException as e:
         written = os.stat(tmp).st_size if os.path.exists(tmp) else 0
         Path(tmp).unlink(missing_ok=True)
-        if interrupted(e):  # a second Ctrl-C, which torch's writer turns into a RuntimeError ("unexpected pos"):
-            raise KeyboardInterrupt from None  # quit, `path` as it was
+        # a Ctrl-C, as e or in what e was raised while handling (torch's writer turns a second Ctrl-C into a
+        # RuntimeError, "unexpected pos"): quit, `path` as it was
+        cause = e
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__context__
+        if cause is not None:
+            raise KeyboardInterrupt from None
         # past this process's file size limit (`ulimit -f`)? torch's writer reports EFBIG without the errno
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if isinstance(e, (OSError, RuntimeError)) and limit != resource.RLIM_INFINITY and written >= limit:
@@ -174,29 +171,23 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         if is_nanogpt:
             checkpoint = nanogpt.to_checkpoint(checkpoint)
         GPTConfig.from_options(checkpoint["model_args"])
-        checkpoint["model"] = unprefixed(checkpoint["model"])
+        # the prefixes torch.compile ("_orig_mod.") and DDP ("module.") add to the names, taken off
+        checkpoint["model"] = {re.sub(r"^(_orig_mod\.|module\.)+", "", k): v for k, v in checkpoint["model"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(
             f"{path} is incomplete or malformed ({type(e).__name__}: {first_line(e)}); use another checkpoint"
         ) from None
-    weights = checkpoint["model"].items()
-    bad = [k for k, t in weights if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all()]
+    bad = [
+        k
+        for k, t in checkpoint["model"].items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.isfinite().all()
+    ]
     if bad:
         raise CheckpointError(
             f"{path} holds weights that are not finite (NaN or inf) in {len(bad)} tensors ({', '.join(bad[:3])}"
             f"{', ...' if len(bad) > 3 else ''}): it comes from a diverged run or is damaged; use another checkpoint"
         )
     return checkpoint
-
-
-def unprefixed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state_dict with the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add taken off."""
-    out = {}
-    for key, value in state.items():
-        while key.startswith(("_orig_mod.", "module.")):
-            key = key.split(".", 1)[1]
-        out[key] = value
-    return out
 
 
 def resolve_weights(

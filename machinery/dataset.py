@@ -110,8 +110,10 @@ class PreparedData:
         return loss / math.log(2) * self.tokens[split] / n_bytes if n_bytes else None
 
     def describe(self) -> str:
-        tokens = f"{self.tokens['train']:,} train / {self.tokens['val']:,} val tokens"
-        return f"data {self.dir}: {tokens}, vocab {self.vocab_size}"
+        return (
+            f"data {self.dir}: {self.tokens['train']:,} train / {self.tokens['val']:,} val tokens, "
+            f"vocab {self.vocab_size}"
+        )
 
     def tokenizer(self) -> Any:
         """The dataset's tokenizer (machinery/tokenizer.py, from meta.json); DataError if it cannot be built here."""

@@ -55,10 +55,17 @@ def machine_info() -> dict[str, Any]:
     commit = os.environ.get("BENCH_COMMIT") or output_of(
         "git", "-C", str(ROOT), "describe", "--always", "--dirty=+changes", "--abbrev=7"
     )
-    info = {"commit": commit, "platform": platform.platform(), "python": platform.python_version()}
-    info |= {"cpu": cpu[0] if cpu else platform.processor(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
-    info |= {"torch_threads": torch.get_num_threads(), "triton": triton}
-    info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    info = {
+        "commit": commit,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu[0] if cpu else platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "triton": triton,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
     if info["gpu"]:
         query = "--query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version"
         info["nvidia_smi"] = output_of("nvidia-smi", query, "--format=csv,noheader") or ""

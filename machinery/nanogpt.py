@@ -38,10 +38,9 @@ def is_checkpoint(obj: Any) -> bool:
 
 def to_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     """A nanoGPT checkpoint as this project's readers take it: its LayerNorm named builtin, no optimizer."""
-    weights = {k: v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")}  # the mask, not c_attn.bias
     return {
         "format": FORMAT,
-        "model": weights,
+        "model": {k: v for k, v in ckpt["model"].items() if not k.endswith(".attn.bias")},  # the mask, not c_attn.bias
         "model_args": {**ckpt["model_args"], "norm": "builtin"},
         "iter_num": ckpt["iter_num"],
         "best_val_loss": ckpt.get("best_val_loss"),
@@ -80,7 +79,7 @@ def read_meta(path: Path, vocab_size: int) -> dict[str, Any]:
             f"{path} is not this checkpoint's meta.pkl ({type(e).__name__}: {why}): give the meta.pkl that "
             f"nanoGPT's prepare.py wrote for its dataset with --meta=PATH"
         ) from None
-    return tokenizer.to_meta()
+    return tokenizer.meta
 
 
 def tokenizer_meta(ckpt_path: Path, ckpt: dict[str, Any], meta: str | None = None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class CharTokenizer:
             raise ValueError("char vocabulary has duplicate characters")
         self.stoi = {ch: i for i, ch in enumerate(self.itos)}
         self.vocab_size = len(self.itos)
+        self.meta = {"kind": "char", "itos": self.itos}  # its entry in meta.json and in a checkpoint
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -55,9 +56,6 @@ class CharTokenizer:
     def decode_stream(self, ids: Iterable[int]) -> Iterator[str]:
         return (self.decode([i]) for i in ids)  # a token is a whole character
 
-    def to_meta(self) -> dict[str, Any]:
-        return {"kind": "char", "itos": list(self.itos)}
-
 
 class TiktokenTokenizer:
     """Byte-level BPE through tiktoken: GPT-2's (GPT2_ENCODING) unless another encoding is named."""
@@ -79,7 +77,7 @@ class TiktokenTokenizer:
                 f"\"import tiktoken; tiktoken.get_encoding('{encoding}')\", copy DIR here and set TIKTOKEN_CACHE_DIR "
                 f"to it (now: {cache})"
             ) from None
-        self.encoding = encoding
+        self.meta = {"kind": "tiktoken", "encoding": encoding}  # its entry in meta.json and in a checkpoint
         self.vocab_size = self._enc.n_vocab
         self.eot_token = self._enc.eot_token
 
@@ -98,9 +96,6 @@ class TiktokenTokenizer:
             _check_ids([i], self.vocab_size)
             yield utf8.decode(self._enc.decode_single_token_bytes(int(i)))
         yield utf8.decode(b"", final=True)  # bytes that never became a character: U+FFFD, as decode gives
-
-    def to_meta(self) -> dict[str, Any]:
-        return {"kind": "tiktoken", "encoding": self.encoding}
 
 
 def tokenizer_from_meta(tok: dict[str, Any]) -> CharTokenizer | TiktokenTokenizer:

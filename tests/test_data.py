@@ -172,7 +172,7 @@ def test_char_tokenizer_round_trip_and_meta() -> None:
     ids = tok.encode(text)
     assert len(ids) == len(text) and tok.decode(ids) == text
     # Through JSON and back, as meta.json and checkpoints store it.
-    again = tokenizer_from_meta(json.loads(json.dumps(tok.to_meta())))
+    again = tokenizer_from_meta(json.loads(json.dumps(tok.meta)))
     assert isinstance(again, CharTokenizer) and again.encode(text) == ids
     assert tok.decode(np.array(ids, dtype=np.uint16)) == text  # ids straight from a .bin file
 
