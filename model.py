@@ -124,26 +124,6 @@ def padding_mask(pad: torch.Tensor, past: int, T: int) -> torch.Tensor:
     return (seen | (keys == queries))[:, None]
 
 
-def left_padding(attention_mask: torch.Tensor, idx: torch.Tensor) -> torch.Tensor | None:
-    """Each row's count of padding tokens [B] from an attention mask as transformers takes it (1: a token, 0:
-    padding), or None where there is none; a ValueError unless every row is left padded: 0s, then 1s."""
-    if attention_mask.shape != idx.shape:
-        raise ValueError(f"attention_mask must have idx's shape {list(idx.shape)}, got {list(attention_mask.shape)}")
-    pad = (attention_mask == 0).sum(1)
-    left = torch.equal(attention_mask.bool(), torch.arange(idx.size(1), device=idx.device) >= pad[:, None])
-    if not left or bool((pad == idx.size(1)).any()):
-        raise ValueError("attention_mask must be left padding: each row 0s, then 1s (at least one), nothing else")
-    return padding_from(pad, 0)
-
-
-def padding_from(pad: torch.Tensor | None, first: int) -> torch.Tensor | None:
-    """The padding [B] left in a window of the context that starts at token `first`; None where none is left."""
-    if pad is None:
-        return None
-    pad = (pad - first).clamp(min=0)
-    return pad if bool(pad.any()) else None
-
-
 def pad_left(prompts: list[list[int]], pad_token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of different lengths as one batch: their token ids [B, T], each left padded with pad_token to the
     longest, and the attention mask [B, T] (1: a token, 0: padding) that GPT.generate and GPT.stream take."""
@@ -172,7 +152,6 @@ class KVCache:
         self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.length = 0  # positions filled
         self.start = 0  # index, in the decoded sequence, of the token cached at position 0
-        self.pad: torch.Tensor | None = None  # [B]: how many of each row's first cached tokens are left padding
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
@@ -321,9 +300,9 @@ class GPT(nn.Module):
     def hidden_states(
         self, idx: torch.Tensor, kv_cache: KVCache | None = None, pad: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it. pad [B]
-        (or the cache's): how many of each row's first tokens are left padding, which no token sees; each row's
-        positions count from its first real token, so a row computes as it would alone."""
+        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it. pad [B]:
+        how many of each row's first tokens (counted from the cache's first, with a cache) are left padding, which
+        no token sees; each row's positions count from its first real token, so a row computes as it would alone."""
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
@@ -332,7 +311,6 @@ class GPT(nn.Module):
                 f"crop the context to the last {self.config.block_size} tokens"
             )
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        pad = kv_cache.pad if kv_cache is not None else pad
         mask = None
         if pad is not None:
             pos = (pos - pad[:, None]).clamp(min=0)  # [B, T]; padding at 0 (it is seen by nothing)
@@ -389,10 +367,9 @@ class GPT(nn.Module):
         [B, steps, vocab_size]: steps is max_new_tokens unless every row reached stop_token before."""
         tokens = [idx]
         all_logits = []
-        steps = self.stream(
+        for next_tokens, logits in self.stream(
             idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, attention_mask, stop_token
-        )
-        for next_tokens, logits in steps:
+        ):
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
                 all_logits.append(logits)
@@ -427,15 +404,35 @@ class GPT(nn.Module):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx must be token ids of shape [B, T] with T >= 1, got shape {list(idx.shape)}")
-        pad = None if attention_mask is None else left_padding(attention_mask, idx)
+        pad = None  # [B]: how many of each row's first tokens are left padding
+        if attention_mask is not None:  # transformers' mask: 1 a token, 0 padding
+            if attention_mask.shape != idx.shape:
+                raise ValueError(
+                    f"attention_mask must have idx's shape {list(idx.shape)}, got {list(attention_mask.shape)}"
+                )
+            pad = (attention_mask == 0).sum(1)
+            left = torch.equal(attention_mask.bool(), torch.arange(idx.size(1), device=idx.device) >= pad[:, None])
+            if not left or bool((pad == idx.size(1)).any()):
+                raise ValueError(
+                    "attention_mask must be left padding: each row 0s, then 1s (at least one), nothing else"
+                )
+            pad = pad if bool(pad.any()) else None  # no padding: the masks of a batch without one
         cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype) if use_kv_cache else None
 
         @torch.inference_mode()  # a generator, so the checks above run at the call, not at the first step
         def steps(context: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             ended = torch.zeros(context.size(0), 1, dtype=torch.bool, device=context.device)
             for _ in range(max_new_tokens):
-                logits = self._next_token_logits(context, cache, pad)
-                next_tokens = self._pick(logits, temperature, top_k, generator)
+                logits = self._next_token_logits(context, cache, pad)  # [B, V]
+                if temperature == 0:  # greedy
+                    next_tokens = logits.argmax(dim=-1, keepdim=True)
+                else:  # sample from logits / temperature, among the top_k likeliest tokens when given
+                    scaled = logits.float() / temperature
+                    if top_k is not None:
+                        v, _ = torch.topk(scaled, min(top_k, scaled.size(-1)))
+                        scaled[scaled < v[:, [-1]]] = -float("inf")
+                    probs = F.softmax(scaled, dim=-1)
+                    next_tokens = torch.multinomial(probs, num_samples=1, generator=generator)  # [B, 1]
                 if stop_token is not None:
                     next_tokens = next_tokens.masked_fill(ended, stop_token)
                     ended |= next_tokens == stop_token
@@ -451,32 +448,19 @@ class GPT(nn.Module):
         a window of the context (module docstring)."""
         block = self.config.block_size
         if cache is None:  # recompute the last block_size tokens
-            window = padding_from(pad, max(0, idx.size(1) - block))
-            return self.lm_head(self.hidden_states(idx[:, -block:], pad=window)[:, -1, :])
-        if idx.size(1) - cache.start > block:
-            # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
-            # the start (as much of the prompt as fits), half a block when a full cache overflows.
-            keep = block if cache.length == 0 else max(1, block // 2)
-            cache.length = 0  # forget it all; cache again from token `start`
-            cache.start = idx.size(1) - keep
-        if cache.length == 0:
-            cache.pad = padding_from(pad, cache.start)
-        new_tokens = idx[:, cache.start + cache.length :]
-        return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
-
-    @staticmethod
-    def _pick(
-        logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-    ) -> torch.Tensor:
-        """Choose the next token of each row from its logits [B, V] -> [B, 1]."""
-        if temperature == 0:
-            return logits.argmax(dim=-1, keepdim=True)
-        logits = logits.float() / temperature
-        if top_k is not None:
-            v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-            logits[logits < v[:, [-1]]] = -float("inf")
-        probs = F.softmax(logits, dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=generator)
+            first = max(0, idx.size(1) - block)
+            new_tokens = idx[:, first:]
+        else:
+            if idx.size(1) - cache.start > block:
+                # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
+                # the start (as much of the prompt as fits), half a block when a full cache overflows.
+                keep = block if cache.length == 0 else max(1, block // 2)
+                cache.length = 0  # forget it all; cache again from token `start`
+                cache.start = idx.size(1) - keep
+            first = cache.start  # the token at the cache's position 0
+            new_tokens = idx[:, cache.start + cache.length :]
+        window_pad = None if pad is None else (pad - first).clamp(min=0)  # the padding left in the window
+        return self.lm_head(self.hidden_states(new_tokens, cache, window_pad)[:, -1, :])
 
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face hub, 124M to 1.5B
