@@ -75,10 +75,9 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
-        if self.gelu not in ("none", "tanh"):
-            raise ValueError(f"gelu must be 'none' or 'tanh', got {self.gelu!r}")
+        for name, valid in (("norm_position", ("pre", "post")), ("gelu", ("none", "tanh"))):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be {valid[0]!r} or {valid[1]!r}, got {getattr(self, name)!r}")
         if self.norm_alpha is not None:
             new_norm(self)  # a norm without an alpha, or an alpha <= 0: make_norm's ValueError, before any model
 
@@ -95,23 +94,18 @@ def new_norm(config: GPTConfig, feeds_linear: bool = False) -> nn.Module:
     return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha, feeds_linear=feeds_linear)
 
 
-INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_")  # what torch's layers and GPT call to draw
-
-
 @contextlib.contextmanager
 def nothing_drawn() -> Iterator[None]:
-    """Within it, modules are built on the meta device (shapes, no memory) and nn.init's functions leave tensors as
-    they are: nothing to draw, as the weights come from a file (and normal_ on meta tensors imports torch's
-    compiler, 150 MB)."""
-    saved = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
-    for name in INIT_FUNCTIONS:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    """Within it, modules are built on the meta device: shapes, no memory, no random number drawn, as the weights
+    come from a file. nn.init.normal_ leaves tensors as they are: on meta tensors it imports torch's compiler
+    (150 MB), where uniform_ and zeros_ do not."""
+    normal_ = nn.init.normal_
+    nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
     try:
         with torch.device("meta"):
             yield
     finally:
-        for name, function in saved.items():
-            setattr(nn.init, name, function)
+        nn.init.normal_ = normal_
 
 
 def padding_mask(pad: torch.Tensor, past: int, T: int) -> torch.Tensor:
@@ -136,8 +130,7 @@ def pad_left(prompts: list[list[int]], pad_token: int = 0) -> tuple[torch.Tensor
 def own_storage(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor itself when it is the whole of its storage, else a copy that is: a model that took a view (GPT-2's
     positions cut to block_size) would keep, and save, all of the storage it views."""
-    whole = tensor.is_contiguous() and tensor.storage_offset() == 0
-    if whole and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
+    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.nbytes:  # (so its offset is 0)
         return tensor
     return tensor.clone(memory_format=torch.contiguous_format)
 
@@ -182,9 +175,13 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.append(layer, k, v)
         # Without a mask, the T queries are causal among themselves alone, or one new token sees every cached key
-        is_causal = mask is None and k.size(2) == T
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None and k.size(2) == T,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
@@ -205,12 +202,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        pre = config.norm_position == "pre"  # pre-norm: each norm's output goes to its sublayer's first Linear only
-        self.ln_1 = new_norm(config, feeds_linear=pre)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = new_norm(config, feeds_linear=pre)
-        self.mlp = MLP(config)
         self.post = config.norm_position == "post"
+        # pre-norm: each norm's output goes to its sublayer's first Linear only
+        self.ln_1 = new_norm(config, feeds_linear=not self.post)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = new_norm(config, feeds_linear=not self.post)
+        self.mlp = MLP(config)
 
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
@@ -340,9 +337,8 @@ class GPT(nn.Module):
     ) -> torch.optim.AdamW:
         """AdamW with weight decay on the Linear layers' weights only: never on norms, biases or embeddings."""
         decay_ids = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head}
-        params = list(self.parameters())  # tied weights appear once
-        decay = [p for p in params if id(p) in decay_ids]
-        no_decay = [p for p in params if id(p) not in decay_ids]
+        decay = [p for p in self.parameters() if id(p) in decay_ids]  # (tied weights appear once)
+        no_decay = [p for p in self.parameters() if id(p) not in decay_ids]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         # One fused kernel for every parameter where torch has one (CPU, CUDA, MPS): the same update as the default
         # loop over the parameters (on a CPU: several small ops per parameter), in a fraction of the time.
