@@ -63,7 +63,6 @@ class _LayerNormFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, eps, correction):
         y, xhat, rstd = _normalize(x, weight, bias, eps, correction)
         ctx.save_for_backward(xhat, rstd, weight)
-        ctx.has_bias = bias is not None
         ctx.correction = correction
         ctx.x_dtype = x.dtype
         return y
@@ -92,7 +91,7 @@ class _LayerNormFunction(torch.autograd.Function):
         proj = (g * xhat).sum(-1, keepdim=True) / (C - ctx.correction)  # [..., 1]
         dx = (rstd * (g - g.mean(-1, keepdim=True) - xhat * proj)).to(ctx.x_dtype)  # [..., C]
         dweight = (dy * xhat).reshape(-1, C).sum(0).to(weight.dtype)  # [C]
-        dbias = dy.reshape(-1, C).sum(0).to(weight.dtype) if ctx.has_bias else None  # [C]
+        dbias = dy.reshape(-1, C).sum(0).to(weight.dtype) if ctx.needs_input_grad[2] else None  # [C]
         return dx, dweight, dbias, None, None
 
 
@@ -111,31 +110,7 @@ def layer_norm(
     >>> bool(y.mean(-1).abs().max() < 1e-5)
     True
     """
-    check_args(x, weight, bias, eps)
-    C = x.shape[-1]
-    if not 0 <= correction < C:
-        raise ValueError(f"correction must be in [0, C) = [0, {C}) for C={C} features, got {correction}")
-    return _LayerNormFunction.apply(x, weight, bias, float(eps), int(correction))
-
-
-def layer_norm_naive(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, correction: int = 0
-) -> torch.Tensor:
-    """The formula op by op, differentiated by autograd: the check on the hand-written backward (in float64 the
-    tests hold them to 1e-10), and the baseline it must beat in speed (python -m bench.kernels)."""
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).sum(-1, keepdim=True) / (x.shape[-1] - correction)
-    y = (x - mean) / torch.sqrt(var + eps) * weight
-    return y if bias is None else y + bias
-
-
-def _wants_grad(*tensors: torch.Tensor | None) -> bool:
-    """Whether autograd would record a Function: grad mode is on and an input requires a gradient."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> None:
-    """layer_norm's arguments: bad input gets a clear error, never a wrong answer (a module checks its own x)."""
+    # bad input gets a clear error, never a wrong answer (a module checks its own x: Norm._check_input)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"layer_norm expects a torch.Tensor input, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -159,6 +134,21 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             )
     if not eps > 0:  # also catches NaN
         raise ValueError(f"eps must be > 0 (it keeps 1/sqrt(var + eps) finite for a constant row), got {eps}")
+    C = x.shape[-1]
+    if not 0 <= correction < C:
+        raise ValueError(f"correction must be in [0, C) = [0, {C}) for C={C} features, got {correction}")
+    return _LayerNormFunction.apply(x, weight, bias, float(eps), int(correction))
+
+
+def layer_norm_naive(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, correction: int = 0
+) -> torch.Tensor:
+    """The formula op by op, differentiated by autograd: the check on the hand-written backward (in float64 the
+    tests hold them to 1e-10), and the baseline it must beat in speed (python -m bench.kernels)."""
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).sum(-1, keepdim=True) / (x.shape[-1] - correction)
+    y = (x - mean) / torch.sqrt(var + eps) * weight
+    return y if bias is None else y + bias
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -185,7 +175,7 @@ class Norm(nn.Module):
         return f"{self.dim}, bias={self.bias is not None}, eps={self.eps}"
 
     def _check_input(self, x: torch.Tensor) -> None:
-        """What check_args checks of x; weight, bias and eps are the module's own, checked when it was built."""
+        """What layer_norm checks of x; weight, bias and eps are the module's own, checked when it was built."""
         if x.dim() == 0 or x.shape[-1] != self.dim:
             raise ValueError(
                 f"{type(self).__name__}({self.dim}) expects an input whose last dimension is {self.dim}, "
@@ -205,9 +195,10 @@ class LayerNorm(Norm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        if not _wants_grad(x, self.weight, self.bias):  # (decoding, evaluation): autograd would record nothing
-            return _normalize(x, self.weight, self.bias, self.eps, 0)[0]
-        return _LayerNormFunction.apply(x, self.weight, self.bias, self.eps, 0)
+        # autograd records the Function only where grad mode is on and an input requires a gradient (training)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, self.weight, self.bias)):
+            return _LayerNormFunction.apply(x, self.weight, self.bias, self.eps, 0)
+        return _normalize(x, self.weight, self.bias, self.eps, 0)[0]  # (decoding, evaluation): the forward alone
 
 
 class BuiltinLayerNorm(LayerNorm):
@@ -218,9 +209,7 @@ class BuiltinLayerNorm(LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        if x.dtype == self.weight.dtype:
-            return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
-        wide = torch.promote_types(x.dtype, self.weight.dtype)
+        wide = torch.promote_types(x.dtype, self.weight.dtype)  # (x's own where they agree: each .to a no-op)
         bias = None if self.bias is None else self.bias.to(wide)
         return F.layer_norm(x.to(wide), (self.dim,), self.weight.to(wide), bias, self.eps).to(x.dtype)
 
@@ -277,14 +266,12 @@ class TritonLayerNorm(LayerNorm):
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__(dim, bias=bias, eps=eps)
-        kernels = import_layernorm_triton()
-        self._layer_norm_triton = kernels.layer_norm_triton
-        self._cpu_ok = kernels.INTERPRET
+        self._layer_norm_triton = import_layernorm_triton().layer_norm_triton
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        if not (x.is_cuda or (x.is_cpu and self._cpu_ok)):
-            check_triton_device(x.device)  # raises, saying why and what to do
+        if not x.is_cuda:  # the CPU through Triton's interpreter; elsewhere it raises, saying why and what to do
+            check_triton_device(x.device)
         return self._layer_norm_triton(x, self.weight, self.bias, self.eps, feeds_linear=self.feeds_linear)
 
 
@@ -309,7 +296,7 @@ class BatchNorm(Norm):
     one token's output depends on the others. Training mode normalizes with the batch statistics and updates
     running_mean/running_var (momentum 0.1, unbiased variance, as nn.BatchNorm1d); eval mode uses the running
     statistics, so its output is per token again. A training-mode batch of one token (decoding one token for one
-    user) is computed, where nn.BatchNorm1d raises: see _one_token_batch.
+    user) is computed, where nn.BatchNorm1d raises (forward).
     """
 
     def __init__(self, dim: int, *, bias: bool = True, eps: float = 1e-5, momentum: float = 0.1) -> None:
@@ -324,22 +311,18 @@ class BatchNorm(Norm):
         x2 = x.reshape(-1, self.dim).to(self.weight.dtype)  # every token of the batch is one sample
         if self.training:
             if x2.shape[0] < 2:
-                return self._one_token_batch(x2).to(x.dtype).view(x.shape)
+                # One token (or none): the ordinary formula with population variance. For one token x - mean is
+                # exactly 0 (and var 0), so y == bias (or 0): the token's own information is erased; x and weight
+                # get no gradient, bias the upstream one. Running stats stay as they are (one sample has no
+                # unbiased variance). An empty batch gives [0, C].
+                xc = x2 - x2.mean(dim=0, keepdim=True)
+                var = (xc * xc).mean(dim=0, keepdim=True)
+                return self._scale_shift(xc * torch.rsqrt(var + self.eps), x).view(x.shape)
             self.num_batches_tracked.add_(1)
         y = F.batch_norm(
             x2, self.running_mean, self.running_var, self.weight, self.bias, self.training, self.momentum, self.eps
         )
         return y.to(x.dtype).view(x.shape)
-
-    def _one_token_batch(self, x2: torch.Tensor) -> torch.Tensor:
-        """Training mode on [N < 2, C]: the ordinary formula with population variance. For one token x - mean is
-        exactly 0 (and var 0), so y == bias (or 0): the token's own information is erased; x and weight get no
-        gradient, bias the upstream one. Running stats stay as they are (one sample has no unbiased variance).
-        An empty batch gives [0, C]."""
-        mean = x2.mean(dim=0, keepdim=True)
-        xc = x2 - mean
-        var = (xc * xc).mean(dim=0, keepdim=True)
-        return self._scale_shift(xc * torch.rsqrt(var + self.eps), x2)
 
 
 class DyT(Norm):

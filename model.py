@@ -75,10 +75,9 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if self.norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
-        if self.gelu not in ("none", "tanh"):
-            raise ValueError(f"gelu must be 'none' or 'tanh', got {self.gelu!r}")
+        for name, valid in (("norm_position", ("pre", "post")), ("gelu", ("none", "tanh"))):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be {valid[0]!r} or {valid[1]!r}, got {getattr(self, name)!r}")
         if self.norm_alpha is not None:
             new_norm(self)  # a norm without an alpha, or an alpha <= 0: make_norm's ValueError, before any model
 
@@ -95,23 +94,18 @@ def new_norm(config: GPTConfig, feeds_linear: bool = False) -> nn.Module:
     return make_norm(config.norm, config.n_embd, bias=config.bias, alpha=config.norm_alpha, feeds_linear=feeds_linear)
 
 
-INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_")  # what torch's layers and GPT call to draw
-
-
 @contextlib.contextmanager
 def nothing_drawn() -> Iterator[None]:
-    """Within it, modules are built on the meta device (shapes, no memory) and nn.init's functions leave tensors as
-    they are: nothing to draw, as the weights come from a file (and normal_ on meta tensors imports torch's
-    compiler, 150 MB)."""
-    saved = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
-    for name in INIT_FUNCTIONS:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    """Within it, modules are built on the meta device: shapes, no memory, no random number drawn, as the weights
+    come from a file. nn.init.normal_ leaves tensors as they are: on meta tensors it imports torch's compiler
+    (150 MB), where uniform_ and zeros_ do not."""
+    normal_ = nn.init.normal_
+    nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
     try:
         with torch.device("meta"):
             yield
     finally:
-        for name, function in saved.items():
-            setattr(nn.init, name, function)
+        nn.init.normal_ = normal_
 
 
 def padding_mask(pad: torch.Tensor, past: int, T: int) -> torch.Tensor:
@@ -122,26 +116,6 @@ def padding_mask(pad: torch.Tensor, past: int, T: int) -> torch.Tensor:
     queries = keys[past:, None]  # [T, 1]
     seen = (keys <= queries) & (keys >= pad[:, None, None])  # [B, T, past + T]
     return (seen | (keys == queries))[:, None]
-
-
-def left_padding(attention_mask: torch.Tensor, idx: torch.Tensor) -> torch.Tensor | None:
-    """Each row's count of padding tokens [B] from an attention mask as transformers takes it (1: a token, 0:
-    padding), or None where there is none; a ValueError unless every row is left padded: 0s, then 1s."""
-    if attention_mask.shape != idx.shape:
-        raise ValueError(f"attention_mask must have idx's shape {list(idx.shape)}, got {list(attention_mask.shape)}")
-    pad = (attention_mask == 0).sum(1)
-    left = torch.equal(attention_mask.bool(), torch.arange(idx.size(1), device=idx.device) >= pad[:, None])
-    if not left or bool((pad == idx.size(1)).any()):
-        raise ValueError("attention_mask must be left padding: each row 0s, then 1s (at least one), nothing else")
-    return padding_from(pad, 0)
-
-
-def padding_from(pad: torch.Tensor | None, first: int) -> torch.Tensor | None:
-    """The padding [B] left in a window of the context that starts at token `first`; None where none is left."""
-    if pad is None:
-        return None
-    pad = (pad - first).clamp(min=0)
-    return pad if bool(pad.any()) else None
 
 
 def pad_left(prompts: list[list[int]], pad_token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,8 +130,7 @@ def pad_left(prompts: list[list[int]], pad_token: int = 0) -> tuple[torch.Tensor
 def own_storage(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor itself when it is the whole of its storage, else a copy that is: a model that took a view (GPT-2's
     positions cut to block_size) would keep, and save, all of the storage it views."""
-    whole = tensor.is_contiguous() and tensor.storage_offset() == 0
-    if whole and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
+    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.nbytes:  # (so its offset is 0)
         return tensor
     return tensor.clone(memory_format=torch.contiguous_format)
 
@@ -172,7 +145,6 @@ class KVCache:
         self.values = [torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.length = 0  # positions filled
         self.start = 0  # index, in the decoded sequence, of the token cached at position 0
-        self.pad: torch.Tensor | None = None  # [B]: how many of each row's first cached tokens are left padding
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v ([B, nh, T, hs]) for one layer; return all keys and values so far."""
@@ -203,9 +175,13 @@ class CausalSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.append(layer, k, v)
         # Without a mask, the T queries are causal among themselves alone, or one new token sees every cached key
-        is_causal = mask is None and k.size(2) == T
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None and k.size(2) == T,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.resid_dropout(self.c_proj(y))
@@ -226,12 +202,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        pre = config.norm_position == "pre"  # pre-norm: each norm's output goes to its sublayer's first Linear only
-        self.ln_1 = new_norm(config, feeds_linear=pre)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = new_norm(config, feeds_linear=pre)
-        self.mlp = MLP(config)
         self.post = config.norm_position == "post"
+        # pre-norm: each norm's output goes to its sublayer's first Linear only
+        self.ln_1 = new_norm(config, feeds_linear=not self.post)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = new_norm(config, feeds_linear=not self.post)
+        self.mlp = MLP(config)
 
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None
@@ -321,9 +297,9 @@ class GPT(nn.Module):
     def hidden_states(
         self, idx: torch.Tensor, kv_cache: KVCache | None = None, pad: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it. pad [B]
-        (or the cache's): how many of each row's first tokens are left padding, which no token sees; each row's
-        positions count from its first real token, so a row computes as it would alone."""
+        """Token ids [B, T] -> final normalized activations [B, T, C]; with a cache, positions continue it. pad [B]:
+        how many of each row's first tokens (counted from the cache's first, with a cache) are left padding, which
+        no token sees; each row's positions count from its first real token, so a row computes as it would alone."""
         B, T = idx.size()
         start = kv_cache.length if kv_cache is not None else 0
         if start + T > self.config.block_size:
@@ -332,7 +308,6 @@ class GPT(nn.Module):
                 f"crop the context to the last {self.config.block_size} tokens"
             )
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        pad = kv_cache.pad if kv_cache is not None else pad
         mask = None
         if pad is not None:
             pos = (pos - pad[:, None]).clamp(min=0)  # [B, T]; padding at 0 (it is seen by nothing)
@@ -362,9 +337,8 @@ class GPT(nn.Module):
     ) -> torch.optim.AdamW:
         """AdamW with weight decay on the Linear layers' weights only: never on norms, biases or embeddings."""
         decay_ids = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m is not self.lm_head}
-        params = list(self.parameters())  # tied weights appear once
-        decay = [p for p in params if id(p) in decay_ids]
-        no_decay = [p for p in params if id(p) not in decay_ids]
+        decay = [p for p in self.parameters() if id(p) in decay_ids]  # (tied weights appear once)
+        no_decay = [p for p in self.parameters() if id(p) not in decay_ids]
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         # One fused kernel for every parameter where torch has one (CPU, CUDA, MPS): the same update as the default
         # loop over the parameters (on a CPU: several small ops per parameter), in a fraction of the time.
@@ -389,10 +363,9 @@ class GPT(nn.Module):
         [B, steps, vocab_size]: steps is max_new_tokens unless every row reached stop_token before."""
         tokens = [idx]
         all_logits = []
-        steps = self.stream(
+        for next_tokens, logits in self.stream(
             idx, max_new_tokens, temperature, top_k, use_kv_cache, generator, attention_mask, stop_token
-        )
-        for next_tokens, logits in steps:
+        ):
             tokens.append(next_tokens)
             if return_logits:  # kept only when asked: [B, vocab_size] per step adds up
                 all_logits.append(logits)
@@ -427,15 +400,35 @@ class GPT(nn.Module):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k}")
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx must be token ids of shape [B, T] with T >= 1, got shape {list(idx.shape)}")
-        pad = None if attention_mask is None else left_padding(attention_mask, idx)
+        pad = None  # [B]: how many of each row's first tokens are left padding
+        if attention_mask is not None:  # transformers' mask: 1 a token, 0 padding
+            if attention_mask.shape != idx.shape:
+                raise ValueError(
+                    f"attention_mask must have idx's shape {list(idx.shape)}, got {list(attention_mask.shape)}"
+                )
+            pad = (attention_mask == 0).sum(1)
+            left = torch.equal(attention_mask.bool(), torch.arange(idx.size(1), device=idx.device) >= pad[:, None])
+            if not left or bool((pad == idx.size(1)).any()):
+                raise ValueError(
+                    "attention_mask must be left padding: each row 0s, then 1s (at least one), nothing else"
+                )
+            pad = pad if bool(pad.any()) else None  # no padding: the masks of a batch without one
         cache = KVCache(self.config, idx.size(0), idx.device, self.lm_head.weight.dtype) if use_kv_cache else None
 
         @torch.inference_mode()  # a generator, so the checks above run at the call, not at the first step
         def steps(context: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             ended = torch.zeros(context.size(0), 1, dtype=torch.bool, device=context.device)
             for _ in range(max_new_tokens):
-                logits = self._next_token_logits(context, cache, pad)
-                next_tokens = self._pick(logits, temperature, top_k, generator)
+                logits = self._next_token_logits(context, cache, pad)  # [B, V]
+                if temperature == 0:  # greedy
+                    next_tokens = logits.argmax(dim=-1, keepdim=True)
+                else:  # sample from logits / temperature, among the top_k likeliest tokens when given
+                    scaled = logits.float() / temperature
+                    if top_k is not None:
+                        v, _ = torch.topk(scaled, min(top_k, scaled.size(-1)))
+                        scaled[scaled < v[:, [-1]]] = -float("inf")
+                    probs = F.softmax(scaled, dim=-1)
+                    next_tokens = torch.multinomial(probs, num_samples=1, generator=generator)  # [B, 1]
                 if stop_token is not None:
                     next_tokens = next_tokens.masked_fill(ended, stop_token)
                     ended |= next_tokens == stop_token
@@ -451,32 +444,19 @@ class GPT(nn.Module):
         a window of the context (module docstring)."""
         block = self.config.block_size
         if cache is None:  # recompute the last block_size tokens
-            window = padding_from(pad, max(0, idx.size(1) - block))
-            return self.lm_head(self.hidden_states(idx[:, -block:], pad=window)[:, -1, :])
-        if idx.size(1) - cache.start > block:
-            # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
-            # the start (as much of the prompt as fits), half a block when a full cache overflows.
-            keep = block if cache.length == 0 else max(1, block // 2)
-            cache.length = 0  # forget it all; cache again from token `start`
-            cache.start = idx.size(1) - keep
-        if cache.length == 0:
-            cache.pad = padding_from(pad, cache.start)
-        new_tokens = idx[:, cache.start + cache.length :]
-        return self.lm_head(self.hidden_states(new_tokens, cache)[:, -1, :])
-
-    @staticmethod
-    def _pick(
-        logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-    ) -> torch.Tensor:
-        """Choose the next token of each row from its logits [B, V] -> [B, 1]."""
-        if temperature == 0:
-            return logits.argmax(dim=-1, keepdim=True)
-        logits = logits.float() / temperature
-        if top_k is not None:
-            v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-            logits[logits < v[:, [-1]]] = -float("inf")
-        probs = F.softmax(logits, dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=generator)
+            first = max(0, idx.size(1) - block)
+            new_tokens = idx[:, first:]
+        else:
+            if idx.size(1) - cache.start > block:
+                # What the cache holds plus the new tokens would not fit: prefill a fresh window, a whole block at
+                # the start (as much of the prompt as fits), half a block when a full cache overflows.
+                keep = block if cache.length == 0 else max(1, block // 2)
+                cache.length = 0  # forget it all; cache again from token `start`
+                cache.start = idx.size(1) - keep
+            first = cache.start  # the token at the cache's position 0
+            new_tokens = idx[:, cache.start + cache.length :]
+        window_pad = None if pad is None else (pad - first).clamp(min=0)  # the padding left in the window
+        return self.lm_head(self.hidden_states(new_tokens, cache, window_pad)[:, -1, :])
 
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 on the Hugging Face hub, 124M to 1.5B
