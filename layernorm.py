@@ -209,7 +209,9 @@ class BuiltinLayerNorm(LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        wide = torch.promote_types(x.dtype, self.weight.dtype)  # (x's own where they agree: each .to a no-op)
+        if x.dtype == self.weight.dtype:  # the usual call: torch's kernel as it is (autocast chooses its dtype)
+            return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        wide = torch.promote_types(x.dtype, self.weight.dtype)
         bias = None if self.bias is None else self.bias.to(wide)
         return F.layer_norm(x.to(wide), (self.dim,), self.weight.to(wide), bias, self.eps).to(x.dtype)
 
