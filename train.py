@@ -244,6 +244,53 @@ def print_sample(run: Run) -> None:
     print(tok.decode(out[0].tolist()), flush=True)
 
 
+def announce(run: Run, resumed: bool, tokens_per_iter: int) -> None:
+    """The lines a run starts with: what trains, on what data, and a schedule that would not decay fully."""
+    cfg = run.cfg
+    where = f"resuming {run.resumed_from} at iteration {run.iter_num}" if resumed else f"from {cfg.init_from}"
+    run.dist.print(
+        f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, {run.model.get_num_params() / 1e6:.2f}M "
+        f"parameters, device={run.device}, dtype={run.dtype}, compile={cfg.compile}, processes={run.dist.world_size}"
+    )
+    run.dist.print(f"{run.data.describe()}; {tokens_per_iter:,} tokens per iteration")
+    if cfg.decay_lr and cfg.lr_decay_iters > cfg.max_iters:
+        run.dist.print(
+            f"note: lr_decay_iters={cfg.lr_decay_iters} is past max_iters={cfg.max_iters}, so the learning rate ends "
+            f"at {get_lr(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr:.2e}; "
+            f"--lr_decay_iters={cfg.max_iters} decays it fully"
+        )
+
+
+def evaluate(model: torch.nn.Module, run: Run, it: int, log: Callable[..., None]) -> tuple[float, bool]:
+    """Estimate the losses and log them; return the val loss and whether it is the best yet (kept in run.best_val).
+    A loss that is not finite stops the run."""
+    losses = estimate_loss(model, run)
+    bpb = run.data.bits_per_byte("val", losses["val"])  # (None: a meta.json without byte counts)
+    in_bits = f" ({bpb:.4f} bits/byte)" if bpb is not None else ""
+    run.dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{in_bits}")
+    log(
+        {"kind": "eval", "iter": it, "train_loss": losses["train"], "val_loss": losses["val"], "val_bpb": bpb},
+        wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb},
+    )
+    if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
+        raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
+    improved = losses["val"] < run.best_val
+    run.best_val = min(run.best_val, losses["val"])
+    return losses["val"], improved
+
+
+def sample_at_end(run: Run, iters: int) -> None:
+    """The sample printed when the run is done (evaluated, saved), past StopRequest: Ctrl-C stops it, saying so."""
+    try:
+        print_sample(run)
+    except KeyboardInterrupt:
+        saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
+        raise Interrupted(
+            f"interrupted (SIGINT) during the sample at the end; the run is done ({iters} iterations) and {saved}",
+            signal.SIGINT,
+        ) from None
+
+
 def train(
     cfg: TrainConfig,
     explicit: dict[str, Any],
@@ -260,19 +307,8 @@ def train(
     run.argv = tuple(argv)
     model, train_model = wrap(run)
     resumed = resumed_from is not None
-    where = f"resuming {run.resumed_from} at iteration {run.iter_num}" if resumed else f"from {cfg.init_from}"
-    dist.print(
-        f"training {where}: norm={cfg.norm}, {cfg.norm_position}-norm, {run.model.get_num_params() / 1e6:.2f}M "
-        f"parameters, device={device}, dtype={dtype}, compile={cfg.compile}, processes={dist.world_size}"
-    )
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    dist.print(f"{run.data.describe()}; {tokens_per_iter:,} tokens per iteration")
-    if cfg.decay_lr and cfg.lr_decay_iters > cfg.max_iters:
-        dist.print(
-            f"note: lr_decay_iters={cfg.lr_decay_iters} is past max_iters={cfg.max_iters}, so the learning rate ends "
-            f"at {get_lr(cfg.max_iters - 1, cfg):.2e}, not min_lr={cfg.min_lr:.2e}; "
-            f"--lr_decay_iters={cfg.max_iters} decays it fully"
-        )
+    announce(run, resumed, tokens_per_iter)
     micro_steps = cfg.gradient_accumulation_steps // dist.world_size  # this process's share of the global batch
     rows = slice(dist.rank * micro_steps, (dist.rank + 1) * micro_steps)
     start = run.iter_num
@@ -291,24 +327,7 @@ def train(
             if end or (it % cfg.eval_interval == 0 and not (resumed and it == start)):
                 t0 = time.perf_counter()
                 finite(window.read(), run)  # never evaluate or save weights that a NaN went through
-                losses = estimate_loss(model, run)
-                bpb = run.data.bits_per_byte("val", losses["val"])  # (None: a meta.json without byte counts)
-                in_bits = f" ({bpb:.4f} bits/byte)" if bpb is not None else ""
-                dist.print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{in_bits}")
-                log(
-                    {
-                        "kind": "eval",
-                        "iter": it,
-                        "train_loss": losses["train"],
-                        "val_loss": losses["val"],
-                        "val_bpb": bpb,
-                    },
-                    wandb={"eval/train_loss": losses["train"], "val/loss": losses["val"], "val/bpb": bpb},
-                )
-                if not (math.isfinite(losses["train"]) and math.isfinite(losses["val"])):
-                    raise diverged(f"the estimated loss is not finite at iteration {it} ({losses})", run)
-                improved = losses["val"] < run.best_val
-                run.best_val = min(run.best_val, losses["val"])
+                val_loss, improved = evaluate(model, run, it, log)
                 # (eval_only: it == start, so never saves)
                 if it > start and cfg.save_checkpoint and (improved or cfg.always_save_checkpoint):
                     save(run, it, run.ckpt_path)
@@ -335,7 +354,7 @@ def train(
             it += 1
         summary = window.summary(
             iters=it,
-            final_val_loss=losses["val"],  # (the loop ends after an evaluation)
+            final_val_loss=val_loss,  # (the loop ends after an evaluation)
             best_val_loss=run.best_val if math.isfinite(run.best_val) else None,
             best_val_bpb=run.data.bits_per_byte("val", run.best_val) if math.isfinite(run.best_val) else None,
             peak_memory_bytes=peak_memory(device),
@@ -351,14 +370,7 @@ def train(
         )
         log(summary)
     if cfg.sample_at_end and dist.master and not cfg.eval_only and stop.signum is None:  # (a signal: no sample)
-        try:  # the run is done (evaluated, saved), past StopRequest: Ctrl-C stops the sample, saying so
-            print_sample(run)
-        except KeyboardInterrupt:
-            saved = f"its checkpoint is {run.ckpt_path}" if run.ckpt_path.exists() else "it saved no checkpoint"
-            raise Interrupted(
-                f"interrupted (SIGINT) during the sample at the end; the run is done ({it} iterations) and {saved}",
-                signal.SIGINT,
-            ) from None
+        sample_at_end(run, it)
     return summary
 
 
