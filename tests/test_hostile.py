@@ -337,17 +337,6 @@ def test_a_write_past_the_file_size_limit_is_named_as_that_limit_not_a_full_disk
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("script", "flag", "value"),
-    [("inside_norms.py", "--batches", "0"), ("dyt_stall.py", "--iters", "-1"), ("dyt_stall.py", "--batches", "0")],
-)
-def test_an_experiments_count_below_one_is_one_line_naming_it(tmp_path, script, flag, value):
-    proc = python(ROOT / "experiments" / script, f"{flag}={value}", f"--results_dir={tmp_path}")
-    assert_one_line_error(proc, 2, f"error: argument {flag}: must be >= 1, got {value}")
-    assert tree(tmp_path) == {}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
     ("damage", "named"), [("deleted", "ImportError: cannot import name 'check'"), ("broken", "SyntaxError")]
 )
 def test_a_learners_tree_without_a_working_checker_is_one_line(tmp_path, damage, named):
